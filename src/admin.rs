@@ -1,0 +1,258 @@
+//! The admin listener (SPEC §7): health, readiness, metrics and the marks API. Separate
+//! port, loopback by default; an optional bearer token guards all but the probes.
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use percent_encoding::percent_decode_str;
+use serde::Deserialize;
+
+use crate::fence::Refusal;
+use crate::proxy::Body;
+use crate::server::App;
+use crate::token::Token;
+
+const MAX_BODY: usize = 64 * 1024;
+const MAX_LIMIT: usize = 10_000;
+
+fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).map_err(|e| match e {}).boxed());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
+    respond(status, "application/json", value.to_string())
+}
+
+fn problem(status: StatusCode, title: &str) -> Response<Body> {
+    respond(
+        status,
+        "application/problem+json",
+        serde_json::json!({"type": "about:blank", "title": title, "status": status.as_u16()})
+            .to_string(),
+    )
+}
+
+/// Constant-time comparison: the time taken must not tell how much of a guess was right.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(app: &App, req: &Request<Incoming>) -> bool {
+    let Some(want) = &app.config.admin.token else {
+        return true;
+    };
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|got| same_secret(got, want.as_bytes()))
+}
+
+fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| {
+            percent_decode_str(&v.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
+}
+
+async fn read_json<T: for<'de> Deserialize<'de>>(
+    req: Request<Incoming>,
+) -> Result<T, Response<Body>> {
+    let body = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|_| {
+            problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body too large or unreadable",
+            )
+        })?
+        .to_bytes();
+    serde_json::from_slice(&body)
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")))
+}
+
+fn mark_json(scope: &str, mark: Option<Token>) -> serde_json::Value {
+    serde_json::json!({
+        "scope": scope,
+        "highest_accepted": mark.map(|t| t.to_string()),
+    })
+}
+
+pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    match (&method, path.as_str()) {
+        (&Method::GET, "/healthz") => return respond(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, "/readyz") => {
+            return if app.store.is_failed() {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "not ready: the mark store has failed\n",
+                )
+            } else {
+                respond(StatusCode::OK, "text/plain", "ready\n")
+            };
+        }
+        _ => {}
+    }
+    if !authorized(app, &req) {
+        let mut r = problem(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return r;
+    }
+    match (&method, path.as_str()) {
+        (&Method::GET, "/metrics") => {
+            let floor = app.store.floor() as f64;
+            let text = app.metrics.render(&[
+                (
+                    "fencegate_hot_scopes",
+                    "Scopes with a gate in memory.",
+                    app.gates.len() as f64,
+                ),
+                (
+                    "fencegate_store_failed",
+                    "1 when the mark store has failed closed.",
+                    f64::from(u8::from(app.store.is_failed())),
+                ),
+                (
+                    "fencegate_epoch_floor",
+                    "Tokens of a lower epoch are stale everywhere.",
+                    floor,
+                ),
+            ]);
+            respond(StatusCode::OK, "text/plain; version=0.0.4", text)
+        }
+        (&Method::GET, "/v1/scopes") => {
+            let prefix = query_param(&req, "prefix").unwrap_or_default();
+            let after = query_param(&req, "after");
+            let limit = match query_param(&req, "limit").map(|l| l.parse::<usize>()) {
+                None => 100,
+                Some(Ok(l)) if (1..=MAX_LIMIT).contains(&l) => l,
+                Some(_) => return problem(StatusCode::BAD_REQUEST, "limit must be 1..=10000"),
+            };
+            match app.store.list(&prefix, after.as_deref(), limit) {
+                Ok(marks) => {
+                    let next = (marks.len() == limit)
+                        .then(|| marks.last().map(|m| m.0.clone()))
+                        .flatten();
+                    let scopes: Vec<_> =
+                        marks.iter().map(|(s, t)| mark_json(s, Some(*t))).collect();
+                    json(
+                        StatusCode::OK,
+                        serde_json::json!({"scopes": scopes, "next_after": next}),
+                    )
+                }
+                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+            }
+        }
+        (&Method::GET, "/v1/floor") => json(
+            StatusCode::OK,
+            serde_json::json!({"epoch": app.store.floor()}),
+        ),
+        (&Method::PUT, "/v1/floor") => {
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Floor {
+                epoch: u64,
+            }
+            let f: Floor = match read_json(req).await {
+                Ok(f) => f,
+                Err(r) => return r,
+            };
+            match app.store.raise_floor(f.epoch).await {
+                Ok(epoch) => json(StatusCode::OK, serde_json::json!({"epoch": epoch})),
+                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+            }
+        }
+        (&Method::GET, "/v1/backup") => {
+            let mut out = String::new();
+            out.push_str(&backup_header(app.store.floor()));
+            let res = app.store.for_each(|scope, token| {
+                out.push_str(&backup_line(scope, token));
+                true
+            });
+            match res {
+                Ok(()) => respond(StatusCode::OK, "application/x-ndjson", out),
+                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+            }
+        }
+        (m, p) if p.starts_with("/v1/scopes/") => {
+            let rest = &p["/v1/scopes/".len()..];
+            let (raw_scope, raise) = match (m, rest.strip_suffix("/raise")) {
+                (&Method::POST, Some(s)) => (s, true),
+                (&Method::GET, _) => (rest, false),
+                _ => {
+                    return problem(
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "GET a scope, or POST .../raise",
+                    );
+                }
+            };
+            let scope = match percent_decode_str(raw_scope).decode_utf8() {
+                Ok(s) if !s.is_empty() => s.into_owned(),
+                _ => {
+                    return problem(
+                        StatusCode::BAD_REQUEST,
+                        "scope must be non-empty UTF-8 (percent-encoded)",
+                    );
+                }
+            };
+            if !raise {
+                return match app.gates.mark(&scope) {
+                    Ok(m) => json(StatusCode::OK, mark_json(&scope, m)),
+                    Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+                };
+            }
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Raise {
+                token: Token,
+            }
+            let r: Raise = match read_json(req).await {
+                Ok(r) => r,
+                Err(r) => return r,
+            };
+            match app.gates.raise(&scope, r.token).await {
+                Ok(m) => json(StatusCode::OK, mark_json(&scope, Some(m))),
+                Err(Refusal::Unavailable) | Err(_) => problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the mark could not be made durable",
+                ),
+            }
+        }
+        _ => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+/// The first line of a backup: what it is and the epoch floor.
+pub fn backup_header(floor: u64) -> String {
+    format!(
+        "{}\n",
+        serde_json::json!({"fencegate_backup": 1, "epoch_floor": floor})
+    )
+}
+
+pub fn backup_line(scope: &str, token: Token) -> String {
+    format!(
+        "{}\n",
+        serde_json::json!({"scope": scope, "token": token.to_string()})
+    )
+}

@@ -1,0 +1,293 @@
+//! Commands (SPEC §6). Config is parsed and validated before any runtime starts.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+use crate::fence::MarkStore;
+use crate::fence::marks::MarkReader;
+use crate::metrics::Metrics;
+use crate::token::Token;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fencegate",
+    version,
+    about = "Enforces fencing tokens in front of backends that cannot"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the proxy; SIGTERM/SIGINT drain in-flight requests and exit.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Validate a config file: exit 0 if good, 1 with every error if not.
+    CheckConfig {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// The paused-writer story, against a built-in legacy store.
+    Demo,
+    /// Read marks from the store file (works whether or not the server runs).
+    Marks {
+        #[command(subcommand)]
+        command: MarksCommand,
+    },
+    /// Consistent export of every mark as JSON lines.
+    Backup {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Merge a backup into the store by max: never lowers a mark. The server must be stopped.
+    Restore {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long = "in")]
+        input: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MarksCommand {
+    List {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, default_value = "")]
+        prefix: String,
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+    Get {
+        scope: String,
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+fn load(path: &Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|errs| {
+        eprintln!("{}: invalid configuration:", path.display());
+        for e in errs.0 {
+            eprintln!("  {e}");
+        }
+        ExitCode::from(1)
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("cannot start the runtime: {e}");
+            ExitCode::from(1)
+        })
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    match execute(cli) {
+        Ok(code) | Err(code) => code,
+    }
+}
+
+fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
+    match cli.command {
+        Command::CheckConfig { config } => {
+            let c = load(&config)?;
+            print!("{}", c.describe());
+            println!("{}: OK", config.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve { config } => {
+            let c = load(&config)?;
+            runtime()?.block_on(serve(c))
+        }
+        Command::Demo => runtime()?.block_on(crate::demo::run()).map_err(|e| {
+            eprintln!("demo failed: {e}");
+            ExitCode::from(1)
+        }),
+        Command::Marks { command } => marks(command),
+        Command::Backup { config, out } => backup(&load(&config)?, &out),
+        Command::Restore { config, input } => restore(&load(&config)?, &input),
+    }
+}
+
+async fn serve(config: Config) -> Result<ExitCode, ExitCode> {
+    let running = crate::server::start(config, None).await.map_err(|e| {
+        eprintln!("fencegate: {e}");
+        ExitCode::from(1)
+    })?;
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections; finishing in-flight requests");
+    running.shutdown().await;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("fencegate: {msg}");
+    ExitCode::from(1)
+}
+
+fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
+    match command {
+        MarksCommand::List {
+            config,
+            prefix,
+            limit,
+        } => {
+            let c = load(&config)?;
+            let reader = MarkReader::open(&c.store.path).map_err(fail)?;
+            let list = reader.list(&prefix, None, limit).map_err(fail)?;
+            for (scope, token) in &list {
+                println!("{token}\t{scope}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        MarksCommand::Get { scope, config } => {
+            let c = load(&config)?;
+            let reader = MarkReader::open(&c.store.path).map_err(fail)?;
+            match reader.get(&scope).map_err(fail)? {
+                Some(t) => {
+                    println!("{t}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    eprintln!("no mark for scope {scope:?}");
+                    Ok(ExitCode::from(3))
+                }
+            }
+        }
+    }
+}
+
+fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
+    let reader = MarkReader::open(&config.store.path).map_err(fail)?;
+    // Write beside the target and rename, so a crash never leaves half a backup.
+    let tmp = out.with_extension("partial");
+    let file = std::fs::File::create(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+    let mut w = std::io::BufWriter::new(file);
+    let mut io_err = None;
+    let mut count = 0u64;
+    let header = crate::admin::backup_header(reader.floor().map_err(fail)?);
+    w.write_all(header.as_bytes()).map_err(fail)?;
+    reader
+        .for_each(|scope, token| {
+            match w.write_all(crate::admin::backup_line(scope, token).as_bytes()) {
+                Ok(()) => {
+                    count += 1;
+                    true
+                }
+                Err(e) => {
+                    io_err = Some(e);
+                    false
+                }
+            }
+        })
+        .map_err(fail)?;
+    if let Some(e) = io_err {
+        return Err(fail(e));
+    }
+    let file = w.into_inner().map_err(|e| fail(e.error()))?;
+    file.sync_all().map_err(fail)?;
+    std::fs::rename(&tmp, out).map_err(fail)?;
+    eprintln!("backed up {count} marks to {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum BackupLine {
+    Header {
+        fencegate_backup: u64,
+        epoch_floor: u64,
+    },
+    Mark {
+        scope: String,
+        token: Token,
+    },
+}
+
+fn restore(config: &Config, input: &Path) -> Result<ExitCode, ExitCode> {
+    let file = std::fs::File::open(input).map_err(|e| fail(format!("{}: {e}", input.display())))?;
+    let mut entries = Vec::new();
+    let mut floor = 0;
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(fail)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<BackupLine>(&line) {
+            Ok(BackupLine::Header {
+                fencegate_backup: 1,
+                epoch_floor,
+            }) => floor = epoch_floor,
+            Ok(BackupLine::Header {
+                fencegate_backup, ..
+            }) => {
+                return Err(fail(format!(
+                    "backup format {fencegate_backup} is not supported"
+                )));
+            }
+            Ok(BackupLine::Mark { scope, token }) => entries.push((scope, token)),
+            Err(e) => return Err(fail(format!("{}:{}: {e}", input.display(), n + 1))),
+        }
+    }
+    let metrics = Arc::new(Metrics::new(Vec::new()));
+    let store = MarkStore::open(&config.store.path, metrics).map_err(|e| {
+        fail(format!("{e} (restore needs the server stopped; to raise marks online use POST /v1/scopes/{{scope}}/raise)"))
+    })?;
+    let count = entries.len();
+    runtime()?.block_on(async move {
+        store.raise_floor(floor).await.map_err(fail)?;
+        // Chunks keep the writer's batches bounded; each chunk is one durable commit.
+        for chunk in entries.chunks(4096) {
+            let waits: Vec<_> = chunk
+                .iter()
+                .map(|(s, t)| {
+                    let (store, scope, token) = (store.clone(), Arc::from(s.as_str()), *t);
+                    tokio::spawn(async move { store.advance(scope, token).await })
+                })
+                .collect();
+            for w in waits {
+                w.await.map_err(fail)?.map_err(fail)?;
+            }
+        }
+        Ok::<_, ExitCode>(())
+    })?;
+    eprintln!(
+        "merged {count} marks (by max; none lowered) into {}",
+        config.store.path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,704 @@
+//! Configuration (SPEC §5): raw TOML with unknown keys refused, validated into a
+//! [`Config`]. Validation collects every error with its key path, so `check-config` can
+//! show an operator all of them at once instead of one per run.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, Method, Uri};
+use serde::Deserialize;
+
+use crate::route::{PathTemplate, RouteMatch, ScopeTemplate};
+
+/// One configuration error and where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// All the errors of one configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub store: StoreConfig,
+    pub fencing: FencingConfig,
+    pub upstreams: Vec<Upstream>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Bound on how long SIGTERM waits for in-flight requests before exiting anyway.
+    pub shutdown_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token for the admin API (all but /healthz and /readyz), read at start-up.
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Relative paths are resolved against the config file's directory.
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct FencingConfig {
+    pub header: HeaderName,
+    pub drain_timeout: Duration,
+    pub settle: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: String,
+    /// Scheme and authority only; the request's path is appended byte for byte.
+    pub url: Uri,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EqualPolicy {
+    Accept,
+    Reject,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub path: PathTemplate,
+    pub scope: ScopeTemplate,
+    pub upstream: usize,
+    /// Lowercase host without port.
+    pub host: Option<String>,
+    pub fenced: bool,
+    /// Methods that need a token; `None` means every method but the safe ones.
+    pub methods: Option<Vec<Method>>,
+    pub equal: EqualPolicy,
+}
+
+impl Route {
+    /// Does this method need a token on this route (SPEC §2)?
+    pub fn fences_method(&self, method: &Method) -> bool {
+        match &self.methods {
+            Some(list) => list.contains(method),
+            None => !matches!(
+                *method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+            ),
+        }
+    }
+}
+
+impl RouteMatch for Route {
+    fn path(&self) -> &PathTemplate {
+        &self.path
+    }
+    fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    shutdown_timeout: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: Option<String>,
+    token_file: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    path: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFencing {
+    header: Option<String>,
+    drain_timeout: Option<String>,
+    settle: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    name: String,
+    url: String,
+    timeout: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: String,
+    path: String,
+    scope: Option<String>,
+    upstream: String,
+    host: Option<String>,
+    fenced: Option<bool>,
+    methods: Option<Vec<String>>,
+    equal: Option<String>,
+    idempotency: Option<String>,
+}
+
+/// Collects errors as validation walks the file.
+#[derive(Default)]
+struct Errors(Vec<ConfigError>);
+
+impl Errors {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+fn section<T: for<'de> Deserialize<'de>>(
+    value: Option<toml::Value>,
+    path: &str,
+    errors: &mut Errors,
+) -> Option<T> {
+    let value = value?;
+    match T::deserialize(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(path, e.message().trim().to_string());
+            None
+        }
+    }
+}
+
+fn duration(raw: Option<&str>, default: Duration, path: &str, errors: &mut Errors) -> Duration {
+    match raw {
+        None => default,
+        Some(s) => humantime::parse_duration(s).unwrap_or_else(|e| {
+            errors.push(
+                path,
+                format!("`{s}` is not a duration (e.g. 500ms, 30s): {e}"),
+            );
+            default
+        }),
+    }
+}
+
+fn socket_addr(raw: Option<&str>, default: &str, path: &str, errors: &mut Errors) -> SocketAddr {
+    let s = raw.unwrap_or(default);
+    s.parse().unwrap_or_else(|_| {
+        errors.push(path, format!("`{s}` is not an IP:port address"));
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    })
+}
+
+impl Config {
+    /// Reads and validates a file. Relative paths in it are resolved against its directory.
+    pub fn load(file: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("cannot read {}: {e}", file.display()),
+            }])
+        })?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        Config::parse(&text, base)
+    }
+
+    pub fn parse(text: &str, base: &Path) -> Result<Config, ConfigErrors> {
+        let mut errors = Errors::default();
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("not valid TOML: {}", e.to_string().trim()),
+            }])
+        })?;
+        for key in table.keys() {
+            if !matches!(
+                key.as_str(),
+                "server" | "admin" | "store" | "fencing" | "upstream" | "route"
+            ) {
+                let hint = if key == "authority" {
+                    "the lease authority is not part of this version"
+                } else {
+                    "unknown section"
+                };
+                errors.push(key.clone(), hint);
+            }
+        }
+
+        let server: RawServer =
+            section(table.remove("server"), "server", &mut errors).unwrap_or_default();
+        let admin: RawAdmin =
+            section(table.remove("admin"), "admin", &mut errors).unwrap_or_default();
+        let store: Option<RawStore> = section(table.remove("store"), "store", &mut errors);
+        let fencing: RawFencing =
+            section(table.remove("fencing"), "fencing", &mut errors).unwrap_or_default();
+
+        let server = ServerConfig {
+            listen: socket_addr(
+                server.listen.as_deref(),
+                "127.0.0.1:8080",
+                "server.listen",
+                &mut errors,
+            ),
+            shutdown_timeout: duration(
+                server.shutdown_timeout.as_deref(),
+                Duration::from_secs(30),
+                "server.shutdown_timeout",
+                &mut errors,
+            ),
+        };
+        let admin_listen = socket_addr(
+            admin.listen.as_deref(),
+            "127.0.0.1:9090",
+            "admin.listen",
+            &mut errors,
+        );
+        let token = admin.token_file.as_ref().and_then(|f| {
+            let p = base.join(f);
+            match std::fs::read_to_string(&p) {
+                Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+                Ok(_) => {
+                    errors.push("admin.token_file", format!("{} is empty", p.display()));
+                    None
+                }
+                Err(e) => {
+                    errors.push(
+                        "admin.token_file",
+                        format!("cannot read {}: {e}", p.display()),
+                    );
+                    None
+                }
+            }
+        });
+        let admin = AdminConfig {
+            listen: admin_listen,
+            token,
+        };
+        let store = match store {
+            Some(s) if !s.path.is_empty() => StoreConfig {
+                path: base.join(s.path),
+            },
+            Some(_) => {
+                errors.push("store.path", "must not be empty");
+                StoreConfig {
+                    path: PathBuf::new(),
+                }
+            }
+            None => {
+                errors.push("store", "missing: [store] path = \"...\" is required");
+                StoreConfig {
+                    path: PathBuf::new(),
+                }
+            }
+        };
+        let header_raw = fencing.header.as_deref().unwrap_or("Fencing-Token");
+        let header = HeaderName::from_bytes(header_raw.as_bytes()).unwrap_or_else(|_| {
+            errors.push(
+                "fencing.header",
+                format!("`{header_raw}` is not a header name"),
+            );
+            HeaderName::from_static("fencing-token")
+        });
+        let fencing = FencingConfig {
+            header,
+            drain_timeout: duration(
+                fencing.drain_timeout.as_deref(),
+                Duration::from_secs(30),
+                "fencing.drain_timeout",
+                &mut errors,
+            ),
+            settle: duration(
+                fencing.settle.as_deref(),
+                Duration::from_secs(5),
+                "fencing.settle",
+                &mut errors,
+            ),
+        };
+
+        let upstreams = array(table.remove("upstream"), "upstream", &mut errors)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, v)| {
+                let path = format!("upstream[{i}]");
+                let raw: RawUpstream = section(Some(v), &path, &mut errors)?;
+                Some(validate_upstream(raw, &path, &mut errors))
+            })
+            .collect::<Vec<_>>();
+        let mut seen = std::collections::HashSet::new();
+        for (i, u) in upstreams.iter().enumerate() {
+            if !seen.insert(u.name.clone()) {
+                errors.push(
+                    format!("upstream[{i}].name"),
+                    format!("`{}` is defined twice", u.name),
+                );
+            }
+        }
+
+        let raw_routes = array(table.remove("route"), "route", &mut errors);
+        if raw_routes.is_empty() {
+            errors.push("route", "no routes: every request would get 404 no_route");
+        }
+        let mut routes: Vec<Route> = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for (i, v) in raw_routes.into_iter().enumerate() {
+            let path = format!("route[{i}]");
+            let Some(raw) = section::<RawRoute>(Some(v), &path, &mut errors) else {
+                continue;
+            };
+            if !names.insert(raw.name.clone()) {
+                errors.push(
+                    format!("{path}.name"),
+                    format!("`{}` is defined twice", raw.name),
+                );
+            }
+            if let Some(route) = validate_route(raw, &path, &upstreams, &mut errors) {
+                routes.push(route);
+            }
+        }
+        for (i, r) in routes.iter().enumerate() {
+            if let Some(e) = routes[..i]
+                .iter()
+                .find(|e| (e.host.is_none() || e.host == r.host) && r.path.is_covered_by(&e.path))
+            {
+                errors.push(
+                    format!("route[{i}]"),
+                    format!(
+                        "route `{}` can never match: route `{}` ({}) comes first and matches every path it does",
+                        r.name, e.name, e.path
+                    ),
+                );
+            }
+        }
+
+        if errors.0.is_empty() {
+            Ok(Config {
+                server,
+                admin,
+                store,
+                fencing,
+                upstreams,
+                routes,
+            })
+        } else {
+            Err(ConfigErrors(errors.0))
+        }
+    }
+
+    /// A short human description of what was understood, for `check-config`.
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "listen {}  admin {}  store {}\n",
+            self.server.listen,
+            self.admin.listen,
+            self.store.path.display()
+        );
+        for u in &self.upstreams {
+            out.push_str(&format!(
+                "upstream {:<12} {} (timeout {:?})\n",
+                u.name, u.url, u.timeout
+            ));
+        }
+        for r in &self.routes {
+            let fenced = if !r.fenced {
+                "pass-through (unfenced)".to_string()
+            } else {
+                let methods = match &r.methods {
+                    Some(m) => m.iter().map(Method::as_str).collect::<Vec<_>>().join(","),
+                    None => "all but GET,HEAD,OPTIONS,TRACE".into(),
+                };
+                format!(
+                    "scope {:?}{} · fenced methods: {methods} · equal={}",
+                    r.scope.to_string(),
+                    if r.scope.is_constant() {
+                        " (whole route)"
+                    } else {
+                        ""
+                    },
+                    if r.equal == EqualPolicy::Accept {
+                        "accept"
+                    } else {
+                        "reject"
+                    }
+                )
+            };
+            out.push_str(&format!(
+                "route {:<12} {}{} -> {} · {fenced}\n",
+                r.name,
+                r.host
+                    .as_ref()
+                    .map(|h| format!("host {h} "))
+                    .unwrap_or_default(),
+                r.path,
+                self.upstreams[r.upstream].name,
+            ));
+        }
+        out
+    }
+}
+
+fn array(value: Option<toml::Value>, path: &str, errors: &mut Errors) -> Vec<toml::Value> {
+    match value {
+        None => Vec::new(),
+        Some(toml::Value::Array(a)) => a,
+        Some(_) => {
+            errors.push(path, format!("must be an array of tables: [[{path}]]"));
+            Vec::new()
+        }
+    }
+}
+
+fn validate_upstream(raw: RawUpstream, path: &str, errors: &mut Errors) -> Upstream {
+    let timeout = duration(
+        raw.timeout.as_deref(),
+        Duration::from_secs(30),
+        &format!("{path}.timeout"),
+        errors,
+    );
+    let url = match raw.url.parse::<Uri>() {
+        Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {
+            if u.path() != "/" && !u.path().is_empty() || u.query().is_some() {
+                errors.push(
+                    format!("{path}.url"),
+                    "give scheme and authority only; the request path is forwarded as received",
+                );
+            }
+            u
+        }
+        Ok(u) if u.scheme_str() == Some("https") => {
+            errors.push(
+                format!("{path}.url"),
+                "https upstreams are not supported by this version",
+            );
+            u
+        }
+        _ => {
+            errors.push(
+                format!("{path}.url"),
+                format!("`{}` is not an http://host:port URL", raw.url),
+            );
+            Uri::from_static("http://invalid")
+        }
+    };
+    Upstream {
+        name: raw.name,
+        url,
+        timeout,
+    }
+}
+
+fn validate_route(
+    raw: RawRoute,
+    path: &str,
+    upstreams: &[Upstream],
+    errors: &mut Errors,
+) -> Option<Route> {
+    let before = errors.0.len();
+    let template = PathTemplate::parse(&raw.path)
+        .map_err(|e| errors.push(format!("{path}.path"), format!("`{}` {e}", raw.path)))
+        .ok();
+    let fenced = raw.fenced.unwrap_or(true);
+    let scope = match (&template, &raw.scope) {
+        (Some(t), Some(s)) => ScopeTemplate::parse(s, t)
+            .map_err(|e| errors.push(format!("{path}.scope"), e))
+            .ok(),
+        (Some(t), None) if !fenced => ScopeTemplate::parse("-", t).ok(),
+        (_, None) => {
+            errors.push(
+                format!("{path}.scope"),
+                "missing: a fenced route needs a scope template",
+            );
+            None
+        }
+        (None, Some(_)) => None,
+    };
+    let upstream = upstreams.iter().position(|u| u.name == raw.upstream);
+    if upstream.is_none() {
+        errors.push(
+            format!("{path}.upstream"),
+            format!("no upstream named `{}`", raw.upstream),
+        );
+    }
+    let host = raw.host.map(|h| h.to_ascii_lowercase());
+    if host
+        .as_deref()
+        .is_some_and(|h| h.is_empty() || h.contains(['/', ' ']))
+    {
+        errors.push(
+            format!("{path}.host"),
+            "must be a host name without scheme or path",
+        );
+    }
+    let methods = raw.methods.map(|list| {
+        list.iter()
+            .filter_map(|m| match Method::from_bytes(m.as_bytes()) {
+                Ok(method) if m.chars().all(|c| c.is_ascii_uppercase()) => Some(method),
+                _ => {
+                    errors.push(
+                        format!("{path}.methods"),
+                        format!("`{m}` is not an upper-case HTTP method"),
+                    );
+                    None
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    let equal = match raw.equal.as_deref() {
+        None | Some("accept") => EqualPolicy::Accept,
+        Some("reject") => EqualPolicy::Reject,
+        Some(other) => {
+            errors.push(
+                format!("{path}.equal"),
+                format!("`{other}`: expected \"accept\" or \"reject\""),
+            );
+            EqualPolicy::Accept
+        }
+    };
+    match raw.idempotency.as_deref() {
+        None | Some("off") => {}
+        Some("optional" | "required") => errors.push(
+            format!("{path}.idempotency"),
+            "Idempotency-Key handling is not supported by this version; use \"off\"",
+        ),
+        Some(other) => errors.push(
+            format!("{path}.idempotency"),
+            format!("`{other}`: expected \"off\", \"optional\" or \"required\""),
+        ),
+    }
+    if errors.0.len() > before {
+        return None;
+    }
+    Some(Route {
+        name: raw.name,
+        path: template?,
+        scope: scope?,
+        upstream: upstream?,
+        host,
+        fenced,
+        methods,
+        equal,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+[store]
+path = "data/x.redb"
+[fencing]
+drain_timeout = "2s"
+[[upstream]]
+name = "objects"
+url = "http://127.0.0.1:9000"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*rest}"
+scope = "report/{report}"
+upstream = "objects"
+"#;
+
+    #[test]
+    fn good_config() {
+        let c = Config::parse(GOOD, Path::new("/etc/fg")).unwrap();
+        assert_eq!(c.store.path, Path::new("/etc/fg/data/x.redb"));
+        assert_eq!(c.fencing.drain_timeout, Duration::from_secs(2));
+        assert_eq!(c.fencing.settle, Duration::from_secs(5));
+        assert_eq!(c.routes[0].equal, EqualPolicy::Accept);
+        assert!(c.routes[0].fences_method(&Method::PUT));
+        assert!(!c.routes[0].fences_method(&Method::GET));
+    }
+
+    #[test]
+    fn collects_every_error_with_its_path() {
+        let bad = r#"
+bogus = 1
+[fencing]
+settle = "soon"
+[[upstream]]
+name = "u"
+url = "ftp://x"
+[[route]]
+name = "a"
+path = "/a/{x}"
+scope = "a/{y}"
+upstream = "nope"
+equal = "maybe"
+[[route]]
+name = "b"
+path = "/b"
+scope = "b"
+upstream = "u"
+colour = "red"
+"#;
+        let errs = Config::parse(bad, Path::new(".")).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for want in [
+            "bogus",
+            "store",
+            "fencing.settle",
+            "upstream[0].url",
+            "route[0].scope",
+            "route[0].upstream",
+            "route[0].equal",
+            "route[1]",
+        ] {
+            assert!(paths.contains(&want), "missing {want} in {paths:?}");
+        }
+        assert!(errs.iter().any(|e| e.message.contains("colour")));
+    }
+
+    #[test]
+    fn shadowed_routes_are_errors() {
+        let text = format!(
+            "{GOOD}\n[[route]]\nname = \"late\"\npath = \"/reports/july/{{*rest}}\"\nscope = \"x\"\nupstream = \"objects\"\n"
+        );
+        let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
+        assert!(errs[0].message.contains("can never match"), "{errs:?}");
+    }
+}

@@ -1,0 +1,383 @@
+//! Per-scope generation gates (SPEC §3, invariants 2 and 3).
+//!
+//! A gate knows the scope's current generation (mirroring the durable mark), how many
+//! requests of each generation are in flight at the backend, and until when the scope
+//! must settle after an abandoned upstream request. A higher token is made durable first,
+//! then waits until every older in-flight request has finished and the scope has settled.
+//! Gates of idle scopes are dropped; the mark store stays the truth.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::config::EqualPolicy;
+use crate::fence::marks::{MarkStore, StoreError};
+use crate::fence::policy::{Decision, decide};
+use crate::metrics::Metrics;
+use crate::token::Token;
+
+const SHARDS: usize = 64;
+/// Gates idle this long are dropped by the sweeper.
+const IDLE_TTL: Duration = Duration::from_secs(30);
+
+/// Why a fenced request was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Stale { highest: Option<Token> },
+    Draining { highest: Option<Token> },
+    Unavailable,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// The durable mark as far as this process has seen it; never ahead of disk.
+    current: Option<Token>,
+    /// The highest advance being committed right now, if any.
+    advancing: Option<Token>,
+    /// Requests forwarded and not yet finished, per generation.
+    inflight: BTreeMap<Token, usize>,
+    /// (generation, until): a request of this generation was abandoned; nothing higher
+    /// is forwarded before `until`.
+    settle: Option<(Token, Instant)>,
+    last_used: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Gate {
+    state: Mutex<GateState>,
+    notify: Notify,
+}
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        // A panic while holding the lock leaves the state consistent enough (every update
+        // is a single assignment); keep serving rather than poisoning the scope forever.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What an admitted request holds while it is at the backend.
+#[derive(Debug)]
+pub struct Admission {
+    pub guard: InflightGuard,
+    /// This request advanced the mark (first of its generation here).
+    pub advanced: bool,
+    pub waited: Duration,
+}
+
+/// Counts a request in flight for its generation. Dropping it without [`complete`]
+/// means the upstream may still apply the request later: the scope settles.
+///
+/// [`complete`]: InflightGuard::complete
+#[derive(Debug)]
+pub struct InflightGuard {
+    gate: Arc<Gate>,
+    token: Token,
+    settle: Duration,
+    completed: bool,
+}
+
+impl InflightGuard {
+    /// The upstream answered (or provably never received the request).
+    pub fn complete(&mut self) {
+        self.completed = true;
+    }
+
+    pub fn token(&self) -> Token {
+        self.token
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        let mut st = self.gate.lock();
+        if let Some(n) = st.inflight.get_mut(&self.token) {
+            *n -= 1;
+            if *n == 0 {
+                st.inflight.remove(&self.token);
+            }
+        }
+        let now = Instant::now();
+        if !self.completed {
+            let until = now + self.settle;
+            st.settle = Some(match st.settle {
+                Some((g, u)) => (g.max(self.token), u.max(until)),
+                None => (self.token, until),
+            });
+        }
+        st.last_used = Some(now);
+        drop(st);
+        self.gate.notify.notify_waiters();
+    }
+}
+
+enum Step {
+    Refuse(Refusal),
+    Admit(Admission),
+    /// Commit the advance to `token` (the gate now records it as advancing).
+    Commit,
+    /// Wait for a wake-up, or until this instant.
+    Wait(Instant),
+}
+
+/// All gates of one process.
+pub struct Gates {
+    shards: Vec<Mutex<HashMap<Arc<str>, Arc<Gate>>>>,
+    hasher: std::collections::hash_map::RandomState,
+    store: MarkStore,
+    metrics: Arc<Metrics>,
+    drain_timeout: Duration,
+    settle: Duration,
+    /// Start-up instant: after a restart every scope settles until `started + settle`.
+    started: Instant,
+}
+
+impl Gates {
+    pub fn new(
+        store: MarkStore,
+        metrics: Arc<Metrics>,
+        drain_timeout: Duration,
+        settle: Duration,
+    ) -> Gates {
+        Gates {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            store,
+            metrics,
+            drain_timeout,
+            settle,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn store(&self) -> &MarkStore {
+        &self.store
+    }
+
+    fn shard(&self, scope: &str) -> MutexGuard<'_, HashMap<Arc<str>, Arc<Gate>>> {
+        let mut h = self.hasher.build_hasher();
+        scope.hash(&mut h);
+        let i = (h.finish() as usize) % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gate(&self, scope: &str) -> Result<(Arc<str>, Arc<Gate>), StoreError> {
+        if let Some((k, g)) = self.shard(scope).get_key_value(scope) {
+            return Ok((k.clone(), g.clone()));
+        }
+        // Read outside the shard lock; every advance goes through a gate, so the mark
+        // cannot move between this read and the insert unless another gate was created,
+        // in which case that one wins below.
+        let mark = self.store.get(scope)?;
+        let settle_until = self.started + self.settle;
+        let mut shard = self.shard(scope);
+        if let Some((k, g)) = shard.get_key_value(scope) {
+            return Ok((k.clone(), g.clone()));
+        }
+        let settle = mark
+            .filter(|_| Instant::now() < settle_until)
+            .map(|m| (m, settle_until));
+        let key: Arc<str> = Arc::from(scope);
+        let gate = Arc::new(Gate {
+            state: Mutex::new(GateState {
+                current: mark,
+                settle,
+                ..GateState::default()
+            }),
+            notify: Notify::new(),
+        });
+        shard.insert(key.clone(), gate.clone());
+        Ok((key, gate))
+    }
+
+    /// Admits a request carrying `token` for `scope`, or says why not. Cancel-safe: a
+    /// dropped future leaves nothing counted; an advance it started still completes.
+    pub async fn admit(
+        &self,
+        scope: &str,
+        token: Token,
+        equal: EqualPolicy,
+    ) -> Result<Admission, Refusal> {
+        let arrived = Instant::now();
+        let deadline = arrived + self.drain_timeout;
+        let (key, gate) = self.gate(scope).map_err(|_| Refusal::Unavailable)?;
+        let mut advanced = false;
+        loop {
+            let notified = gate.notify.notified();
+            tokio::pin!(notified);
+            // Registered before looking at the state, so a wake-up between the look and
+            // the wait cannot be lost.
+            notified.as_mut().enable();
+            let step = {
+                let mut st = gate.lock();
+                self.step(&mut st, &gate, token, equal, advanced, arrived)
+            };
+            let wake_at = match step {
+                Step::Refuse(r) => return Err(r),
+                Step::Admit(a) => return Ok(a),
+                Step::Commit => {
+                    self.commit(&key, &gate, token).await?;
+                    advanced = true;
+                    continue;
+                }
+                Step::Wait(until) => until,
+            };
+            if Instant::now() >= deadline {
+                let highest = gate.lock().current;
+                self.metrics
+                    .gate_wait_seconds
+                    .observe_duration(deadline - arrived);
+                return Err(Refusal::Draining { highest });
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+    }
+
+    /// One look at the gate under its lock: what this request does next.
+    fn step(
+        &self,
+        st: &mut GateState,
+        gate: &Arc<Gate>,
+        token: Token,
+        equal: EqualPolicy,
+        advanced: bool,
+        arrived: Instant,
+    ) -> Step {
+        let deadline = arrived + self.drain_timeout;
+        let floor = self.store.floor();
+        let decision = match decide(st.current, token, equal, floor) {
+            // Our own advance made `token` current: we are its first request.
+            Decision::Stale if advanced && st.current == Some(token) && token.epoch >= floor => {
+                Decision::Accept
+            }
+            d => d,
+        };
+        match decision {
+            Decision::Stale => Step::Refuse(Refusal::Stale {
+                highest: st.current,
+            }),
+            // An advance that covers ours is being committed; wait for it.
+            Decision::Advance if st.advancing.is_some_and(|a| a >= token) => Step::Wait(deadline),
+            Decision::Advance => {
+                st.advancing = Some(token);
+                Step::Commit
+            }
+            Decision::Accept => {
+                let now = Instant::now();
+                let older_in_flight = st.inflight.range(..token).next().is_some();
+                let settling = st
+                    .settle
+                    .filter(|(g, until)| token > *g && now < *until)
+                    .map(|(_, until)| until);
+                if older_in_flight || settling.is_some() {
+                    return Step::Wait(settling.map_or(deadline, |s| s.min(deadline)));
+                }
+                *st.inflight.entry(token).or_insert(0) += 1;
+                st.last_used = Some(now);
+                let waited = now - arrived;
+                if !waited.is_zero() {
+                    self.metrics.gate_wait_seconds.observe_duration(waited);
+                }
+                Step::Admit(Admission {
+                    guard: InflightGuard {
+                        gate: gate.clone(),
+                        token,
+                        settle: self.settle,
+                        completed: false,
+                    },
+                    advanced,
+                    waited,
+                })
+            }
+        }
+    }
+
+    /// Commits an advance in a task of its own, so that a client going away mid-commit
+    /// cannot leave the gate believing an advance is still under way.
+    async fn commit(
+        &self,
+        key: &Arc<str>,
+        gate: &Arc<Gate>,
+        token: Token,
+    ) -> Result<Token, Refusal> {
+        let store = self.store.clone();
+        let gate = gate.clone();
+        let key = key.clone();
+        let task = tokio::spawn(async move {
+            let result = store.advance(key, token).await;
+            let mut st = gate.lock();
+            if st.advancing == Some(token) {
+                st.advancing = None;
+            }
+            if let Ok(stored) = result {
+                st.current = st.current.max(Some(stored));
+            }
+            drop(st);
+            gate.notify.notify_waiters();
+            result
+        });
+        match task.await {
+            Ok(Ok(stored)) => Ok(stored),
+            _ => Err(Refusal::Unavailable),
+        }
+    }
+
+    /// Raises a scope's mark without forwarding anything (admin API). Never lowers.
+    pub async fn raise(&self, scope: &str, token: Token) -> Result<Token, Refusal> {
+        let (key, gate) = self.gate(scope).map_err(|_| Refusal::Unavailable)?;
+        let current = gate.lock().current;
+        if let Some(c) = current.filter(|c| *c >= token) {
+            return Ok(c);
+        }
+        self.commit(&key, &gate, token).await
+    }
+
+    /// The mark as the gates see it (memory if hot, else disk).
+    pub fn mark(&self, scope: &str) -> Result<Option<Token>, StoreError> {
+        if let Some(g) = self.shard(scope).get(scope) {
+            return Ok(g.lock().current);
+        }
+        self.store.get(scope)
+    }
+
+    /// Number of gates in memory (hot scopes).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops gates that nobody holds, with nothing in flight, nothing to settle and no
+    /// use for `IDLE_TTL`. Their marks stay on disk.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            shard.retain(|_, gate| {
+                // Only the map holds it: nobody can be waiting or about to use it.
+                if Arc::strong_count(gate) > 1 {
+                    return true;
+                }
+                let st = gate.lock();
+                let busy = !st.inflight.is_empty()
+                    || st.advancing.is_some()
+                    || st.settle.is_some_and(|(_, until)| now < until);
+                busy || st
+                    .last_used
+                    .is_some_and(|t| now.duration_since(t) < IDLE_TTL)
+            });
+        }
+    }
+}

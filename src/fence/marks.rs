@@ -1,0 +1,460 @@
+//! The durable mark store: per-scope high-water marks in redb.
+//!
+//! One writer thread owns every write transaction. Callers queue advances; the writer takes
+//! everything queued, applies the max per scope in one transaction, commits with immediate
+//! durability (one fsync for the whole batch: group commit), and only then answers. A
+//! failed commit fails the store closed: redb says a failed commit may still be durable,
+//! so nothing in memory may be trusted to match the disk until a restart reopens it.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Instant;
+
+use redb::{
+    ConcurrencyMode, Database, Durability, ReadableDatabase, ReadableTable, StorageBackend,
+    TableDefinition,
+};
+use tokio::sync::oneshot;
+
+use crate::metrics::Metrics;
+use crate::token::Token;
+
+/// scope → (epoch, counter). Tokens as two integers, never as text.
+const MARKS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("marks");
+/// Store-wide facts: format version, epoch floor.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const FORMAT_VERSION: u64 = 1;
+/// Upper bound on advances in one commit, so one batch cannot starve replies for long.
+const MAX_BATCH: usize = 4096;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the mark store {path}: {reason}")]
+    Open { path: String, reason: String },
+    #[error("the mark store has failed and refuses writes until restarted: {0}")]
+    Failed(String),
+    #[error("mark store read failed: {0}")]
+    Read(String),
+}
+
+fn read_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Read(e.to_string())
+}
+
+enum Op {
+    Advance {
+        scope: Arc<str>,
+        token: Token,
+        reply: oneshot::Sender<Result<Token, StoreError>>,
+    },
+    Floor {
+        epoch: u64,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
+}
+
+struct Inner {
+    db: Arc<Database>,
+    tx: mpsc::Sender<Op>,
+    failed: Arc<AtomicBool>,
+    floor: Arc<AtomicU64>,
+}
+
+/// A handle to the store; cheap to clone. The writer thread stops when the last handle drops.
+#[derive(Clone)]
+pub struct MarkStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MarkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MarkStore")
+            .field("failed", &self.is_failed())
+            .finish()
+    }
+}
+
+fn builder() -> redb::Builder {
+    let mut b = Database::builder();
+    // SingleWriter lets `fencegate marks` and `backup` open the file read-only while the
+    // server runs.
+    b.set_concurrency_mode(ConcurrencyMode::SingleWriter);
+    b
+}
+
+impl MarkStore {
+    /// Opens (or creates) the store file.
+    pub fn open(path: &Path, metrics: Arc<Metrics>) -> Result<MarkStore, StoreError> {
+        let open_err = |reason: String| StoreError::Open {
+            path: path.display().to_string(),
+            reason,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| open_err(e.to_string()))?;
+        }
+        let db = builder()
+            .create(path)
+            .map_err(|e| open_err(e.to_string()))?;
+        MarkStore::start(db, metrics).map_err(|e| open_err(e.to_string()))
+    }
+
+    /// Opens a store on any redb backend (tests inject failing disks this way).
+    pub fn open_with_backend(
+        backend: impl StorageBackend,
+        metrics: Arc<Metrics>,
+    ) -> Result<MarkStore, StoreError> {
+        let open_err = |reason: String| StoreError::Open {
+            path: "<backend>".into(),
+            reason,
+        };
+        let mut b = Database::builder();
+        b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
+        let db = b
+            .create_with_backend(backend)
+            .map_err(|e| open_err(e.to_string()))?;
+        MarkStore::start(db, metrics).map_err(|e| open_err(e.to_string()))
+    }
+
+    fn start(db: Database, metrics: Arc<Metrics>) -> Result<MarkStore, redb::Error> {
+        let floor = initialize(&db)?;
+        let db = Arc::new(db);
+        let (tx, rx) = mpsc::channel();
+        let failed = Arc::new(AtomicBool::new(false));
+        let floor = Arc::new(AtomicU64::new(floor));
+        let writer = Writer {
+            db: db.clone(),
+            failed: failed.clone(),
+            floor: floor.clone(),
+            metrics,
+        };
+        std::thread::Builder::new()
+            .name("fencegate-marks".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| redb::Error::Io(e))?;
+        Ok(MarkStore {
+            inner: Arc::new(Inner {
+                db,
+                tx,
+                failed,
+                floor,
+            }),
+        })
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.inner.failed.load(Ordering::Acquire)
+    }
+
+    pub fn floor(&self) -> u64 {
+        self.inner.floor.load(Ordering::Acquire)
+    }
+
+    /// Durably raises `scope` to at least `token`. Answers the stored mark, which may be
+    /// higher than `token` if a higher advance got there first. Never lowers a mark.
+    pub async fn advance(&self, scope: Arc<str>, token: Token) -> Result<Token, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::Advance {
+            scope,
+            token,
+            reply,
+        })?;
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+    }
+
+    /// Durably raises the epoch floor to at least `epoch`; answers the floor in force.
+    pub async fn raise_floor(&self, epoch: u64) -> Result<u64, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::Floor { epoch, reply })?;
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+    }
+
+    fn send(&self, op: Op) -> Result<(), StoreError> {
+        if self.is_failed() {
+            return Err(StoreError::Failed("an earlier commit failed".into()));
+        }
+        self.inner
+            .tx
+            .send(op)
+            .map_err(|_| StoreError::Failed("writer stopped".into()))
+    }
+
+    /// The durable mark of one scope.
+    pub fn get(&self, scope: &str) -> Result<Option<Token>, StoreError> {
+        if self.is_failed() {
+            return Err(StoreError::Failed("an earlier commit failed".into()));
+        }
+        get_mark(&*self.inner.db, scope)
+    }
+
+    /// Marks in scope order, starting after `after` (exclusive) and with `prefix`.
+    pub fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Token)>, StoreError> {
+        list_marks(&*self.inner.db, prefix, after, limit)
+    }
+
+    /// Every mark, from one read transaction (a consistent snapshot).
+    pub fn for_each(&self, f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
+        for_each_mark(&*self.inner.db, f)
+    }
+}
+
+/// Creates the tables and checks the format; returns the epoch floor.
+fn initialize(db: &Database) -> Result<u64, redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+    let floor;
+    {
+        let mut meta = txn.open_table(META)?;
+        let version = meta.get("format_version")?.map(|g| g.value());
+        match version {
+            None => {
+                meta.insert("format_version", FORMAT_VERSION)?;
+            }
+            Some(FORMAT_VERSION) => {}
+            Some(other) => {
+                return Err(redb::Error::Io(std::io::Error::other(format!(
+                    "store format version {other} is not supported (this build reads {FORMAT_VERSION})"
+                ))));
+            }
+        }
+        floor = meta.get("epoch_floor")?.map(|g| g.value()).unwrap_or(0);
+        txn.open_table(MARKS)?;
+    }
+    txn.commit()?;
+    Ok(floor)
+}
+
+fn get_mark(db: &impl ReadableDatabase, scope: &str) -> Result<Option<Token>, StoreError> {
+    let txn = db.begin_read().map_err(read_err)?;
+    let table = txn.open_table(MARKS).map_err(read_err)?;
+    let got = table.get(scope).map_err(read_err)?;
+    Ok(got.map(|g| {
+        let (e, c) = g.value();
+        Token::new(e, c)
+    }))
+}
+
+fn list_marks(
+    db: &impl ReadableDatabase,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, Token)>, StoreError> {
+    let txn = db.begin_read().map_err(read_err)?;
+    let table = txn.open_table(MARKS).map_err(read_err)?;
+    let start = match after {
+        Some(a) if a >= prefix => a,
+        _ => prefix,
+    };
+    let mut out = Vec::new();
+    for item in table.range(start..).map_err(read_err)? {
+        let (k, v) = item.map_err(read_err)?;
+        let key = k.value();
+        if Some(key) == after {
+            continue;
+        }
+        if !key.starts_with(prefix) || out.len() >= limit {
+            break;
+        }
+        let (e, c) = v.value();
+        out.push((key.to_string(), Token::new(e, c)));
+    }
+    Ok(out)
+}
+
+fn for_each_mark(
+    db: &impl ReadableDatabase,
+    mut f: impl FnMut(&str, Token) -> bool,
+) -> Result<(), StoreError> {
+    let txn = db.begin_read().map_err(read_err)?;
+    let table = txn.open_table(MARKS).map_err(read_err)?;
+    for item in table.iter().map_err(read_err)? {
+        let (k, v) = item.map_err(read_err)?;
+        let (e, c) = v.value();
+        if !f(k.value(), Token::new(e, c)) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// A read-only view of a store file, for the CLI (works while a server has it open).
+pub struct MarkReader {
+    db: redb::ReadOnlyDatabase,
+}
+
+impl MarkReader {
+    pub fn open(path: &Path) -> Result<MarkReader, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Open {
+                path: path.display().to_string(),
+                reason: "no such file".into(),
+            });
+        }
+        let db = builder()
+            .open_read_only(path)
+            .map_err(|e| StoreError::Open {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        Ok(MarkReader { db })
+    }
+
+    pub fn get(&self, scope: &str) -> Result<Option<Token>, StoreError> {
+        get_mark(&self.db, scope)
+    }
+
+    pub fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Token)>, StoreError> {
+        list_marks(&self.db, prefix, after, limit)
+    }
+
+    pub fn for_each(&self, f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
+        for_each_mark(&self.db, f)
+    }
+
+    pub fn floor(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(read_err)?;
+        let meta = txn.open_table(META).map_err(read_err)?;
+        Ok(meta
+            .get("epoch_floor")
+            .map_err(read_err)?
+            .map(|g| g.value())
+            .unwrap_or(0))
+    }
+}
+
+struct Writer {
+    db: Arc<Database>,
+    failed: Arc<AtomicBool>,
+    floor: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+}
+
+impl Writer {
+    fn run(self, rx: mpsc::Receiver<Op>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+        }
+    }
+
+    fn commit(&self, batch: Vec<Op>) {
+        if self.failed.load(Ordering::Acquire) {
+            return fail_all(batch, "an earlier commit failed");
+        }
+        let started = Instant::now();
+        match self.apply(&batch) {
+            Ok((marks, floor)) => {
+                self.metrics
+                    .commit_seconds
+                    .observe_duration(started.elapsed());
+                self.metrics.commit_batch_size.observe(batch.len() as f64);
+                self.floor.store(floor, Ordering::Release);
+                for op in batch {
+                    match op {
+                        Op::Advance { scope, reply, .. } => {
+                            let stored = marks.get(&scope).copied().ok_or_else(|| {
+                                StoreError::Failed("scope missing from batch".into())
+                            });
+                            let _ = reply.send(stored);
+                        }
+                        Op::Floor { reply, .. } => {
+                            let _ = reply.send(Ok(floor));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                // A failed commit may still have become durable: fail closed.
+                self.failed.store(true, Ordering::Release);
+                self.metrics.commit_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "mark commit failed; the store refuses writes until restarted");
+                fail_all(batch, &e.to_string());
+            }
+        }
+    }
+
+    /// One transaction for the whole batch; answers the stored mark per scope and the floor.
+    fn apply(&self, batch: &[Op]) -> Result<(HashMap<Arc<str>, Token>, u64), redb::Error> {
+        let mut wanted: HashMap<Arc<str>, Token> = HashMap::new();
+        let mut floor_wanted = None;
+        for op in batch {
+            match op {
+                Op::Advance { scope, token, .. } => {
+                    let e = wanted.entry(scope.clone()).or_insert(*token);
+                    *e = (*e).max(*token);
+                }
+                Op::Floor { epoch, .. } => {
+                    floor_wanted = floor_wanted.max(Some(*epoch));
+                }
+            }
+        }
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+        let mut changed = false;
+        let mut floor = self.floor.load(Ordering::Acquire);
+        {
+            let mut marks = txn.open_table(MARKS)?;
+            for (scope, token) in wanted.iter_mut() {
+                let current = marks.get(&**scope)?.map(|g| {
+                    let (e, c) = g.value();
+                    Token::new(e, c)
+                });
+                match current {
+                    Some(c) if c >= *token => *token = c,
+                    _ => {
+                        marks.insert(&**scope, (token.epoch, token.counter))?;
+                        changed = true;
+                    }
+                }
+            }
+            if let Some(epoch) = floor_wanted.filter(|e| *e > floor) {
+                let mut meta = txn.open_table(META)?;
+                meta.insert("epoch_floor", epoch)?;
+                floor = epoch;
+                changed = true;
+            }
+        }
+        if changed {
+            txn.commit()?;
+        } else {
+            // Everything asked for is already durable; no fsync needed.
+            txn.abort()?;
+        }
+        Ok((wanted, floor))
+    }
+}
+
+fn fail_all(batch: Vec<Op>, why: &str) {
+    for op in batch {
+        match op {
+            Op::Advance { reply, .. } => {
+                let _ = reply.send(Err(StoreError::Failed(why.to_string())));
+            }
+            Op::Floor { reply, .. } => {
+                let _ = reply.send(Err(StoreError::Failed(why.to_string())));
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! The fence: the decision table (policy), the durable marks (marks) and the per-scope
+//! generation gate (gate) that orders generations at the backend.
+
+pub mod gate;
+pub mod marks;
+pub mod policy;
+
+pub use gate::{Admission, Gates, InflightGuard, Refusal};
+pub use marks::{MarkStore, StoreError};
+pub use policy::{Decision, decide};

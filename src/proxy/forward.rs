@@ -1,0 +1,154 @@
+//! Forwarding to upstreams: one pooled client, absolute URIs, HTTP/1.1 to the upstream
+//! whatever the client spoke, hop-by-hop headers removed, bodies streamed both ways.
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Uri, Version};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::Upstream;
+use crate::fence::InflightGuard;
+use crate::proxy::{Body, BoxError};
+
+pub type Client = HyperClient<HttpConnector, Body>;
+
+pub fn client() -> Client {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    HyperClient::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers, including every name listed in `Connection` — read before
+/// `Connection` itself is removed.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+fn append(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    let joined = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(prev) if headers.get_all(name).iter().count() == 1 => format!("{prev}, {value}"),
+        _ => value.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+/// Builds the upstream request. The path and query go out byte for byte as received;
+/// Host is preserved (signatures such as SigV4 cover it), or taken from the h2 authority.
+pub fn upstream_request(
+    req: Request<Incoming>,
+    upstream: &Upstream,
+    peer: IpAddr,
+    tls: bool,
+) -> Result<Request<Body>, http::Error> {
+    let (mut parts, body) = req.into_parts();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    let scheme = upstream.url.scheme_str().unwrap_or("http");
+    let authority = upstream.url.authority().map(|a| a.as_str()).unwrap_or("");
+    let uri: Uri = format!("{scheme}://{authority}{pq}").parse()?;
+    if !parts.headers.contains_key(header::HOST) {
+        if let Some(a) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                parts.headers.insert(header::HOST, v);
+            }
+        }
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    append(&mut parts.headers, "x-forwarded-for", &peer.to_string());
+    append(
+        &mut parts.headers,
+        "x-forwarded-proto",
+        if tls { "https" } else { "http" },
+    );
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    Ok(Request::from_parts(
+        parts,
+        body.map_err(|e| Box::new(e) as BoxError).boxed(),
+    ))
+}
+
+/// Prepares an upstream response for the client; the guard (if any) stays counted
+/// until the body has been fully read or dropped.
+pub fn client_response(resp: Response<Incoming>, guard: Option<InflightGuard>) -> Response<Body> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let body = GuardedBody { inner: body, guard };
+    Response::from_parts(parts, body.boxed())
+}
+
+/// An upstream body that releases its generation's in-flight count when it ends.
+struct GuardedBody {
+    inner: Incoming,
+    guard: Option<InflightGuard>,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.guard = None,
+            _ => {}
+        }
+        polled.map(|o| o.map(|r| r.map_err(|e| Box::new(e) as BoxError)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

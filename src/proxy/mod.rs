@@ -1,0 +1,306 @@
+//! The proxy service: one request's way through, each stage one function.
+//!
+//! canonicalize → route → token and scope → gate (durable advance, drain, settle)
+//! → forward → response with `Fencing-Result`. Every refusal goes through
+//! [`problem::Outcome`], the one place that makes fencegate's own responses.
+
+pub mod forward;
+pub mod problem;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, header};
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+
+use crate::config::{Config, Route};
+use crate::fence::{Gates, InflightGuard, Refusal};
+use crate::metrics::Metrics;
+use crate::route;
+use crate::token::Token;
+pub use problem::{FENCING_RESULT, Outcome};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// Headers that ask a backend to treat a request as another method: each would let a
+/// fenced write travel as an unfenced GET.
+const METHOD_OVERRIDES: &[&str] = &[
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+pub struct Proxy {
+    pub config: Arc<Config>,
+    pub gates: Arc<Gates>,
+    pub metrics: Arc<Metrics>,
+    client: forward::Client,
+}
+
+/// Where a request stands after the checks: forward it, fenced or not.
+struct Plan {
+    route: usize,
+    /// `Some` for fenced requests: the generation they hold at the gate.
+    guard: Option<InflightGuard>,
+    scope: Option<String>,
+}
+
+impl Proxy {
+    pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
+        Proxy {
+            config,
+            gates,
+            metrics,
+            client: forward::client(),
+        }
+    }
+
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Response<Body> {
+        match self.check(&req).await {
+            Err((route, outcome)) => {
+                self.metrics.count(route, outcome.result());
+                outcome.into_response()
+            }
+            Ok(plan) => self.forward(req, plan, peer, tls).await,
+        }
+    }
+
+    /// Everything before forwarding: refuse what is unsafe, admit what is fenced.
+    async fn check(&self, req: &Request<Incoming>) -> Result<Plan, (Option<usize>, Outcome)> {
+        if req.method() == Method::CONNECT {
+            return Err((None, Outcome::MethodNotAllowed));
+        }
+        // h2 always carries scheme and authority; in HTTP/1.x they mean absolute form.
+        if req.version() < http::Version::HTTP_2 && req.uri().scheme().is_some() {
+            return Err((
+                None,
+                Outcome::InvalidPath {
+                    detail: "the request target is not in origin form".into(),
+                },
+            ));
+        }
+        let segments = route::canonicalize(req.uri().path()).map_err(|e| {
+            (
+                None,
+                Outcome::InvalidPath {
+                    detail: e.to_string(),
+                },
+            )
+        })?;
+        let host =
+            request_host(req).map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
+        let (idx, route, caps) =
+            route::find(&self.config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
+        if !route.fenced {
+            return Ok(Plan {
+                route: idx,
+                guard: None,
+                scope: None,
+            });
+        }
+        let at = |o: Outcome| (Some(idx), o);
+        refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+        let scope = route.scope.render(&caps);
+        let token = match read_token(req, &self.config.fencing.header) {
+            Ok(Some(t)) => t,
+            Ok(None) if route.fences_method(req.method()) => {
+                return Err(at(Outcome::MissingToken { scope }));
+            }
+            // A safe method without a token is not fenced.
+            Ok(None) => {
+                return Ok(Plan {
+                    route: idx,
+                    guard: None,
+                    scope: None,
+                });
+            }
+            Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
+        };
+        check_scope_header(req, &scope).map_err(|_| {
+            at(Outcome::ScopeMismatch {
+                scope: scope.clone(),
+                token,
+            })
+        })?;
+        let admission = self.admit(route, &scope, token).await.map_err(at)?;
+        Ok(Plan {
+            route: idx,
+            guard: Some(admission.guard),
+            scope: Some(scope),
+        })
+    }
+
+    async fn admit(
+        &self,
+        route: &Route,
+        scope: &str,
+        token: Token,
+    ) -> Result<crate::fence::Admission, Outcome> {
+        self.gates
+            .admit(scope, token, route.equal)
+            .await
+            .map_err(|refusal| match refusal {
+                Refusal::Stale { highest } => Outcome::Stale {
+                    scope: scope.to_string(),
+                    token,
+                    highest,
+                },
+                Refusal::Draining { highest } => Outcome::Draining {
+                    scope: scope.to_string(),
+                    token,
+                    highest,
+                },
+                Refusal::Unavailable => Outcome::Unavailable {
+                    scope: scope.to_string(),
+                    token,
+                },
+            })
+    }
+
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        plan: Plan,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Response<Body> {
+        let Plan {
+            route,
+            mut guard,
+            scope,
+        } = plan;
+        let fenced = guard.is_some();
+        let upstream = &self.config.upstreams[self.config.routes[route].upstream];
+        let fail = |outcome: Outcome| {
+            self.metrics.count(Some(route), outcome.result());
+            outcome.into_response()
+        };
+        let out = match forward::upstream_request(req, upstream, peer.ip(), tls) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(g) = guard.as_mut() {
+                    g.complete();
+                }
+                return fail(Outcome::InvalidRequest {
+                    detail: format!("cannot forward: {e}"),
+                });
+            }
+        };
+        let started = Instant::now();
+        let result = tokio::time::timeout(upstream.timeout, self.client.request(out)).await;
+        self.metrics
+            .upstream_seconds
+            .observe_duration(started.elapsed());
+        match result {
+            Ok(Ok(resp)) => {
+                if let Some(g) = guard.as_mut() {
+                    g.complete();
+                }
+                self.metrics
+                    .count(Some(route), if fenced { "accepted" } else { "unfenced" });
+                let mut resp = forward::client_response(resp, guard);
+                if fenced {
+                    resp.headers_mut()
+                        .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
+                }
+                resp
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                // Never reached the upstream: nothing to settle.
+                if let Some(g) = guard.as_mut() {
+                    g.complete();
+                }
+                fail(Outcome::UpstreamUnavailable {
+                    scope,
+                    detail: error_chain(&e),
+                })
+            }
+            // Sent, then reset or timed out: the upstream may still apply it. The guard
+            // drops uncompleted, so the scope settles before a newer generation goes.
+            Ok(Err(e)) => fail(Outcome::UpstreamTimeout {
+                scope,
+                detail: error_chain(&e),
+            }),
+            Err(_) => fail(Outcome::UpstreamTimeout {
+                scope,
+                detail: format!("no response within {:?}", upstream.timeout),
+            }),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// The request's host without port, for `host =` routes; `Err` if ambiguous.
+fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, String> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let header = match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => return Err("more than one Host header".into()),
+        (Some(v), None) => Some(v.to_str().map_err(|_| "Host is not ASCII".to_string())?),
+        (None, _) => None,
+    };
+    Ok(header
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .map(route::host_without_port))
+}
+
+/// Method overrides and upgrades would carry a request past the fence; refuse them.
+fn refuse_unfenceable(req: &Request<Incoming>) -> Result<(), String> {
+    if let Some(h) = METHOD_OVERRIDES
+        .iter()
+        .find(|h| req.headers().contains_key(**h))
+    {
+        return Err(format!("method-override header {h} on a fenced route"));
+    }
+    let connection_upgrade = req.headers().get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str()
+            .map(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+            .unwrap_or(true)
+    });
+    if req.headers().contains_key(header::UPGRADE) || connection_upgrade {
+        return Err("protocol upgrade on a fenced route".into());
+    }
+    Ok(())
+}
+
+/// `Ok(None)`: no token. More than one header, or any malformed value, is an error.
+fn read_token(req: &Request<Incoming>, name: &http::HeaderName) -> Result<Option<Token>, String> {
+    let mut values = req.headers().get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(format!("more than one {name} header")),
+        (Some(v), None) => Token::parse(v.as_bytes())
+            .map(Some)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+fn check_scope_header(req: &Request<Incoming>, scope: &str) -> Result<(), ()> {
+    let mut values = req.headers().get_all("fencing-scope").iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(()),
+        (Some(v), None) if v.as_bytes() == scope.as_bytes() => Ok(()),
+        _ => Err(()),
+    }
+}

@@ -1,0 +1,188 @@
+//! The one place that turns fencegate's own decisions into HTTP responses (RFC 9457
+//! problem+json with a `Fencing-Result` header), so statuses stay consistent.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+
+use crate::proxy::Body;
+use crate::token::Token;
+
+pub const FENCING_RESULT: &str = "fencing-result";
+
+/// Everything fencegate can answer by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Stale {
+        scope: String,
+        token: Token,
+        highest: Option<Token>,
+    },
+    MissingToken {
+        scope: String,
+    },
+    InvalidToken {
+        scope: String,
+        detail: String,
+    },
+    ScopeMismatch {
+        scope: String,
+        token: Token,
+    },
+    InvalidPath {
+        detail: String,
+    },
+    InvalidRequest {
+        detail: String,
+    },
+    /// CONNECT: a tunnel would be an unfenced path.
+    MethodNotAllowed,
+    NoRoute,
+    Draining {
+        scope: String,
+        token: Token,
+        highest: Option<Token>,
+    },
+    Unavailable {
+        scope: String,
+        token: Token,
+    },
+    UpstreamUnavailable {
+        scope: Option<String>,
+        detail: String,
+    },
+    UpstreamTimeout {
+        scope: Option<String>,
+        detail: String,
+    },
+}
+
+impl Outcome {
+    pub fn result(&self) -> &'static str {
+        match self {
+            Outcome::Stale { .. } => "stale_fence",
+            Outcome::MissingToken { .. } => "missing_token",
+            Outcome::InvalidToken { .. } => "invalid_token",
+            Outcome::ScopeMismatch { .. } => "scope_mismatch",
+            Outcome::InvalidPath { .. } => "invalid_path",
+            Outcome::InvalidRequest { .. } | Outcome::MethodNotAllowed => "invalid_request",
+            Outcome::NoRoute => "no_route",
+            Outcome::Draining { .. } => "draining",
+            Outcome::Unavailable { .. } => "unavailable",
+            Outcome::UpstreamUnavailable { .. } => "upstream_unavailable",
+            Outcome::UpstreamTimeout { .. } => "upstream_timeout",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Outcome::Stale { .. } | Outcome::ScopeMismatch { .. } => StatusCode::CONFLICT,
+            Outcome::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
+            Outcome::InvalidToken { .. }
+            | Outcome::InvalidPath { .. }
+            | Outcome::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Outcome::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Outcome::NoRoute => StatusCode::NOT_FOUND,
+            Outcome::Draining { .. } | Outcome::Unavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Outcome::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
+            Outcome::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    fn title(&self) -> String {
+        match self {
+            Outcome::Stale { .. } => {
+                "A newer lock generation reached this scope; discard this work and re-acquire"
+                    .into()
+            }
+            Outcome::MissingToken { .. } => "This method needs a fencing token".into(),
+            Outcome::InvalidToken { detail, .. } => format!("Malformed fencing token: {detail}"),
+            Outcome::ScopeMismatch { .. } => {
+                "Fencing-Scope does not match the scope of this request".into()
+            }
+            Outcome::InvalidPath { detail } => format!("Non-canonical or unsafe path: {detail}"),
+            Outcome::InvalidRequest { detail } => format!("Refused: {detail}"),
+            Outcome::MethodNotAllowed => "CONNECT is not proxied".into(),
+            Outcome::NoRoute => "No route matches this request".into(),
+            Outcome::Draining { .. } => {
+                "An older generation is still in flight for this scope; retry with the same token"
+                    .into()
+            }
+            Outcome::Unavailable { .. } => {
+                "The fencing mark could not be made durable; retry with the same token".into()
+            }
+            Outcome::UpstreamUnavailable { detail, .. } => {
+                format!("The upstream could not be reached: {detail}")
+            }
+            Outcome::UpstreamTimeout { detail, .. } => {
+                format!(
+                    "The upstream did not answer; the request may or may not have been applied: {detail}"
+                )
+            }
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            Outcome::Draining { .. } => Some(1),
+            Outcome::Unavailable { .. } => Some(5),
+            _ => None,
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let mut body = serde_json::json!({
+            "type": format!("urn:fencegate:{}", self.result()),
+            "title": self.title(),
+            "status": self.status().as_u16(),
+            "result": self.result(),
+        });
+        let fields = match &self {
+            Outcome::Stale {
+                scope,
+                token,
+                highest,
+            }
+            | Outcome::Draining {
+                scope,
+                token,
+                highest,
+            } => (Some(scope), Some(token), *highest),
+            Outcome::ScopeMismatch { scope, token } | Outcome::Unavailable { scope, token } => {
+                (Some(scope), Some(token), None)
+            }
+            Outcome::MissingToken { scope } | Outcome::InvalidToken { scope, .. } => {
+                (Some(scope), None, None)
+            }
+            Outcome::UpstreamUnavailable { scope, .. } | Outcome::UpstreamTimeout { scope, .. } => {
+                (scope.as_ref(), None, None)
+            }
+            _ => (None, None, None),
+        };
+        if let Some(s) = fields.0 {
+            body["scope"] = s.as_str().into();
+        }
+        if let Some(t) = fields.1 {
+            body["token"] = t.to_string().into();
+        }
+        if let Some(h) = fields.2 {
+            body["highest_accepted"] = h.to_string().into();
+        }
+        let bytes = Bytes::from(body.to_string());
+        let mut resp = Response::new(Full::new(bytes).map_err(|e| match e {}).boxed());
+        *resp.status_mut() = self.status();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        h.insert(FENCING_RESULT, HeaderValue::from_static(self.result()));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = self.retry_after() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}

@@ -1,0 +1,492 @@
+//! Canonical request paths, route templates, the first-match router and scope rendering
+//! (SPEC §2).
+//!
+//! Security rests on one rule: routes are matched, and scopes rendered, on the
+//! percent-decoded segments, and any path whose decoded form is ambiguous (empty, `.`/`..`,
+//! embedded `/` or `\`, controls, bad UTF-8, bad escapes) is refused. So two spellings of
+//! one backend object can never land in two scopes.
+
+use std::fmt;
+
+/// Why a request target was refused with 400 `invalid_path`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("the request target is not in origin form")]
+    NotOriginForm,
+    #[error("the path has an empty segment")]
+    EmptySegment,
+    #[error("a path segment is `.` or `..`")]
+    DotSegment,
+    #[error("a path segment has a malformed percent escape")]
+    BadEscape,
+    #[error("a path segment decodes to `/`, `\\`, NUL or a control character")]
+    ForbiddenCharacter,
+    #[error("a path segment is not valid UTF-8 once decoded")]
+    NotUtf8,
+}
+
+/// Splits an origin-form path (no query) into percent-decoded segments.
+///
+/// `/` is the empty list. One trailing slash is ignored (`/a/` and `/a` share a scope,
+/// which is the safe direction: a WebDAV collection and its name cannot be fenced apart).
+pub fn canonicalize(path: &str) -> Result<Vec<String>, PathError> {
+    let rest = path.strip_prefix('/').ok_or(PathError::NotOriginForm)?;
+    if rest.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    rest.split('/').map(decode_segment).collect()
+}
+
+fn decode_segment(raw: &str) -> Result<String, PathError> {
+    if raw.is_empty() {
+        return Err(PathError::EmptySegment);
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let hi = bytes.get(i + 1).and_then(|c| (*c as char).to_digit(16));
+            let lo = bytes.get(i + 2).and_then(|c| (*c as char).to_digit(16));
+            match (hi, lo) {
+                (Some(hi), Some(lo)) => out.push((hi * 16 + lo) as u8),
+                _ => return Err(PathError::BadEscape),
+            }
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    if out
+        .iter()
+        .any(|b| matches!(b, b'/' | b'\\' | 0x00..=0x1f | 0x7f))
+    {
+        return Err(PathError::ForbiddenCharacter);
+    }
+    let text = String::from_utf8(out).map_err(|_| PathError::NotUtf8)?;
+    if text == "." || text == ".." {
+        return Err(PathError::DotSegment);
+    }
+    if text.chars().any(char::is_control) {
+        return Err(PathError::ForbiddenCharacter);
+    }
+    Ok(text)
+}
+
+/// One segment of a path template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Literal(String),
+    /// `{name}`: exactly one non-empty segment.
+    Param(String),
+    /// `{*name}`: the rest of the path, one or more segments; only last.
+    CatchAll(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathTemplate {
+    pub segments: Vec<Segment>,
+    raw: String,
+}
+
+impl fmt::Display for PathTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+impl PathTemplate {
+    pub fn parse(raw: &str) -> Result<PathTemplate, String> {
+        let rest = raw
+            .strip_prefix('/')
+            .ok_or_else(|| "must start with `/`".to_string())?;
+        let mut segments = Vec::new();
+        if !rest.is_empty() {
+            let parts: Vec<&str> = rest.split('/').collect();
+            for (i, part) in parts.iter().enumerate() {
+                let last = i + 1 == parts.len();
+                segments.push(parse_template_segment(part, last)?);
+            }
+        }
+        let mut names: Vec<&str> = segments
+            .iter()
+            .filter_map(|s| match s {
+                Segment::Param(n) | Segment::CatchAll(n) => Some(n.as_str()),
+                Segment::Literal(_) => None,
+            })
+            .collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("capture `{}` is named twice", w[0]));
+        }
+        Ok(PathTemplate {
+            segments,
+            raw: raw.to_string(),
+        })
+    }
+
+    pub fn captures(&self) -> impl Iterator<Item = &str> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Param(n) | Segment::CatchAll(n) => Some(n.as_str()),
+            Segment::Literal(_) => None,
+        })
+    }
+
+    /// Matches decoded segments; returns the captured values in template order.
+    pub fn matches<'a>(&self, path: &'a [String]) -> Option<Vec<Capture<'a>>> {
+        let mut caps = Vec::new();
+        for (i, seg) in self.segments.iter().enumerate() {
+            match seg {
+                Segment::Literal(lit) => {
+                    if path.get(i)? != lit {
+                        return None;
+                    }
+                }
+                Segment::Param(_) => caps.push(Capture::One(path.get(i)?)),
+                Segment::CatchAll(_) => {
+                    let rest = path.get(i..).filter(|r| !r.is_empty())?;
+                    caps.push(Capture::Rest(rest));
+                    return Some(caps);
+                }
+            }
+        }
+        (path.len() == self.segments.len()).then_some(caps)
+    }
+
+    /// True when every path this template matches is also matched by `earlier`
+    /// (so a later route with this template can never be reached).
+    pub fn is_covered_by(&self, earlier: &PathTemplate) -> bool {
+        for (i, e) in earlier.segments.iter().enumerate() {
+            let Some(mine) = self.segments.get(i) else {
+                return false;
+            };
+            match (e, mine) {
+                (Segment::CatchAll(_), _) => return true,
+                (Segment::Param(_), Segment::Literal(_) | Segment::Param(_)) => {}
+                (Segment::Literal(a), Segment::Literal(b)) if a == b => {}
+                _ => return false,
+            }
+        }
+        self.segments.len() == earlier.segments.len()
+    }
+}
+
+fn parse_template_segment(part: &str, last: bool) -> Result<Segment, String> {
+    if part.is_empty() {
+        return Err("has an empty segment".into());
+    }
+    if let Some(inner) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+        let (name, catch_all) = match inner.strip_prefix('*') {
+            Some(n) => (n, true),
+            None => (inner, false),
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!(
+                "capture `{part}` needs a name of letters, digits and `_`"
+            ));
+        }
+        if catch_all && !last {
+            return Err(format!("`{part}` must be the last segment"));
+        }
+        return Ok(if catch_all {
+            Segment::CatchAll(name.to_string())
+        } else {
+            Segment::Param(name.to_string())
+        });
+    }
+    if part.contains(['{', '}']) {
+        return Err(format!(
+            "segment `{part}` mixes text and a capture; a capture is a whole segment"
+        ));
+    }
+    if part.contains('%') {
+        return Err(format!(
+            "segment `{part}` has `%`: write literal segments decoded, they match decoded paths"
+        ));
+    }
+    match decode_segment(part) {
+        Ok(text) => Ok(Segment::Literal(text)),
+        Err(e) => Err(format!("segment `{part}`: {e}")),
+    }
+}
+
+/// A captured value: one segment, or the rest of the path.
+#[derive(Debug, Clone, Copy)]
+pub enum Capture<'a> {
+    One(&'a String),
+    Rest(&'a [String]),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ScopePart {
+    Text(String),
+    /// Index into the path template's captures.
+    Capture(usize),
+}
+
+/// A scope template: text with `{name}` references to the path's captures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeTemplate {
+    parts: Vec<ScopePart>,
+    raw: String,
+}
+
+impl fmt::Display for ScopeTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+impl ScopeTemplate {
+    pub fn parse(raw: &str, path: &PathTemplate) -> Result<ScopeTemplate, String> {
+        if raw.is_empty() {
+            return Err("must not be empty".into());
+        }
+        let names: Vec<&str> = path.captures().collect();
+        let mut parts = Vec::new();
+        let mut rest = raw;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(ScopePart::Text(rest[..open].to_string()));
+            }
+            let after = &rest[open + 1..];
+            let close = after
+                .find('}')
+                .ok_or_else(|| format!("unclosed `{{` in `{raw}`"))?;
+            let name = &after[..close];
+            let idx = names
+                .iter()
+                .position(|n| *n == name)
+                .ok_or_else(|| format!("`{{{name}}}` is not a capture of the path template"))?;
+            parts.push(ScopePart::Capture(idx));
+            rest = &after[close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(format!("stray `}}` in `{raw}`"));
+        }
+        if !rest.is_empty() {
+            parts.push(ScopePart::Text(rest.to_string()));
+        }
+        Ok(ScopeTemplate {
+            parts,
+            raw: raw.to_string(),
+        })
+    }
+
+    pub fn is_constant(&self) -> bool {
+        self.parts.iter().all(|p| matches!(p, ScopePart::Text(_)))
+    }
+
+    pub fn render(&self, caps: &[Capture<'_>]) -> String {
+        let mut out = String::with_capacity(self.raw.len() + 16);
+        for part in &self.parts {
+            match part {
+                ScopePart::Text(t) => out.push_str(t),
+                ScopePart::Capture(i) => match caps.get(*i) {
+                    Some(Capture::One(s)) => out.push_str(s),
+                    Some(Capture::Rest(segs)) => {
+                        for (n, s) in segs.iter().enumerate() {
+                            if n > 0 {
+                                out.push('/');
+                            }
+                            out.push_str(s);
+                        }
+                    }
+                    None => {}
+                },
+            }
+        }
+        out
+    }
+}
+
+/// What the router needs of a route; the config owns the rest.
+pub trait RouteMatch {
+    fn path(&self) -> &PathTemplate;
+    fn host(&self) -> Option<&str>;
+}
+
+/// First match in file order. `host` is the request's host without its port.
+pub fn find<'r, 'p, R: RouteMatch>(
+    routes: &'r [R],
+    host: Option<&str>,
+    path: &'p [String],
+) -> Option<(usize, &'r R, Vec<Capture<'p>>)> {
+    routes.iter().enumerate().find_map(|(i, r)| {
+        if let Some(want) = r.host() {
+            if !host.is_some_and(|h| h.eq_ignore_ascii_case(want)) {
+                return None;
+            }
+        }
+        r.path().matches(path).map(|caps| (i, r, caps))
+    })
+}
+
+/// Strips the port (and IPv6 brackets stay) from a Host/authority value.
+pub fn host_without_port(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        return match authority.find(']') {
+            Some(end) => &authority[..=end],
+            None => authority,
+        };
+    }
+    match authority.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => authority,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scope_of(path_t: &str, scope_t: &str, path: &str) -> Option<String> {
+        let pt = PathTemplate::parse(path_t).unwrap();
+        let st = ScopeTemplate::parse(scope_t, &pt).unwrap();
+        let segs = canonicalize(path).ok()?;
+        pt.matches(&segs).map(|c| st.render(&c))
+    }
+
+    #[test]
+    fn aliases_share_a_scope() {
+        let t = ("/reports/{report}/{*rest}", "report/{report}");
+        for p in [
+            "/reports/july/x",
+            "/reports/jul%79/x",
+            "/r%65ports/july/x",
+            "/reports/july/x/",
+            "/reports/%6A%75%6C%79/x",
+        ] {
+            assert_eq!(scope_of(t.0, t.1, p).as_deref(), Some("report/july"), "{p}");
+        }
+        assert_eq!(
+            scope_of("/o/{k}", "k/{k}", "/o/a:b"),
+            scope_of("/o/{k}", "k/{k}", "/o/a%3Ab")
+        );
+        assert_eq!(
+            scope_of("/o/{*k}", "k/{k}", "/o/a/b/c").as_deref(),
+            Some("k/a/b/c")
+        );
+    }
+
+    #[test]
+    fn refuses_unsafe_paths() {
+        use PathError::*;
+        let cases: &[(&str, PathError)] = &[
+            ("reports/x", NotOriginForm),
+            ("*", NotOriginForm),
+            ("//x", EmptySegment),
+            ("/a//b", EmptySegment),
+            ("/a/./b", DotSegment),
+            ("/a/../b", DotSegment),
+            ("/a/%2e%2E/b", DotSegment),
+            ("/a/%2e/b", DotSegment),
+            ("/a%2fb", ForbiddenCharacter),
+            ("/a%2Fb", ForbiddenCharacter),
+            ("/a%5cb", ForbiddenCharacter),
+            ("/a%00b", ForbiddenCharacter),
+            ("/a%0ab", ForbiddenCharacter),
+            ("/a%7f", ForbiddenCharacter),
+            ("/a%c2%85", ForbiddenCharacter),
+            ("/a%ff", NotUtf8),
+            ("/a%zz", BadEscape),
+            ("/a%4", BadEscape),
+            ("/a%", BadEscape),
+        ];
+        for (p, e) in cases {
+            assert_eq!(canonicalize(p).as_ref(), Err(e), "{p}");
+        }
+        assert_eq!(canonicalize("/"), Ok(vec![]));
+    }
+
+    #[test]
+    fn templates() {
+        assert!(PathTemplate::parse("/a/{*r}/b").is_err());
+        assert!(PathTemplate::parse("/a/{x}/{x}").is_err());
+        assert!(PathTemplate::parse("/a/x{y}").is_err());
+        assert!(PathTemplate::parse("a").is_err());
+        assert!(PathTemplate::parse("/a//b").is_err());
+        assert!(PathTemplate::parse("/a/%41").is_err());
+        let pt = PathTemplate::parse("/a/{x}").unwrap();
+        assert!(ScopeTemplate::parse("s/{y}", &pt).is_err());
+        assert!(ScopeTemplate::parse("s/{x", &pt).is_err());
+        assert!(ScopeTemplate::parse("", &pt).is_err());
+        assert!(ScopeTemplate::parse("all", &pt).unwrap().is_constant());
+        // {*name} needs at least one segment
+        let pt = PathTemplate::parse("/a/{*r}").unwrap();
+        assert!(pt.matches(&canonicalize("/a").unwrap()).is_none());
+        assert!(pt.matches(&canonicalize("/a/b").unwrap()).is_some());
+    }
+
+    #[test]
+    fn coverage() {
+        let p = |s| PathTemplate::parse(s).unwrap();
+        assert!(p("/a/b").is_covered_by(&p("/a/{x}")));
+        assert!(p("/a/{y}/c").is_covered_by(&p("/{x}/{*r}")));
+        assert!(p("/a/{*z}").is_covered_by(&p("/a/{*r}")));
+        assert!(!p("/a/{*z}").is_covered_by(&p("/a/{x}")));
+        assert!(!p("/a/{x}").is_covered_by(&p("/a/b")));
+        assert!(!p("/a").is_covered_by(&p("/a/{*r}")));
+        assert!(!p("/a/b/c").is_covered_by(&p("/a/{x}")));
+    }
+
+    #[test]
+    fn host_port_is_ignored() {
+        assert_eq!(host_without_port("Example.com:8080"), "Example.com");
+        assert_eq!(host_without_port("example.com"), "example.com");
+        assert_eq!(host_without_port("[::1]:80"), "[::1]");
+    }
+
+    /// Percent-encodes each byte of `s` or leaves it, as `mask` says: another spelling.
+    fn respell(s: &str, mask: &[bool]) -> String {
+        let mut out = String::new();
+        for (i, b) in s.bytes().enumerate() {
+            if b != b'/' && mask.get(i % mask.len().max(1)).copied().unwrap_or(false) {
+                out.push_str(&format!("%{b:02X}"));
+            } else {
+                out.push(b as char);
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn no_two_spellings_reach_two_scopes(
+            segs in proptest::collection::vec("[a-zA-Z0-9:._~-]{1,8}", 1..5),
+            mask in proptest::collection::vec(any::<bool>(), 1..8),
+        ) {
+            let path = format!("/{}", segs.join("/"));
+            let other = respell(&path, &mask);
+            let a = scope_of("/{a}/{*rest}", "s/{a}/{rest}", &path);
+            let b = scope_of("/{a}/{*rest}", "s/{a}/{rest}", &other);
+            // Either both are refused or unmatched, or they agree.
+            if a.is_some() && b.is_some() {
+                prop_assert_eq!(a, b);
+            }
+            // Canonical forms agree whenever both are accepted.
+            if let (Ok(x), Ok(y)) = (canonicalize(&path), canonicalize(&other)) {
+                prop_assert_eq!(x, y);
+            }
+        }
+
+        #[test]
+        fn canonicalize_never_panics(raw in "\\PC{0,40}") {
+            let _ = canonicalize(&raw);
+        }
+
+        #[test]
+        fn accepted_segments_are_clean(raw in "/[a-zA-Z0-9%/.]{0,30}") {
+            if let Ok(segs) = canonicalize(&raw) {
+                for s in segs {
+                    prop_assert!(!s.is_empty() && s != "." && s != "..");
+                    prop_assert!(!s.contains(['/', '\\', '\0']));
+                }
+            }
+        }
+    }
+}
