@@ -121,23 +121,26 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
     match (&method, path.as_str()) {
         (&Method::GET, "/metrics") => {
             let floor = app.store.floor() as f64;
-            let text = app.metrics.render(&[
-                (
-                    "fencegate_hot_scopes",
-                    "Scopes with a gate in memory.",
-                    app.gates.len() as f64,
-                ),
-                (
-                    "fencegate_store_failed",
-                    "1 when the mark store has failed closed.",
-                    f64::from(u8::from(app.store.is_failed())),
-                ),
-                (
-                    "fencegate_epoch_floor",
-                    "Tokens of a lower epoch are stale everywhere.",
-                    floor,
-                ),
-            ]);
+            let text = app.metrics.render(
+                app.store.stats(),
+                &[
+                    (
+                        "fencegate_hot_scopes",
+                        "Scopes with a gate in memory.",
+                        app.gates.len() as f64,
+                    ),
+                    (
+                        "fencegate_store_failed",
+                        "1 when the mark store has failed closed.",
+                        f64::from(u8::from(app.store.is_failed())),
+                    ),
+                    (
+                        "fencegate_epoch_floor",
+                        "Tokens of a lower epoch are stale everywhere.",
+                        floor,
+                    ),
+                ],
+            );
             respond(StatusCode::OK, "text/plain; version=0.0.4", text)
         }
         (&Method::GET, "/v1/scopes") => {

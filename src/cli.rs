@@ -10,7 +10,6 @@ use clap::{Parser, Subcommand};
 use crate::config::Config;
 use crate::fence::MarkStore;
 use crate::fence::marks::MarkReader;
-use crate::metrics::Metrics;
 use crate::token::Token;
 
 #[derive(Parser, Debug)]
@@ -263,8 +262,7 @@ fn restore(config: &Config, input: &Path) -> Result<ExitCode, ExitCode> {
             Err(e) => return Err(fail(format!("{}:{}: {e}", input.display(), n + 1))),
         }
     }
-    let metrics = Arc::new(Metrics::new(Vec::new()));
-    let store = MarkStore::open(&config.store.path, metrics).map_err(|e| {
+    let store = MarkStore::open(&config.store.path).map_err(|e| {
         fail(format!("{e} (restore needs the server stopped; to raise marks online use POST /v1/scopes/{{scope}}/raise)"))
     })?;
     let count = entries.len();
@@ -283,6 +281,7 @@ fn restore(config: &Config, input: &Path) -> Result<ExitCode, ExitCode> {
                 w.await.map_err(fail)?.map_err(fail)?;
             }
         }
+        store.close().await;
         Ok::<_, ExitCode>(())
     })?;
     eprintln!(

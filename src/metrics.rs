@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use crate::fence::marks::StoreStats;
+
 /// A fixed-bucket histogram; buckets are upper bounds in the unit of the caller.
 #[derive(Debug)]
 pub struct Histogram {
@@ -54,11 +56,11 @@ impl Histogram {
     }
 }
 
-const SECONDS: &[f64] = &[
+pub const SECONDS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0, 30.0,
 ];
-const BATCH: &[f64] = &[
+pub const BATCH: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0, 4096.0,
 ];
 
@@ -89,9 +91,6 @@ pub struct Metrics {
     routes: Vec<String>,
     /// `requests[route][result]`.
     requests: Vec<Vec<AtomicU64>>,
-    pub commit_seconds: Histogram,
-    pub commit_batch_size: Histogram,
-    pub commit_failures: AtomicU64,
     pub gate_wait_seconds: Histogram,
     pub upstream_seconds: Histogram,
 }
@@ -107,9 +106,6 @@ impl Metrics {
         Metrics {
             routes,
             requests,
-            commit_seconds: Histogram::new(SECONDS),
-            commit_batch_size: Histogram::new(BATCH),
-            commit_failures: AtomicU64::new(0),
             gate_wait_seconds: Histogram::new(SECONDS),
             upstream_seconds: Histogram::new(SECONDS),
         }
@@ -130,7 +126,7 @@ impl Metrics {
         self.requests[r][result_index(result)].load(Relaxed)
     }
 
-    pub fn render(&self, extra: &[(&str, &str, f64)]) -> String {
+    pub fn render(&self, store: &StoreStats, extra: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
         out.push_str("# HELP fencegate_requests_total Requests by route and fencing result.\n");
         out.push_str("# TYPE fencegate_requests_total counter\n");
@@ -155,12 +151,12 @@ impl Metrics {
         );
         out.push_str("# TYPE fencegate_stale_rejections_total counter\n");
         let _ = writeln!(out, "fencegate_stale_rejections_total {stale}");
-        self.commit_seconds.render(
+        store.commit_seconds.render(
             &mut out,
             "fencegate_mark_commit_seconds",
             "Time of one durable mark commit (one batch).",
         );
-        self.commit_batch_size.render(
+        store.commit_batch_size.render(
             &mut out,
             "fencegate_mark_commit_batch_size",
             "Mark advances served by one commit (group commit).",
@@ -170,7 +166,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "fencegate_mark_commit_failures_total {}",
-            self.commit_failures.load(Relaxed)
+            store.commit_failures.load(Relaxed)
         );
         self.gate_wait_seconds.render(
             &mut out,

@@ -316,10 +316,10 @@ pub fn find<'r, 'p, R: RouteMatch>(
     path: &'p [String],
 ) -> Option<(usize, &'r R, Vec<Capture<'p>>)> {
     routes.iter().enumerate().find_map(|(i, r)| {
-        if let Some(want) = r.host() {
-            if !host.is_some_and(|h| h.eq_ignore_ascii_case(want)) {
-                return None;
-            }
+        if let Some(want) = r.host()
+            && !host.is_some_and(|h| h.eq_ignore_ascii_case(want))
+        {
+            return None;
         }
         r.path().matches(path).map(|caps| (i, r, caps))
     })

@@ -58,6 +58,7 @@ impl Running {
         for t in self.tasks {
             let _ = t.await;
         }
+        self.app.store.close().await;
     }
 }
 
@@ -66,7 +67,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let metrics = Arc::new(Metrics::new(config.routes.iter().map(|r| r.name.clone())));
     let store = match store {
         Some(s) => s,
-        None => MarkStore::open(&config.store.path, metrics.clone())?,
+        None => MarkStore::open(&config.store.path)?,
     };
     let config = Arc::new(config);
     let gates = Arc::new(Gates::new(

@@ -7,7 +7,8 @@
 //! Gates of idle scopes are dropped; the mark store stays the truth.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -134,6 +135,17 @@ pub struct Gates {
     settle: Duration,
     /// Start-up instant: after a restart every scope settles until `started + settle`.
     started: Instant,
+    /// Requests waiting at a gate right now (for metrics and tests).
+    waiting: AtomicUsize,
+}
+
+/// Counts one waiting request while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Gates {
@@ -151,6 +163,7 @@ impl Gates {
             drain_timeout,
             settle,
             started: Instant::now(),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -159,9 +172,7 @@ impl Gates {
     }
 
     fn shard(&self, scope: &str) -> MutexGuard<'_, HashMap<Arc<str>, Arc<Gate>>> {
-        let mut h = self.hasher.build_hasher();
-        scope.hash(&mut h);
-        let i = (h.finish() as usize) % SHARDS;
+        let i = (self.hasher.hash_one(scope) as usize) % SHARDS;
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -206,6 +217,7 @@ impl Gates {
         let deadline = arrived + self.drain_timeout;
         let (key, gate) = self.gate(scope).map_err(|_| Refusal::Unavailable)?;
         let mut advanced = false;
+        let mut waiting = None;
         loop {
             let notified = gate.notify.notified();
             tokio::pin!(notified);
@@ -226,6 +238,10 @@ impl Gates {
                 }
                 Step::Wait(until) => until,
             };
+            if waiting.is_none() {
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+                waiting = Some(Waiting(&self.waiting));
+            }
             if Instant::now() >= deadline {
                 let highest = gate.lock().current;
                 self.metrics
@@ -345,6 +361,11 @@ impl Gates {
             return Ok(g.lock().current);
         }
         self.store.get(scope)
+    }
+
+    /// Requests waiting at a gate for an older generation to drain or settle.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Number of gates in memory (hot scopes).

@@ -18,7 +18,7 @@ use redb::{
 };
 use tokio::sync::oneshot;
 
-use crate::metrics::Metrics;
+use crate::metrics::Histogram;
 use crate::token::Token;
 
 /// scope → (epoch, counter). Tokens as two integers, never as text.
@@ -53,13 +53,43 @@ enum Op {
         epoch: u64,
         reply: oneshot::Sender<Result<u64, StoreError>>,
     },
+    /// Finish what is queued, then stop the writer (it drops its database handle).
+    Close { reply: oneshot::Sender<()> },
 }
 
 struct Inner {
     db: Arc<Database>,
-    tx: mpsc::Sender<Op>,
+    stats: Arc<StoreStats>,
+    commits: Commits,
     failed: Arc<AtomicBool>,
     floor: Arc<AtomicU64>,
+}
+
+/// Where commits happen.
+enum Commits {
+    /// The writer thread (production): group commit, never on an async worker.
+    Thread(mpsc::Sender<Op>),
+    /// On the calling task, one op per commit: deterministic under a paused test clock,
+    /// where waiting on another thread would let the clock jump.
+    Inline(Writer),
+}
+
+/// What the writer measures; rendered by the admin listener's /metrics.
+#[derive(Debug)]
+pub struct StoreStats {
+    pub commit_seconds: Histogram,
+    pub commit_batch_size: Histogram,
+    pub commit_failures: AtomicU64,
+}
+
+impl Default for StoreStats {
+    fn default() -> StoreStats {
+        StoreStats {
+            commit_seconds: Histogram::new(crate::metrics::SECONDS),
+            commit_batch_size: Histogram::new(crate::metrics::BATCH),
+            commit_failures: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A handle to the store; cheap to clone. The writer thread stops when the last handle drops.
@@ -86,7 +116,7 @@ fn builder() -> redb::Builder {
 
 impl MarkStore {
     /// Opens (or creates) the store file.
-    pub fn open(path: &Path, metrics: Arc<Metrics>) -> Result<MarkStore, StoreError> {
+    pub fn open(path: &Path) -> Result<MarkStore, StoreError> {
         let open_err = |reason: String| StoreError::Open {
             path: path.display().to_string(),
             reason,
@@ -97,14 +127,21 @@ impl MarkStore {
         let db = builder()
             .create(path)
             .map_err(|e| open_err(e.to_string()))?;
-        MarkStore::start(db, metrics).map_err(|e| open_err(e.to_string()))
+        MarkStore::start(db, false).map_err(|e| open_err(e.to_string()))
     }
 
     /// Opens a store on any redb backend (tests inject failing disks this way).
-    pub fn open_with_backend(
-        backend: impl StorageBackend,
-        metrics: Arc<Metrics>,
-    ) -> Result<MarkStore, StoreError> {
+    pub fn open_with_backend(backend: impl StorageBackend) -> Result<MarkStore, StoreError> {
+        MarkStore::with_backend(backend, false)
+    }
+
+    /// Like [`MarkStore::open_with_backend`], but commits on the calling task. Only for
+    /// tests that run under a paused tokio clock; it blocks the caller for the commit.
+    pub fn open_inline_with_backend(backend: impl StorageBackend) -> Result<MarkStore, StoreError> {
+        MarkStore::with_backend(backend, true)
+    }
+
+    fn with_backend(backend: impl StorageBackend, inline: bool) -> Result<MarkStore, StoreError> {
         let open_err = |reason: String| StoreError::Open {
             path: "<backend>".into(),
             reason,
@@ -114,33 +151,44 @@ impl MarkStore {
         let db = b
             .create_with_backend(backend)
             .map_err(|e| open_err(e.to_string()))?;
-        MarkStore::start(db, metrics).map_err(|e| open_err(e.to_string()))
+        MarkStore::start(db, inline).map_err(|e| open_err(e.to_string()))
     }
 
-    fn start(db: Database, metrics: Arc<Metrics>) -> Result<MarkStore, redb::Error> {
+    fn start(db: Database, inline: bool) -> Result<MarkStore, redb::Error> {
         let floor = initialize(&db)?;
+        let stats = Arc::new(StoreStats::default());
         let db = Arc::new(db);
-        let (tx, rx) = mpsc::channel();
         let failed = Arc::new(AtomicBool::new(false));
         let floor = Arc::new(AtomicU64::new(floor));
         let writer = Writer {
             db: db.clone(),
             failed: failed.clone(),
             floor: floor.clone(),
-            metrics,
+            stats: stats.clone(),
         };
-        std::thread::Builder::new()
-            .name("fencegate-marks".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| redb::Error::Io(e))?;
+        let commits = if inline {
+            Commits::Inline(writer)
+        } else {
+            let (tx, rx) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("fencegate-marks".into())
+                .spawn(move || writer.run(rx))
+                .map_err(redb::Error::Io)?;
+            Commits::Thread(tx)
+        };
         Ok(MarkStore {
             inner: Arc::new(Inner {
                 db,
-                tx,
+                stats,
+                commits,
                 failed,
                 floor,
             }),
         })
+    }
+
+    pub fn stats(&self) -> &StoreStats {
+        &self.inner.stats
     }
 
     pub fn is_failed(&self) -> bool {
@@ -172,14 +220,30 @@ impl MarkStore {
             .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
     }
 
+    /// Commits what is queued and stops the writer, so that the file is closed cleanly
+    /// once the last handle drops (no repair on the next open).
+    pub async fn close(&self) {
+        if let Commits::Thread(tx) = &self.inner.commits {
+            let (reply, rx) = oneshot::channel();
+            if tx.send(Op::Close { reply }).is_ok() {
+                let _ = rx.await;
+            }
+        }
+    }
+
     fn send(&self, op: Op) -> Result<(), StoreError> {
         if self.is_failed() {
             return Err(StoreError::Failed("an earlier commit failed".into()));
         }
-        self.inner
-            .tx
-            .send(op)
-            .map_err(|_| StoreError::Failed("writer stopped".into()))
+        match &self.inner.commits {
+            Commits::Thread(tx) => tx
+                .send(op)
+                .map_err(|_| StoreError::Failed("writer stopped".into())),
+            Commits::Inline(writer) => {
+                writer.commit(vec![op]);
+                Ok(())
+            }
+        }
     }
 
     /// The durable mark of one scope.
@@ -300,13 +364,22 @@ impl MarkReader {
                 reason: "no such file".into(),
             });
         }
-        let db = builder()
-            .open_read_only(path)
-            .map_err(|e| StoreError::Open {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        Ok(MarkReader { db })
+        let open_err = |e: redb::DatabaseError| StoreError::Open {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        match builder().open_read_only(path) {
+            Ok(db) => Ok(MarkReader { db }),
+            // Not closed cleanly (a crash) and nobody has it open: a read-only handle
+            // cannot repair, so open it once for writing, which repairs, then read.
+            Err(redb::DatabaseError::RepairAborted) => {
+                drop(builder().open(path).map_err(open_err)?);
+                Ok(MarkReader {
+                    db: builder().open_read_only(path).map_err(open_err)?,
+                })
+            }
+            Err(e) => Err(open_err(e)),
+        }
     }
 
     pub fn get(&self, scope: &str) -> Result<Option<Token>, StoreError> {
@@ -341,7 +414,7 @@ struct Writer {
     db: Arc<Database>,
     failed: Arc<AtomicBool>,
     floor: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
+    stats: Arc<StoreStats>,
 }
 
 impl Writer {
@@ -354,21 +427,34 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.commit(batch);
+            let close = batch
+                .iter()
+                .position(|op| matches!(op, Op::Close { .. }))
+                .map(|i| batch.remove(i));
+            if !batch.is_empty() {
+                self.commit(batch);
+            }
+            if let Some(Op::Close { reply }) = close {
+                drop(self);
+                let _ = reply.send(());
+                return;
+            }
         }
     }
 
-    fn commit(&self, batch: Vec<Op>) {
+    fn commit(&self, mut batch: Vec<Op>) {
+        // Close is handled by `run`; inline stores have nothing to stop.
+        batch.retain(|op| !matches!(op, Op::Close { .. }));
         if self.failed.load(Ordering::Acquire) {
             return fail_all(batch, "an earlier commit failed");
         }
         let started = Instant::now();
         match self.apply(&batch) {
             Ok((marks, floor)) => {
-                self.metrics
+                self.stats
                     .commit_seconds
                     .observe_duration(started.elapsed());
-                self.metrics.commit_batch_size.observe(batch.len() as f64);
+                self.stats.commit_batch_size.observe(batch.len() as f64);
                 self.floor.store(floor, Ordering::Release);
                 for op in batch {
                     match op {
@@ -381,13 +467,14 @@ impl Writer {
                         Op::Floor { reply, .. } => {
                             let _ = reply.send(Ok(floor));
                         }
+                        Op::Close { .. } => {}
                     }
                 }
             }
             Err(e) => {
                 // A failed commit may still have become durable: fail closed.
                 self.failed.store(true, Ordering::Release);
-                self.metrics.commit_failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, "mark commit failed; the store refuses writes until restarted");
                 fail_all(batch, &e.to_string());
             }
@@ -407,6 +494,7 @@ impl Writer {
                 Op::Floor { epoch, .. } => {
                     floor_wanted = floor_wanted.max(Some(*epoch));
                 }
+                Op::Close { .. } => {}
             }
         }
         let mut txn = self.db.begin_write()?;
@@ -455,6 +543,7 @@ fn fail_all(batch: Vec<Op>, why: &str) {
             Op::Floor { reply, .. } => {
                 let _ = reply.send(Err(StoreError::Failed(why.to_string())));
             }
+            Op::Close { .. } => {}
         }
     }
 }

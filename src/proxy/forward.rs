@@ -90,12 +90,13 @@ pub fn upstream_request(
     let scheme = upstream.url.scheme_str().unwrap_or("http");
     let authority = upstream.url.authority().map(|a| a.as_str()).unwrap_or("");
     let uri: Uri = format!("{scheme}://{authority}{pq}").parse()?;
-    if !parts.headers.contains_key(header::HOST) {
-        if let Some(a) = parts.uri.authority() {
-            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
-                parts.headers.insert(header::HOST, v);
-            }
-        }
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(v) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        parts.headers.insert(header::HOST, v);
     }
     strip_hop_by_hop(&mut parts.headers);
     append(&mut parts.headers, "x-forwarded-for", &peer.to_string());

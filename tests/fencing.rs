@@ -1,0 +1,426 @@
+//! End to end through real sockets: the paused-writer story (against nginx WebDAV and an
+//! in-process double), delayed delivery, store failure, crash recovery and graceful
+//! shutdown of the real binary.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use fencegate::fence::MarkStore;
+use redb::StorageBackend;
+use redb::backends::InMemoryBackend;
+use support::{BOUND, Client, Double};
+
+/// The mission's story against a real legacy store: nginx with WebDAV, no conditional
+/// writes. Through fencegate the stale writer is refused; straight to nginx it wins.
+#[tokio::test]
+async fn paused_writer_story_against_nginx_webdav() {
+    let nginx = support::nginx::Nginx::webdav().expect("nginx (run scripts/test.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(nginx.addr(), dir.path())).await;
+    let via = Client::new(proxy.proxy_addr);
+
+    // A holds token 41 and writes its temporary object, then pauses.
+    let r = via.put("/reports/july/tmp-a", "41", "draft by A").await;
+    assert_eq!((r.status, r.result()), (201, "accepted"));
+    // A's lease expires; B acquires 42 and publishes.
+    let r = via.put("/reports/july/final", "42", "report by B").await;
+    assert_eq!((r.status, r.result()), (201, "accepted"));
+    // A resumes and publishes with its old token: refused at the destination.
+    let r = via.put("/reports/july/final", "41", "report by A").await;
+    assert_eq!((r.status, r.result()), (409, "stale_fence"));
+    assert_eq!(r.json()["highest_accepted"], "42");
+    let r = via.get("/reports/july/final").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "report by B"));
+    let on_disk = std::fs::read_to_string(nginx.root().join("reports/july/final")).unwrap();
+    assert_eq!(on_disk, "report by B");
+
+    // Without the fence the same sequence loses B's work silently.
+    let direct = Client::new(nginx.addr());
+    assert_eq!(
+        direct
+            .put("/reports/june/final", "42", "report by B")
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        direct
+            .put("/reports/june/final", "41", "report by A")
+            .await
+            .status,
+        204
+    );
+    assert_eq!(direct.get("/reports/june/final").await.body, "report by A");
+    proxy.shutdown().await;
+}
+
+/// Waits (bounded) until `n` requests wait at gates: the proof that a request is being
+/// held back by the fence rather than merely slow.
+async fn until_waiting(proxy: &fencegate::server::Running, n: usize) {
+    tokio::time::timeout(BOUND, async {
+        while proxy.app.gates.waiting() != n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("requests waiting at the gate");
+}
+
+/// A's token-41 write is delayed inside the upstream; B's 42 arrives. 42 must reach the
+/// backend only after 41 finished; a fresh 41 after 42 was admitted never reaches it.
+#[tokio::test]
+async fn delayed_delivery_is_ordered_at_the_backend() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let client = Client::new(proxy.proxy_addr);
+
+    let c = client.clone();
+    let a = tokio::spawn(async move {
+        c.send(
+            "PUT",
+            "/reports/july/final",
+            &[("fencing-token", "41"), ("x-test-hold", "a")],
+            "A",
+        )
+        .await
+    });
+    double.arrived("a").await;
+
+    let c = client.clone();
+    let b = tokio::spawn(async move { c.put("/reports/july/final", "42", "B").await });
+    until_waiting(&proxy, 1).await;
+    assert_eq!(
+        proxy.app.store.get("report/july").unwrap(),
+        Some(fencegate::token::Token::new(0, 42)),
+        "42 is durable before it waits"
+    );
+    assert_eq!(double.count_token("42"), 0, "42 must wait for 41 to finish");
+
+    // 42 is admitted: a new request with 41 is stale and never forwarded.
+    let late = client.put("/reports/july/other", "41", "A again").await;
+    assert_eq!((late.status, late.result()), (409, "stale_fence"));
+    assert_eq!(double.count_token("41"), 1);
+
+    double.release("a");
+    let a = a.await.unwrap();
+    assert_eq!((a.status, a.result()), (200, "accepted"));
+    let b = b.await.unwrap();
+    assert_eq!((b.status, b.result()), (200, "accepted"));
+    let order: Vec<String> = double
+        .seen()
+        .iter()
+        .filter_map(|s| s.header("fencing-token").map(str::to_string))
+        .collect();
+    assert_eq!(order, ["41", "42"]);
+    proxy.shutdown().await;
+}
+
+/// A drain that outlasts `drain_timeout` answers 503 draining with Retry-After, and an
+/// upstream timeout makes the scope settle before a newer generation is forwarded.
+#[tokio::test]
+async fn draining_and_settle_over_http() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::config_text(double.addr, "300ms", "1h", "200ms");
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+    let client = Client::new(proxy.proxy_addr);
+
+    // 41 is sent and never answered within the upstream timeout: outcome unknown.
+    let r = client
+        .send(
+            "PUT",
+            "/reports/july/x",
+            &[("fencing-token", "41"), ("x-test-hold", "slow")],
+            "A",
+        )
+        .await;
+    assert_eq!((r.status, r.result()), (504, "upstream_timeout"));
+    // The backend may still apply 41, so 42 must not be forwarded until settle passes.
+    let r = client.put("/reports/july/x", "42", "B").await;
+    assert_eq!((r.status, r.result()), (503, "draining"));
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(double.count_token("42"), 0);
+    double.release("slow");
+    proxy.shutdown().await;
+}
+
+#[derive(Debug, Clone)]
+struct Disk {
+    inner: Arc<InMemoryBackend>,
+    broken: Arc<AtomicBool>,
+}
+
+impl Disk {
+    fn check(&self) -> std::io::Result<()> {
+        if self.broken.load(Ordering::SeqCst) {
+            Err(std::io::Error::other("injected: no space left on device"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl StorageBackend for Disk {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.write(offset, data)
+    }
+}
+
+/// A commit that fails answers 503 unavailable, forwards nothing, and flips /readyz.
+#[tokio::test]
+async fn store_failure_answers_unavailable_and_forwards_nothing() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Disk {
+        inner: Arc::new(InMemoryBackend::new()),
+        broken: Arc::default(),
+    };
+    let store = MarkStore::open_with_backend(disk.clone()).expect("store");
+    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .unwrap();
+    let client = Client::new(proxy.proxy_addr);
+    let admin = Client::new(proxy.admin_addr);
+
+    assert_eq!(client.put("/reports/july/x", "1", "ok").await.status, 200);
+    assert_eq!(admin.get("/readyz").await.status, 200);
+    disk.broken.store(true, Ordering::SeqCst);
+    let r = client.put("/reports/july/x", "2", "lost").await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"));
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(r.json()["token"], "2");
+    assert_eq!(double.count_token("2"), 0, "nothing forwarded");
+    let r = client.put("/reports/august/x", "1", "new scope").await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"));
+    assert_eq!(admin.get("/readyz").await.status, 503);
+    let metrics = admin.get("/metrics").await.body;
+    assert!(metrics.contains("fencegate_store_failed 1"), "{metrics}");
+    assert!(metrics.contains("fencegate_mark_commit_failures_total 1"));
+    proxy.shutdown().await;
+}
+
+/// The real binary, started on a config file; its listen addresses are read from a port
+/// file-free trick: we pick the ports, since the binary prints them only in logs.
+struct Proc {
+    child: Child,
+    proxy: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_config(dir: &Path, upstream: std::net::SocketAddr) -> (std::path::PathBuf, u16, u16) {
+    let (p, a) = (free_port(), free_port());
+    let text = support::config_text(upstream, "10s", "0s", "10s")
+        .replace(
+            "listen = \"127.0.0.1:0\"\nshutdown",
+            &format!("listen = \"127.0.0.1:{p}\"\nshutdown"),
+        )
+        .replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"127.0.0.1:{a}\""),
+        );
+    let path = dir.join("fencegate.toml");
+    std::fs::write(&path, text).unwrap();
+    (path, p, a)
+}
+
+/// Starts the binary and waits (bounded) for its "listening" log line.
+fn spawn(config: &Path, proxy: u16, admin: u16) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn fencegate");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("fencegate listening") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(BOUND).expect("fencegate started listening");
+    Proc {
+        child,
+        proxy: ([127, 0, 0, 1], proxy).into(),
+        admin: ([127, 0, 0, 1], admin).into(),
+    }
+}
+
+/// kill -9 right after an accepted advance: the mark was durable before the request was
+/// forwarded, so after a restart the lower token is still refused.
+#[tokio::test]
+async fn crash_after_accepted_advance_keeps_the_mark() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = write_config(dir.path(), double.addr);
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    let r = client.put("/reports/july/x", "7", "B").await;
+    assert_eq!((r.status, r.result()), (200, "accepted"));
+    proc.child.kill().unwrap(); // SIGKILL: no shutdown path runs
+    proc.child.wait().unwrap();
+
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    let r = client.put("/reports/july/x", "6", "stale").await;
+    assert_eq!((r.status, r.result()), (409, "stale_fence"));
+    assert_eq!(r.json()["highest_accepted"], "7");
+    assert_eq!(double.count_token("6"), 0);
+    let r = client.put("/reports/july/x", "7", "same owner").await;
+    assert_eq!(r.status, 200);
+
+    // The CLI reads marks while the server runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["marks", "get", "report/july", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "7");
+    let admin = Client::new(proc.admin);
+    assert_eq!(admin.get("/healthz").await.status, 200);
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+}
+
+/// SIGTERM stops accepting and lets an in-flight request finish, then exits 0.
+#[tokio::test]
+async fn sigterm_finishes_in_flight_requests() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = write_config(dir.path(), double.addr);
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    let c = client.clone();
+    let inflight = tokio::spawn(async move {
+        c.send(
+            "PUT",
+            "/reports/july/x",
+            &[("fencing-token", "3"), ("x-test-hold", "term")],
+            "body",
+        )
+        .await
+    });
+    double.arrived("term").await;
+    let killed = Command::new("kill")
+        .args(["-TERM", &proc.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // New connections are refused once the listener is closed.
+    tokio::time::timeout(BOUND, async {
+        while tokio::net::TcpStream::connect(proc.proxy).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("listener closed after SIGTERM");
+    double.release("term");
+    let r = inflight.await.unwrap();
+    assert_eq!((r.status, r.result()), (200, "accepted"));
+    let status = tokio::task::spawn_blocking(move || proc.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// backup (while serving) → restore into another store merges by max, never lowering.
+#[tokio::test]
+async fn backup_and_restore_merge_by_max() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = write_config(dir.path(), double.addr);
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    for (report, token) in [("a", "5"), ("b", "1:3"), ("c", "9")] {
+        let r = client.put(&format!("/reports/{report}/x"), token, "").await;
+        assert_eq!(r.status, 200);
+    }
+    let backup = dir.path().join("marks.jsonl");
+    let run = |args: &[&str], cfg: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .args(args)
+            .arg("--config")
+            .arg(cfg)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["backup", "--out", backup.to_str().unwrap()], &config);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&backup).unwrap();
+    assert_eq!(text.lines().count(), 4, "{text}");
+    // Restore refuses while the server holds the store.
+    assert!(
+        !run(&["restore", "--in", backup.to_str().unwrap()], &config)
+            .status
+            .success()
+    );
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+
+    // A second store already has a higher mark for c: restore must not lower it.
+    let other = tempfile::tempdir().unwrap();
+    let (config2, p2, a2) = write_config(other.path(), double.addr);
+    let mut proc2 = spawn(&config2, p2, a2);
+    assert_eq!(
+        Client::new(proc2.proxy)
+            .put("/reports/c/x", "20", "")
+            .await
+            .status,
+        200
+    );
+    proc2.child.kill().unwrap();
+    proc2.child.wait().unwrap();
+    let out = run(&["restore", "--in", backup.to_str().unwrap()], &config2);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["marks", "list"], &config2);
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(listed, "5\treport/a\n1:3\treport/b\n20\treport/c\n");
+}

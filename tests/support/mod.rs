@@ -1,0 +1,347 @@
+//! Shared test support: an in-process upstream double with barriers, a proxy started on
+//! port 0, and HTTP helpers (a pooled client and a raw-bytes client for malformed input).
+#![allow(dead_code)]
+
+pub mod nginx;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencegate::config::Config;
+use fencegate::server::Running;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// Upper bound for any wait in a test, so a bug fails the test instead of hanging it.
+pub const BOUND: Duration = Duration::from_secs(20);
+
+/// One request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    /// Path and query exactly as received.
+    pub target: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+#[derive(Default)]
+struct Holds {
+    /// name → (arrived, released)
+    state: Mutex<HashMap<String, (bool, bool)>>,
+    changed: Notify,
+}
+
+/// An upstream test double. Requests with `x-test-hold: NAME` wait inside the upstream
+/// until [`Double::release`]; [`Double::arrived`] waits until such a request is inside.
+/// `x-test-reset: 1` makes the upstream drop the connection without answering.
+#[derive(Clone)]
+pub struct Double {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    holds: Arc<Holds>,
+}
+
+impl Double {
+    pub async fn start() -> Double {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind double");
+        let addr = listener.local_addr().expect("addr");
+        let double = Double {
+            addr,
+            seen: Arc::default(),
+            holds: Arc::default(),
+        };
+        let d = double.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let d = d.clone();
+                let svc = service_fn(move |req| {
+                    let d = d.clone();
+                    async move { d.serve(req).await }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        double
+    }
+
+    async fn serve(&self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::io::Error> {
+        let (parts, body) = req.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let seen = Seen {
+            method: parts.method.to_string(),
+            target: parts
+                .uri
+                .path_and_query()
+                .map(|p| p.as_str().to_string())
+                .unwrap_or_default(),
+            headers: parts.headers.clone(),
+            body,
+        };
+        let hold = seen.header("x-test-hold").map(str::to_string);
+        let reset = seen.header("x-test-reset").is_some();
+        self.seen.lock().unwrap().push(seen.clone());
+        if let Some(name) = hold {
+            self.mark(&name, true, false);
+            loop {
+                let notified = self.holds.changed.notified();
+                if self
+                    .holds
+                    .state
+                    .lock()
+                    .unwrap()
+                    .get(&name)
+                    .is_some_and(|s| s.1)
+                {
+                    break;
+                }
+                notified.await;
+            }
+        }
+        if reset {
+            return Err(std::io::Error::other("reset by test"));
+        }
+        let mut resp = Response::new(Full::new(Bytes::from(format!(
+            "{} {} token={}",
+            seen.method,
+            seen.target,
+            seen.header("fencing-token").unwrap_or("-")
+        ))));
+        *resp.status_mut() = StatusCode::OK;
+        resp.headers_mut()
+            .insert("x-upstream", http::HeaderValue::from_static("double"));
+        Ok(resp)
+    }
+
+    fn mark(&self, name: &str, arrived: bool, released: bool) {
+        let mut st = self.holds.state.lock().unwrap();
+        let e = st.entry(name.to_string()).or_insert((false, false));
+        e.0 |= arrived;
+        e.1 |= released;
+        drop(st);
+        self.holds.changed.notify_waiters();
+    }
+
+    /// Waits (bounded) until a request held under `name` is inside the upstream.
+    pub async fn arrived(&self, name: &str) {
+        tokio::time::timeout(BOUND, async {
+            loop {
+                let notified = self.holds.changed.notified();
+                if self
+                    .holds
+                    .state
+                    .lock()
+                    .unwrap()
+                    .get(name)
+                    .is_some_and(|s| s.0)
+                {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("request {name} never reached the upstream"));
+    }
+
+    pub fn release(&self, name: &str) {
+        self.mark(name, false, true);
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Requests seen whose `Fencing-Token` equals `token`.
+    pub fn count_token(&self, token: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|s| s.header("fencing-token") == Some(token))
+            .count()
+    }
+}
+
+pub const ROUTES: &str = r#"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*rest}"
+scope = "report/{report}"
+upstream = "u"
+
+[[route]]
+name = "strict"
+path = "/strict/{k}"
+scope = "strict/{k}"
+upstream = "u"
+equal = "reject"
+
+[[route]]
+name = "public"
+path = "/public/{*rest}"
+upstream = "u"
+fenced = false
+
+[[route]]
+name = "tenant"
+host = "tenant.example"
+path = "/t/{*rest}"
+scope = "tenant"
+upstream = "u"
+
+[[route]]
+name = "posts"
+path = "/posts/{id}"
+scope = "post/{id}"
+upstream = "u"
+methods = ["POST"]
+"#;
+
+/// A config for a proxy on port 0 in front of `upstream`, with the store in `dir`.
+pub fn config_text(upstream: SocketAddr, drain: &str, settle: &str, timeout: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+shutdown_timeout = "10s"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+drain_timeout = "{drain}"
+settle = "{settle}"
+[[upstream]]
+name = "u"
+url = "http://{upstream}"
+timeout = "{timeout}"
+{ROUTES}"#
+    )
+}
+
+pub fn config(upstream: SocketAddr, dir: &Path) -> Config {
+    Config::parse(&config_text(upstream, "10s", "0s", "10s"), dir).expect("test config")
+}
+
+pub async fn start(config: Config) -> Running {
+    fencegate::server::start(config, None)
+        .await
+        .expect("start proxy")
+}
+
+/// A response, fully read.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn result(&self) -> &str {
+        self.headers
+            .get("fencing-result")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    inner: HyperClient<HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl Client {
+    pub fn new(addr: SocketAddr) -> Client {
+        Client {
+            inner: HyperClient::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    /// Sends `method path` with `headers` (name, value pairs; repeated names repeat).
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Resp {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let req = b
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("request");
+        let resp = tokio::time::timeout(BOUND, self.inner.request(req))
+            .await
+            .expect("response within bound")
+            .expect("response");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        Resp {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    pub async fn put(&self, path: &str, token: &str, body: &str) -> Resp {
+        self.send("PUT", path, &[("fencing-token", token)], body)
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> Resp {
+        self.send("GET", path, &[], "").await
+    }
+}
+
+/// Sends raw bytes (for requests no well-behaved client would build) and reads the
+/// status line and body until the server closes.
+pub async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
