@@ -4,9 +4,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -14,7 +13,7 @@ use std::time::Duration;
 use fencegate::fence::MarkStore;
 use redb::StorageBackend;
 use redb::backends::InMemoryBackend;
-use support::{BOUND, Client, Double};
+use support::{BOUND, Client, Double, spawn, write_config};
 
 /// The mission's story against a real legacy store: nginx with WebDAV, no conditional
 /// writes. Through fencegate the stale writer is refused; straight to nginx it wins.
@@ -220,64 +219,6 @@ async fn store_failure_answers_unavailable_and_forwards_nothing() {
     assert!(metrics.contains("fencegate_store_failed 1"), "{metrics}");
     assert!(metrics.contains("fencegate_mark_commit_failures_total 1"));
     proxy.shutdown().await;
-}
-
-/// The real binary, started on a config file; its listen addresses are read from a port
-/// file-free trick: we pick the ports, since the binary prints them only in logs.
-struct Proc {
-    child: Child,
-    proxy: std::net::SocketAddr,
-    admin: std::net::SocketAddr,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn write_config(dir: &Path, upstream: std::net::SocketAddr) -> (std::path::PathBuf, u16, u16) {
-    let (p, a) = (free_port(), free_port());
-    let text = support::config_text(upstream, "10s", "0s", "10s")
-        .replace(
-            "listen = \"127.0.0.1:0\"\nshutdown",
-            &format!("listen = \"127.0.0.1:{p}\"\nshutdown"),
-        )
-        .replace(
-            "[admin]\nlisten = \"127.0.0.1:0\"",
-            &format!("[admin]\nlisten = \"127.0.0.1:{a}\""),
-        );
-    let path = dir.join("fencegate.toml");
-    std::fs::write(&path, text).unwrap();
-    (path, p, a)
-}
-
-/// Starts the binary and waits (bounded) for its "listening" log line.
-fn spawn(config: &Path, proxy: u16, admin: u16) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn fencegate");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("fencegate listening") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(BOUND).expect("fencegate started listening");
-    Proc {
-        child,
-        proxy: ([127, 0, 0, 1], proxy).into(),
-        admin: ([127, 0, 0, 1], admin).into(),
-    }
 }
 
 /// kill -9 right after an accepted advance: the mark was durable before the request was

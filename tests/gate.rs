@@ -322,3 +322,21 @@ async fn idle_gates_are_swept_and_marks_survive() {
         Err(Refusal::Stale { highest: Some(h) }) if h == t(1)
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_new_scopes_does_not_grow_memory_without_bound() {
+    let g = gates();
+    for i in 0..200_000 {
+        g.admit(&format!("burst-{i}"), t(1), Accept)
+            .await
+            .unwrap()
+            .guard
+            .complete();
+    }
+    // No time passed, so the idle TTL never expired: only the cap bounds the map.
+    assert!(g.len() <= 64 * 2048, "{} hot gates", g.len());
+    assert!(matches!(
+        g.admit("burst-3", t(0), Accept).await,
+        Err(Refusal::Stale { .. })
+    ));
+}

@@ -24,6 +24,9 @@ use crate::token::Token;
 const SHARDS: usize = 64;
 /// Gates idle this long are dropped by the sweeper.
 const IDLE_TTL: Duration = Duration::from_secs(30);
+/// Hot gates per shard before idle ones are evicted at once, whatever their age: memory
+/// must not grow with a burst of new scopes (64 × 2048 ≈ 131k hot scopes).
+const SHARD_CAP: usize = 2048;
 
 /// Why a fenced request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +119,21 @@ impl Drop for InflightGuard {
     }
 }
 
+/// Called with the shard locked. Only the map holds an evictable gate, so nobody can be
+/// waiting on it or about to use it; its state is all on disk.
+fn evictable(gate: &Arc<Gate>, now: Instant, idle_for: Duration) -> bool {
+    if Arc::strong_count(gate) > 1 {
+        return false;
+    }
+    let st = gate.lock();
+    st.inflight.is_empty()
+        && st.advancing.is_none()
+        && st.settle.is_none_or(|(_, until)| now >= until)
+        && st
+            .last_used
+            .is_none_or(|t| now.duration_since(t) >= idle_for)
+}
+
 enum Step {
     Refuse(Refusal),
     Admit(Admission),
@@ -188,6 +206,10 @@ impl Gates {
         let mut shard = self.shard(scope);
         if let Some((k, g)) = shard.get_key_value(scope) {
             return Ok((k.clone(), g.clone()));
+        }
+        if shard.len() >= SHARD_CAP {
+            let now = Instant::now();
+            shard.retain(|_, g| !evictable(g, now, Duration::ZERO));
         }
         let settle = mark
             .filter(|_| Instant::now() < settle_until)

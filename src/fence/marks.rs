@@ -28,6 +28,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const FORMAT_VERSION: u64 = 1;
 /// Upper bound on advances in one commit, so one batch cannot starve replies for long.
 const MAX_BATCH: usize = 4096;
+/// redb's page cache; its default (1 GiB) would let RSS follow the file size.
+const CACHE_BYTES: usize = 32 << 20;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -111,6 +113,8 @@ fn builder() -> redb::Builder {
     // SingleWriter lets `fencegate marks` and `backup` open the file read-only while the
     // server runs.
     b.set_concurrency_mode(ConcurrencyMode::SingleWriter);
+    // Memory must not grow with the number of marks on disk; hot scopes live in the gates.
+    b.set_cache_size(CACHE_BYTES);
     b
 }
 

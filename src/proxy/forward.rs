@@ -63,12 +63,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Appends to a list header, folding any repeated lines into one list first.
 fn append(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    let joined = match headers.get(name).and_then(|v| v.to_str().ok()) {
-        Some(prev) if headers.get_all(name).iter().count() == 1 => format!("{prev}, {value}"),
-        _ => value.to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&joined) {
+    let mut joined: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    joined.push(value);
+    if let Ok(v) = HeaderValue::from_str(&joined.join(", ")) {
         headers.insert(name, v);
     }
 }
@@ -100,10 +103,11 @@ pub fn upstream_request(
     }
     strip_hop_by_hop(&mut parts.headers);
     append(&mut parts.headers, "x-forwarded-for", &peer.to_string());
-    append(
-        &mut parts.headers,
+    // The scheme of this hop is ours to tell, never the client's (a client could claim
+    // https over plain http).
+    parts.headers.insert(
         "x-forwarded-proto",
-        if tls { "https" } else { "http" },
+        HeaderValue::from_static(if tls { "https" } else { "http" }),
     );
     parts.uri = uri;
     parts.version = Version::HTTP_11;

@@ -5,8 +5,10 @@
 pub mod nginx;
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -344,4 +346,72 @@ pub async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     (status, text)
+}
+
+/// The real binary, started on a config file with ports picked by the test.
+pub struct Proc {
+    pub child: Child,
+    pub proxy: std::net::SocketAddr,
+    pub admin: std::net::SocketAddr,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn write_config(dir: &Path, upstream: std::net::SocketAddr) -> (std::path::PathBuf, u16, u16) {
+    let (p, a) = (free_port(), free_port());
+    let text = config_text(upstream, "10s", "0s", "10s")
+        .replace(
+            "listen = \"127.0.0.1:0\"\nshutdown",
+            &format!("listen = \"127.0.0.1:{p}\"\nshutdown"),
+        )
+        .replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"127.0.0.1:{a}\""),
+        );
+    let path = dir.join("fencegate.toml");
+    std::fs::write(&path, text).unwrap();
+    (path, p, a)
+}
+
+/// Starts the binary and waits (bounded) for its "listening" log line.
+pub fn spawn(config: &Path, proxy: u16, admin: u16) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn fencegate");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("fencegate listening") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(BOUND).expect("fencegate started listening");
+    Proc {
+        child,
+        proxy: ([127, 0, 0, 1], proxy).into(),
+        admin: ([127, 0, 0, 1], admin).into(),
+    }
+}
+
+/// The peak resident memory of a process, from /proc (VmHWM), in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
 }

@@ -1,0 +1,179 @@
+//! The admin listener (SPEC §7): probes, metrics, the marks API, raise and floor, and the
+//! bearer token.
+
+mod support;
+
+use support::{Client, Double};
+
+#[tokio::test]
+async fn marks_api_lists_gets_raises_and_never_lowers() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let client = Client::new(proxy.proxy_addr);
+    let admin = Client::new(proxy.admin_addr);
+    for (r, t) in [("a", "3"), ("b", "4"), ("c", "1:2")] {
+        assert_eq!(
+            client.put(&format!("/reports/{r}/x"), t, "").await.status,
+            200
+        );
+    }
+    assert_eq!(client.put("/strict/zz", "1", "").await.status, 200);
+
+    let list = admin.get("/v1/scopes?prefix=report%2F&limit=2").await;
+    assert_eq!(list.status, 200);
+    let v = list.json();
+    assert_eq!(v["scopes"][0]["scope"], "report/a");
+    assert_eq!(v["scopes"][1]["highest_accepted"], "4");
+    assert_eq!(v["scopes"].as_array().unwrap().len(), 2);
+    assert_eq!(v["next_after"], "report/b");
+    let rest = admin
+        .get("/v1/scopes?prefix=report%2F&after=report%2Fb")
+        .await
+        .json();
+    assert_eq!(rest["scopes"][0]["scope"], "report/c");
+    assert_eq!(rest["scopes"].as_array().unwrap().len(), 1);
+    assert_eq!(admin.get("/v1/scopes?limit=0").await.status, 400);
+
+    let one = admin.get("/v1/scopes/report%2Fc").await.json();
+    assert_eq!(one["highest_accepted"], "1:2");
+    let none = admin.get("/v1/scopes/report%2Fnever").await.json();
+    assert!(none["highest_accepted"].is_null());
+
+    // Raise fences out the current owner at once; a lower raise changes nothing.
+    let r = admin
+        .send(
+            "POST",
+            "/v1/scopes/report%2Fa/raise",
+            &[],
+            r#"{"token":"10"}"#,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json()["highest_accepted"].clone()),
+        (200, "10".into())
+    );
+    let r = admin
+        .send(
+            "POST",
+            "/v1/scopes/report%2Fa/raise",
+            &[],
+            r#"{"token":"2"}"#,
+        )
+        .await;
+    assert_eq!(r.json()["highest_accepted"], "10");
+    assert_eq!(client.put("/reports/a/x", "3", "").await.status, 409);
+    assert_eq!(
+        admin
+            .send(
+                "POST",
+                "/v1/scopes/report%2Fa/raise",
+                &[],
+                r#"{"token":"-1"}"#
+            )
+            .await
+            .status,
+        400
+    );
+
+    // The floor makes every lower epoch stale, everywhere, and never goes down.
+    let r = admin.send("PUT", "/v1/floor", &[], r#"{"epoch": 1}"#).await;
+    assert_eq!((r.status, r.json()["epoch"].clone()), (200, 1.into()));
+    assert_eq!(client.put("/reports/b/x", "5", "").await.status, 409);
+    assert_eq!(client.put("/reports/new/x", "99", "").await.status, 409);
+    assert_eq!(client.put("/reports/new/x", "1:0", "").await.status, 200);
+    let r = admin.send("PUT", "/v1/floor", &[], r#"{"epoch": 0}"#).await;
+    assert_eq!(r.json()["epoch"], 1);
+    assert_eq!(
+        admin.send("PUT", "/v1/floor", &[], "{oops").await.status,
+        400
+    );
+
+    let backup = admin.get("/v1/backup").await;
+    assert_eq!(backup.status, 200);
+    assert_eq!(backup.body.lines().count(), 1 + 5, "{}", backup.body);
+    assert!(
+        backup
+            .body
+            .starts_with(r#"{"epoch_floor":1,"fencegate_backup":1}"#)
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_use_bounded_labels() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let client = Client::new(proxy.proxy_addr);
+    let admin = Client::new(proxy.admin_addr);
+    assert_eq!(
+        client.put("/reports/secret-scope/x", "2", "").await.status,
+        200
+    );
+    assert_eq!(
+        client.put("/reports/secret-scope/x", "1", "").await.status,
+        409
+    );
+    assert_eq!(client.get("/nowhere").await.status, 404);
+    assert_eq!(client.get("/public/p").await.status, 200);
+    let m = admin.get("/metrics").await;
+    assert_eq!(m.status, 200);
+    let text = m.body;
+    for line in [
+        r#"fencegate_requests_total{route="reports",result="accepted"} 1"#,
+        r#"fencegate_requests_total{route="reports",result="stale_fence"} 1"#,
+        r#"fencegate_requests_total{route="none",result="no_route"} 1"#,
+        r#"fencegate_requests_total{route="public",result="unfenced"} 1"#,
+        "fencegate_stale_rejections_total 1",
+        "fencegate_mark_commit_batch_size_count 1",
+        "fencegate_mark_commit_seconds_count 1",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+    assert!(
+        !text.contains("secret-scope"),
+        "scopes must never be labels"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn bearer_token_guards_all_but_probes() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), "s3cret\n").unwrap();
+    let text = support::config_text(double.addr, "10s", "0s", "10s")
+        .replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+    let admin = Client::new(proxy.admin_addr);
+    assert_eq!(admin.get("/healthz").await.status, 200);
+    assert_eq!(admin.get("/readyz").await.status, 200);
+    let denied = admin.get("/metrics").await;
+    assert_eq!(denied.status, 401);
+    assert_eq!(denied.headers["www-authenticate"], "Bearer");
+    let wrong = admin
+        .send(
+            "GET",
+            "/v1/scopes",
+            &[("authorization", "Bearer s3creX")],
+            "",
+        )
+        .await;
+    assert_eq!(wrong.status, 401);
+    let ok = admin
+        .send(
+            "GET",
+            "/v1/scopes",
+            &[("authorization", "Bearer s3cret")],
+            "",
+        )
+        .await;
+    assert_eq!(ok.status, 200);
+    let raise = admin
+        .send("POST", "/v1/scopes/x/raise", &[], r#"{"token":"5"}"#)
+        .await;
+    assert_eq!(raise.status, 401);
+    proxy.shutdown().await;
+}
