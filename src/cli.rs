@@ -49,12 +49,27 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Lease authority maintenance.
+    Authority {
+        #[command(subcommand)]
+        command: AuthorityCommand,
+    },
     /// Merge a backup into the store by max: never lowers a mark. The server must be stopped.
     Restore {
         #[arg(long)]
         config: PathBuf,
         #[arg(long = "in")]
         input: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AuthorityCommand {
+    /// Start a new token epoch: every later token compares above every earlier one
+    /// (use after restoring an old copy of the store).
+    BumpEpoch {
+        #[arg(long)]
+        config: PathBuf,
     },
 }
 
@@ -120,6 +135,13 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         Command::Marks { command } => marks(command),
         Command::Backup { config, out } => backup(&load(&config)?, &out),
         Command::Restore { config, input } => restore(&load(&config)?, &input),
+        Command::Authority {
+            command: AuthorityCommand::BumpEpoch { config },
+        } => {
+            let epoch = crate::authority::bump_epoch(&load(&config)?).map_err(fail)?;
+            println!("{epoch}");
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -55,6 +55,8 @@ pub struct Config {
     pub fencing: FencingConfig,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
+    /// The optional lease authority (SPEC §8).
+    pub authority: Option<crate::authority::AuthorityConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -257,14 +259,9 @@ impl Config {
         for key in table.keys() {
             if !matches!(
                 key.as_str(),
-                "server" | "admin" | "store" | "fencing" | "upstream" | "route"
+                "server" | "admin" | "store" | "fencing" | "upstream" | "route" | "authority"
             ) {
-                let hint = if key == "authority" {
-                    "the lease authority is not part of this version"
-                } else {
-                    "unknown section"
-                };
-                errors.push(key.clone(), hint);
+                errors.push(key.clone(), "unknown section");
             }
         }
 
@@ -377,8 +374,12 @@ impl Config {
             }
         }
 
+        let authority = table
+            .remove("authority")
+            .and_then(|v| crate::authority::AuthorityConfig::parse(v, &mut errors.0));
         let raw_routes = array(table.remove("route"), "route", &mut errors);
-        if raw_routes.is_empty() {
+        // An authority-only process needs no routes; a proxy without routes is a mistake.
+        if raw_routes.is_empty() && authority.is_none() {
             errors.push("route", "no routes: every request would get 404 no_route");
         }
         let mut routes: Vec<Route> = Vec::new();
@@ -421,6 +422,7 @@ impl Config {
                 fencing,
                 upstreams,
                 routes,
+                authority,
             })
         } else {
             Err(ConfigErrors(errors.0))

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod authority;
 pub mod cli;
 pub mod config;
 pub mod demo;

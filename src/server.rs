@@ -34,6 +34,8 @@ pub struct App {
 pub enum StartError {
     #[error(transparent)]
     Store(#[from] crate::fence::StoreError),
+    #[error("lease authority: {0}")]
+    Authority(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -45,6 +47,8 @@ pub enum StartError {
 pub struct Running {
     pub proxy_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// Where the lease authority listens, when `[authority]` is configured.
+    pub authority_addr: Option<SocketAddr>,
     pub app: Arc<App>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -125,6 +129,13 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             async move { crate::admin::handle(&app, req).await }
         },
     ));
+    let mut tasks = Vec::new();
+    let mut authority_addr = None;
+    if let Some(auth) = &config.authority {
+        let (addr, task) = crate::authority::serve(auth, &app.store, stop_rx.clone()).await?;
+        authority_addr = Some(addr);
+        tasks.push(task);
+    }
     let mut sweep_stop = stop_rx;
     let sweeper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
@@ -136,12 +147,14 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         }
     });
     tracing::info!(%proxy_addr, %admin_addr, "fencegate listening");
+    tasks.extend([proxy_task, admin_task, sweeper]);
     Ok(Running {
         proxy_addr,
         admin_addr,
+        authority_addr,
         app,
         stop,
-        tasks: vec![proxy_task, admin_task, sweeper],
+        tasks,
     })
 }
 

@@ -191,6 +191,12 @@ impl MarkStore {
         })
     }
 
+    /// The underlying database, for other tables in the same file (the local lease
+    /// authority keeps its counters here). Their write transactions queue behind ours.
+    pub fn database(&self) -> Arc<Database> {
+        self.inner.db.clone()
+    }
+
     pub fn stats(&self) -> &StoreStats {
         &self.inner.stats
     }
