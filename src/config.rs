@@ -64,6 +64,63 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Bound on how long SIGTERM waits for in-flight requests before exiting anyway.
     pub shutdown_timeout: Duration,
+    /// Open client connections, in total and per client IP; more are closed at accept.
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    /// Time allowed to send a request head (slowloris); also bounds idle keep-alive.
+    pub header_read_timeout: Duration,
+    /// Largest request head in bytes, and most header lines; beyond: 431.
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    /// Peers whose X-Forwarded-* headers are kept (and appended to); from anyone else
+    /// they are stripped, since a client could claim any address or scheme.
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+/// An IP network (`10.0.0.0/8`, `::1/128`; a bare address is a single host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl IpNet {
+    pub fn parse(s: &str) -> Option<IpNet> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a.parse().ok()?, Some(p.parse::<u8>().ok()?)),
+            None => (s.parse().ok()?, None),
+        };
+        let max = if matches!(addr, std::net::IpAddr::V4(_)) {
+            32
+        } else {
+            128
+        };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(IpNet { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr::{V4, V6};
+        let ip = match ip {
+            V6(v6) => v6.to_ipv4_mapped().map(V4).unwrap_or(V6(v6)),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (V4(net), V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (V6(net), V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +141,10 @@ pub struct FencingConfig {
     pub header: HeaderName,
     pub drain_timeout: Duration,
     pub settle: Duration,
+    /// Per scope: requests of one generation at the backend at once, and requests
+    /// waiting at its gate. Beyond either: 503 draining, so memory stays bounded.
+    pub max_inflight_per_scope: usize,
+    pub max_waiters_per_scope: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -112,6 +173,8 @@ pub struct Route {
     /// Methods that need a token; `None` means every method but the safe ones.
     pub methods: Option<Vec<Method>>,
     pub equal: EqualPolicy,
+    /// Largest request body in bytes (413 beyond); `None`: no limit.
+    pub max_body: Option<u64>,
 }
 
 impl Route {
@@ -141,6 +204,12 @@ impl RouteMatch for Route {
 struct RawServer {
     listen: Option<String>,
     shutdown_timeout: Option<String>,
+    max_connections: Option<usize>,
+    max_connections_per_ip: Option<usize>,
+    header_read_timeout: Option<String>,
+    max_header_bytes: Option<String>,
+    max_headers: Option<usize>,
+    trusted_proxies: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -162,6 +231,8 @@ struct RawFencing {
     header: Option<String>,
     drain_timeout: Option<String>,
     settle: Option<String>,
+    max_inflight_per_scope: Option<usize>,
+    max_waiters_per_scope: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -184,6 +255,7 @@ struct RawRoute {
     methods: Option<Vec<String>>,
     equal: Option<String>,
     idempotency: Option<String>,
+    max_body: Option<String>,
 }
 
 /// Collects errors as validation walks the file.
@@ -221,6 +293,38 @@ fn duration(raw: Option<&str>, default: Duration, path: &str, errors: &mut Error
             errors.push(
                 path,
                 format!("`{s}` is not a duration (e.g. 500ms, 30s): {e}"),
+            );
+            default
+        }),
+    }
+}
+
+/// A size: bytes (`1048576`) or with a unit (`64KiB`, `10MiB`, `1GiB`, `1MB`).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+fn size(raw: Option<&str>, default: u64, path: &str, errors: &mut Errors) -> u64 {
+    match raw {
+        None => default,
+        Some(s) => parse_size(s).unwrap_or_else(|| {
+            errors.push(
+                path,
+                format!("`{s}` is not a size (e.g. 65536, 64KiB, 10MiB)"),
             );
             default
         }),
@@ -273,6 +377,29 @@ impl Config {
         let fencing: RawFencing =
             section(table.remove("fencing"), "fencing", &mut errors).unwrap_or_default();
 
+        let trusted_proxies = server
+            .trusted_proxies
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                IpNet::parse(n).or_else(|| {
+                    errors.push(
+                        format!("server.trusted_proxies[{i}]"),
+                        format!("`{n}` is not an IP address or network (10.0.0.0/8)"),
+                    );
+                    None
+                })
+            })
+            .collect();
+        let positive = |v: Option<usize>, default: usize, path: &str, errors: &mut Errors| match v {
+            Some(0) => {
+                errors.push(path, "must be at least 1");
+                default
+            }
+            Some(n) => n,
+            None => default,
+        };
         let server = ServerConfig {
             listen: socket_addr(
                 server.listen.as_deref(),
@@ -286,6 +413,33 @@ impl Config {
                 "server.shutdown_timeout",
                 &mut errors,
             ),
+            max_connections: positive(
+                server.max_connections,
+                10_000,
+                "server.max_connections",
+                &mut errors,
+            ),
+            max_connections_per_ip: positive(
+                server.max_connections_per_ip,
+                1_000,
+                "server.max_connections_per_ip",
+                &mut errors,
+            ),
+            header_read_timeout: duration(
+                server.header_read_timeout.as_deref(),
+                Duration::from_secs(10),
+                "server.header_read_timeout",
+                &mut errors,
+            ),
+            max_header_bytes: size(
+                server.max_header_bytes.as_deref(),
+                64 << 10,
+                "server.max_header_bytes",
+                &mut errors,
+            )
+            .max(8192) as usize,
+            max_headers: positive(server.max_headers, 100, "server.max_headers", &mut errors),
+            trusted_proxies,
         };
         let admin_listen = socket_addr(
             admin.listen.as_deref(),
@@ -310,6 +464,12 @@ impl Config {
                 }
             }
         });
+        if !admin_listen.ip().is_loopback() && admin.token_file.is_none() {
+            errors.push(
+                "admin.listen",
+                format!("{admin_listen} is not loopback: set admin.token_file so the admin API needs a bearer token"),
+            );
+        }
         let admin = AdminConfig {
             listen: admin_listen,
             token,
@@ -351,6 +511,18 @@ impl Config {
                 fencing.settle.as_deref(),
                 Duration::from_secs(5),
                 "fencing.settle",
+                &mut errors,
+            ),
+            max_inflight_per_scope: positive(
+                fencing.max_inflight_per_scope,
+                4096,
+                "fencing.max_inflight_per_scope",
+                &mut errors,
+            ),
+            max_waiters_per_scope: positive(
+                fencing.max_waiters_per_scope,
+                1024,
+                "fencing.max_waiters_per_scope",
                 &mut errors,
             ),
         };
@@ -609,10 +781,20 @@ fn validate_route(
             format!("`{other}`: expected \"off\", \"optional\" or \"required\""),
         ),
     }
+    let max_body = raw.max_body.as_deref().and_then(|s| {
+        parse_size(s).or_else(|| {
+            errors.push(
+                format!("{path}.max_body"),
+                format!("`{s}` is not a size (e.g. 10MiB)"),
+            );
+            None
+        })
+    });
     if errors.0.len() > before {
         return None;
     }
     Some(Route {
+        max_body,
         name: raw.name,
         path: template?,
         scope: scope?,

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::fence::marks::StoreStats;
@@ -78,6 +79,7 @@ pub const RESULTS: &[&str] = &[
     "unavailable",
     "upstream_unavailable",
     "upstream_timeout",
+    "payload_too_large",
     "unfenced",
 ];
 
@@ -85,53 +87,76 @@ pub fn result_index(result: &str) -> usize {
     RESULTS.iter().position(|r| *r == result).unwrap_or(0)
 }
 
+/// Request counts of one route, by result. Routes hold their row, so counting is one
+/// atomic add; rows are kept by name, so counts survive a config reload.
+#[derive(Debug)]
+pub struct RouteRow {
+    counts: Vec<AtomicU64>,
+}
+
+impl RouteRow {
+    fn new() -> RouteRow {
+        RouteRow {
+            counts: RESULTS.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    pub fn count(&self, result: &str) {
+        self.counts[result_index(result)].fetch_add(1, Relaxed);
+    }
+
+    pub fn get(&self, result: &str) -> u64 {
+        self.counts[result_index(result)].load(Relaxed)
+    }
+}
+
 #[derive(Debug)]
 pub struct Metrics {
-    /// Route names in config order, plus "none" for requests that matched no route.
-    routes: Vec<String>,
-    /// `requests[route][result]`.
-    requests: Vec<Vec<AtomicU64>>,
+    /// Route name → its row; "none" counts requests that matched no route.
+    rows: Mutex<Vec<(String, Arc<RouteRow>)>>,
+    none: Arc<RouteRow>,
     pub gate_wait_seconds: Histogram,
     pub upstream_seconds: Histogram,
 }
 
 impl Metrics {
     pub fn new(route_names: impl IntoIterator<Item = String>) -> Metrics {
-        let mut routes: Vec<String> = route_names.into_iter().collect();
-        routes.push("none".into());
-        let requests = routes
-            .iter()
-            .map(|_| RESULTS.iter().map(|_| AtomicU64::new(0)).collect())
-            .collect();
-        Metrics {
-            routes,
-            requests,
+        let none = Arc::new(RouteRow::new());
+        let m = Metrics {
+            rows: Mutex::new(vec![("none".into(), none.clone())]),
+            none,
             gate_wait_seconds: Histogram::new(SECONDS),
             upstream_seconds: Histogram::new(SECONDS),
+        };
+        for name in route_names {
+            m.row(&name);
         }
+        m
     }
 
-    /// `route` is the route index, or `None` for requests that matched no route.
-    pub fn count(&self, route: Option<usize>, result: &str) {
-        let r = route
-            .unwrap_or(self.routes.len() - 1)
-            .min(self.routes.len() - 1);
-        self.requests[r][result_index(result)].fetch_add(1, Relaxed);
+    /// The row of a route name, created on first use.
+    pub fn row(&self, name: &str) -> Arc<RouteRow> {
+        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, r)) = rows.iter().find(|(n, _)| n == name) {
+            return r.clone();
+        }
+        let r = Arc::new(RouteRow::new());
+        rows.push((name.to_string(), r.clone()));
+        r
     }
 
-    pub fn requests(&self, route: Option<usize>, result: &str) -> u64 {
-        let r = route
-            .unwrap_or(self.routes.len() - 1)
-            .min(self.routes.len() - 1);
-        self.requests[r][result_index(result)].load(Relaxed)
+    /// Counts a request that matched no route.
+    pub fn count_unrouted(&self, result: &str) {
+        self.none.count(result);
     }
 
     pub fn render(&self, store: &StoreStats, extra: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
         out.push_str("# HELP fencegate_requests_total Requests by route and fencing result.\n");
         out.push_str("# TYPE fencegate_requests_total counter\n");
-        for (route, row) in self.routes.iter().zip(&self.requests) {
-            for (result, c) in RESULTS.iter().zip(row) {
+        let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (route, row) in &rows {
+            for (result, c) in RESULTS.iter().zip(&row.counts) {
                 let v = c.load(Relaxed);
                 if v > 0 {
                     let _ = writeln!(
@@ -141,11 +166,7 @@ impl Metrics {
                 }
             }
         }
-        let stale: u64 = self
-            .requests
-            .iter()
-            .map(|row| row[result_index("stale_fence")].load(Relaxed))
-            .sum();
+        let stale: u64 = rows.iter().map(|(_, row)| row.get("stale_fence")).sum();
         out.push_str(
             "# HELP fencegate_stale_rejections_total Requests refused with stale_fence.\n",
         );

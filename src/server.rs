@@ -1,22 +1,24 @@
 //! Listeners and lifecycle: bind, accept (HTTP/1.1 and h2 on one port), graceful shutdown.
 //! `start` binds port 0 in tests and hands back the addresses, so tests talk to a real socket.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::Config;
+use crate::config::{Config, ServerConfig};
 use crate::fence::{Gates, MarkStore};
 use crate::metrics::Metrics;
 use crate::proxy::{Body, Proxy};
@@ -74,12 +76,18 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         None => MarkStore::open(&config.store.path)?,
     };
     let config = Arc::new(config);
-    let gates = Arc::new(Gates::new(
-        store.clone(),
-        metrics.clone(),
-        config.fencing.drain_timeout,
-        config.fencing.settle,
-    ));
+    let gates = Arc::new(
+        Gates::new(
+            store.clone(),
+            metrics.clone(),
+            config.fencing.drain_timeout,
+            config.fencing.settle,
+        )
+        .with_limits(
+            config.fencing.max_inflight_per_scope,
+            config.fencing.max_waiters_per_scope,
+        ),
+    );
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
             .await
@@ -110,10 +118,16 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let grace = config.server.shutdown_timeout;
 
     let proxy_app = app.clone();
+    let limits = ConnLimits::new(
+        config.server.max_connections,
+        config.server.max_connections_per_ip,
+    );
     let proxy_task = tokio::spawn(serve(
         proxy_listener,
         stop_rx.clone(),
         grace,
+        http_builder(&config.server),
+        Some(limits),
         move |req, peer| {
             let app = proxy_app.clone();
             async move { app.proxy.handle(req, peer, false).await }
@@ -124,6 +138,8 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         admin_listener,
         stop_rx.clone(),
         grace,
+        http_builder(&config.server),
+        None,
         move |req, _peer| {
             let app = admin_app.clone();
             async move { crate::admin::handle(&app, req).await }
@@ -158,19 +174,94 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     })
 }
 
+/// Connection admission: a total bound and a per-client-IP bound, so one client cannot
+/// take every socket.
+pub struct ConnLimits {
+    total: Arc<Semaphore>,
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    max_per_ip: usize,
+}
+
+/// Held by a connection's task; gives its slots back when the connection ends.
+struct ConnSlot {
+    _permit: OwnedSemaphorePermit,
+    limits: Arc<ConnLimits>,
+    ip: IpAddr,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl ConnLimits {
+    pub fn new(total: usize, per_ip: usize) -> Arc<ConnLimits> {
+        Arc::new(ConnLimits {
+            total: Arc::new(Semaphore::new(total)),
+            per_ip: Mutex::new(HashMap::new()),
+            max_per_ip: per_ip,
+        })
+    }
+
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
+        let permit = self.total.clone().try_acquire_owned().ok()?;
+        let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        if *n >= self.max_per_ip {
+            return None;
+        }
+        *n += 1;
+        Some(ConnSlot {
+            _permit: permit,
+            limits: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// HTTP/1.1 and h2 on one port, with the request-head limits of `[server]`.
+fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        // Slowloris: a request head must arrive within this time (also bounds idle
+        // keep-alive connections waiting for their next request).
+        .header_read_timeout(server.header_read_timeout)
+        .max_buf_size(server.max_header_bytes)
+        .max_headers(server.max_headers);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(256)
+        // Rapid reset (CVE-2023-44487): bound streams reset before they are served.
+        .max_pending_accept_reset_streams(Some(64))
+        .max_local_error_reset_streams(Some(256))
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    b
+}
+
 /// The accept loop of one listener. On stop: close the listener, ask every connection to
 /// finish its in-flight requests, and wait at most `grace` for them.
 async fn serve<F, Fut>(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     grace: Duration,
+    builder: auto::Builder<TokioExecutor>,
+    limits: Option<Arc<ConnLimits>>,
     handler: F,
 ) where
     F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -184,6 +275,16 @@ async fn serve<F, Fut>(
             },
             _ = stop.changed() => break,
         };
+        let slot = match &limits {
+            Some(l) => match l.admit(peer.ip()) {
+                Some(slot) => Some(slot),
+                None => {
+                    tracing::debug!(%peer, "connection limit reached; closing");
+                    continue;
+                }
+            },
+            None => None,
+        };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let svc = service_fn(move |req| {
@@ -195,6 +296,7 @@ async fn serve<F, Fut>(
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }

@@ -990,19 +990,35 @@ async fn hop_by_hop_headers_stay_at_the_proxy() {
     env.stop().await;
 }
 
-/// fencegate knows the scheme the client used; a client-supplied `X-Forwarded-Proto`
-/// must not let a plain-HTTP client claim HTTPS to the backend (nginx and Envoy set it).
+/// From a peer that is not a trusted proxy, forwarding headers are stripped: a client must
+/// not claim another address or HTTPS to the backend (nginx and Envoy set them too).
 #[tokio::test]
-async fn client_cannot_spoof_x_forwarded_proto() {
-    let env = Env::start().await;
+async fn untrusted_clients_cannot_spoof_forwarding_headers() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = support::config_text(double.addr, "10s", "0s", "10s")
+        .replace("trusted_proxies = [\"127.0.0.1\"]\n", "");
+    let config = fencegate::config::Config::parse(&text, dir.path()).expect("test config");
+    let env = Env::assemble(double, support::start(config).await, dir);
     let up = env
         .accepted(
             "PUT",
             "/reports/xfp/x",
-            &[("fencing-token", "1"), ("x-forwarded-proto", "https")],
+            &[
+                ("fencing-token", "1"),
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-for", "10.9.9.9"),
+                ("x-forwarded-host", "evil.example"),
+                ("forwarded", "for=10.9.9.9;proto=https"),
+                ("x-real-ip", "10.9.9.9"),
+            ],
         )
         .await;
     assert_eq!(up.header("x-forwarded-proto"), Some("http"));
+    assert_eq!(up.header("x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(up.header("x-forwarded-host"), None);
+    assert_eq!(up.header("forwarded"), None);
+    assert_eq!(up.header("x-real-ip"), None);
     env.stop().await;
 }
 

@@ -24,9 +24,9 @@ use crate::token::Token;
 const SHARDS: usize = 64;
 /// Gates idle this long are dropped by the sweeper.
 const IDLE_TTL: Duration = Duration::from_secs(30);
-/// Hot gates per shard before idle ones are evicted at once, whatever their age: memory
-/// must not grow with a burst of new scopes (64 × 2048 ≈ 131k hot scopes).
-const SHARD_CAP: usize = 2048;
+/// Hot gates (in total, over all shards) before idle ones are evicted at once, whatever
+/// their age: memory must not grow with a burst of new scopes.
+const DEFAULT_HOT_CAPACITY: usize = 131_072;
 
 /// Why a fenced request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +48,8 @@ struct GateState {
     /// is forwarded before `until`.
     settle: Option<(Token, Instant)>,
     last_used: Option<Instant>,
+    /// Requests waiting at this gate.
+    waiters: usize,
 }
 
 #[derive(Debug)]
@@ -155,14 +157,24 @@ pub struct Gates {
     started: Instant,
     /// Requests waiting at a gate right now (for metrics and tests).
     waiting: AtomicUsize,
+    /// Per-scope bounds: one generation's requests at the backend, and waiters.
+    max_inflight: usize,
+    max_waiters: usize,
+    /// Hot gates per shard before idle ones are evicted regardless of age.
+    shard_capacity: usize,
 }
 
-/// Counts one waiting request while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
+/// Counts one waiting request, in the gate and in total, while it lives.
+struct Waiting<'a> {
+    total: &'a AtomicUsize,
+    gate: Arc<Gate>,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.total.fetch_sub(1, Ordering::Relaxed);
+        let mut st = self.gate.lock();
+        st.waiters = st.waiters.saturating_sub(1);
     }
 }
 
@@ -182,7 +194,24 @@ impl Gates {
             settle,
             started: Instant::now(),
             waiting: AtomicUsize::new(0),
+            max_inflight: usize::MAX,
+            max_waiters: usize::MAX,
+            shard_capacity: DEFAULT_HOT_CAPACITY / SHARDS,
         }
+    }
+
+    /// How many scopes may stay hot (in memory) at once, at most; beyond, idle gates are
+    /// evicted as new scopes arrive.
+    pub fn with_hot_capacity(mut self, scopes: usize) -> Gates {
+        self.shard_capacity = (scopes / SHARDS).max(1);
+        self
+    }
+
+    /// Bounds per scope; beyond either, requests are refused with `Draining`.
+    pub fn with_limits(mut self, max_inflight: usize, max_waiters: usize) -> Gates {
+        self.max_inflight = max_inflight.max(1);
+        self.max_waiters = max_waiters;
+        self
     }
 
     pub fn store(&self) -> &MarkStore {
@@ -207,7 +236,7 @@ impl Gates {
         if let Some((k, g)) = shard.get_key_value(scope) {
             return Ok((k.clone(), g.clone()));
         }
-        if shard.len() >= SHARD_CAP {
+        if shard.len() >= self.shard_capacity {
             let now = Instant::now();
             shard.retain(|_, g| !evictable(g, now, Duration::ZERO));
         }
@@ -261,8 +290,19 @@ impl Gates {
                 Step::Wait(until) => until,
             };
             if waiting.is_none() {
+                let mut st = gate.lock();
+                if st.waiters >= self.max_waiters {
+                    return Err(Refusal::Draining {
+                        highest: st.current,
+                    });
+                }
+                st.waiters += 1;
+                drop(st);
                 self.waiting.fetch_add(1, Ordering::Relaxed);
-                waiting = Some(Waiting(&self.waiting));
+                waiting = Some(Waiting {
+                    total: &self.waiting,
+                    gate: gate.clone(),
+                });
             }
             if Instant::now() >= deadline {
                 let highest = gate.lock().current;
@@ -316,6 +356,15 @@ impl Gates {
                     .map(|(_, until)| until);
                 if older_in_flight || settling.is_some() {
                     return Step::Wait(settling.map_or(deadline, |s| s.min(deadline)));
+                }
+                if st
+                    .inflight
+                    .get(&token)
+                    .is_some_and(|n| *n >= self.max_inflight)
+                {
+                    return Step::Refuse(Refusal::Draining {
+                        highest: st.current,
+                    });
                 }
                 *st.inflight.entry(token).or_insert(0) += 1;
                 st.last_used = Some(now);

@@ -3,6 +3,8 @@
 
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -76,14 +78,28 @@ fn append(headers: &mut HeaderMap, name: &'static str, value: &str) {
     }
 }
 
+/// Headers in which a client could claim another address, host or scheme.
+const FORWARDING: &[&str] = &[
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "forwarded",
+    "x-real-ip",
+];
+
 /// Builds the upstream request. The path and query go out byte for byte as received;
 /// Host is preserved (signatures such as SigV4 cover it), or taken from the h2 authority.
+/// Forwarding headers are kept only from a trusted proxy. Answers the request and a flag
+/// that turns true if the body outgrew `max_body` on the way.
 pub fn upstream_request(
     req: Request<Incoming>,
     upstream: &Upstream,
     peer: IpAddr,
     tls: bool,
-) -> Result<Request<Body>, http::Error> {
+    trusted: bool,
+    max_body: Option<u64>,
+) -> Result<(Request<Body>, Arc<AtomicBool>), http::Error> {
     let (mut parts, body) = req.into_parts();
     let pq = parts
         .uri
@@ -102,19 +118,75 @@ pub fn upstream_request(
         parts.headers.insert(header::HOST, v);
     }
     strip_hop_by_hop(&mut parts.headers);
+    if !trusted {
+        for name in FORWARDING {
+            parts.headers.remove(*name);
+        }
+    }
     append(&mut parts.headers, "x-forwarded-for", &peer.to_string());
-    // The scheme of this hop is ours to tell, never the client's (a client could claim
-    // https over plain http).
-    parts.headers.insert(
-        "x-forwarded-proto",
-        HeaderValue::from_static(if tls { "https" } else { "http" }),
-    );
+    // The scheme of this hop is ours to tell, unless a trusted proxy in front said it.
+    if !parts.headers.contains_key("x-forwarded-proto") {
+        parts.headers.insert(
+            "x-forwarded-proto",
+            HeaderValue::from_static(if tls { "https" } else { "http" }),
+        );
+    }
     parts.uri = uri;
     parts.version = Version::HTTP_11;
-    Ok(Request::from_parts(
-        parts,
-        body.map_err(|e| Box::new(e) as BoxError).boxed(),
-    ))
+    let tripped = Arc::new(AtomicBool::new(false));
+    let body = match max_body {
+        Some(limit) => LimitedBody {
+            inner: body,
+            left: limit,
+            tripped: tripped.clone(),
+        }
+        .boxed(),
+        None => body.map_err(|e| Box::new(e) as BoxError).boxed(),
+    };
+    Ok((Request::from_parts(parts, body), tripped))
+}
+
+/// A request body that fails once it grows past a limit (for bodies without a length).
+struct LimitedBody {
+    inner: Incoming,
+    left: u64,
+    tripped: Arc<AtomicBool>,
+}
+
+impl http_body::Body for LimitedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+                if len > this.left {
+                    this.tripped.store(true, Ordering::Release);
+                    return Poll::Ready(Some(Err(
+                        "request body exceeds the route's max_body".into()
+                    )));
+                }
+                this.left -= len;
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Prepares an upstream response for the client; the guard (if any) stays counted

@@ -9,6 +9,9 @@ pub mod problem;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arc_swap::ArcSwap;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -18,7 +21,7 @@ use hyper::body::Incoming;
 
 use crate::config::{Config, Route};
 use crate::fence::{Gates, InflightGuard, Refusal};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteRow};
 use crate::route;
 use crate::token::Token;
 pub use problem::{FENCING_RESULT, Outcome};
@@ -34,8 +37,15 @@ const METHOD_OVERRIDES: &[&str] = &[
     "x-method-override",
 ];
 
-pub struct Proxy {
+/// The routing table in force: a config and the metric rows of its routes. Swapped as a
+/// whole on reload, so a request sees one table from start to end.
+pub struct Table {
     pub config: Arc<Config>,
+    rows: Vec<Arc<RouteRow>>,
+}
+
+pub struct Proxy {
+    table: ArcSwap<Table>,
     pub gates: Arc<Gates>,
     pub metrics: Arc<Metrics>,
     client: forward::Client,
@@ -51,12 +61,29 @@ struct Plan {
 
 impl Proxy {
     pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
+        let table = Proxy::table(config, &metrics);
         Proxy {
-            config,
+            table: ArcSwap::from_pointee(table),
             gates,
             metrics,
             client: forward::client(),
         }
+    }
+
+    fn table(config: Arc<Config>, metrics: &Metrics) -> Table {
+        let rows = config.routes.iter().map(|r| metrics.row(&r.name)).collect();
+        Table { config, rows }
+    }
+
+    /// New routes and upstreams for every request that starts from now on; requests
+    /// under way finish with the table they started with.
+    pub fn reload(&self, config: Arc<Config>) {
+        self.table
+            .store(Arc::new(Proxy::table(config, &self.metrics)));
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.table.load().config.clone()
     }
 
     pub async fn handle(
@@ -65,17 +92,25 @@ impl Proxy {
         peer: SocketAddr,
         tls: bool,
     ) -> Response<Body> {
-        match self.check(&req).await {
+        let table = self.table.load_full();
+        match self.check(&table.config, &req).await {
             Err((route, outcome)) => {
-                self.metrics.count(route, outcome.result());
+                match route {
+                    Some(i) => table.rows[i].count(outcome.result()),
+                    None => self.metrics.count_unrouted(outcome.result()),
+                }
                 outcome.into_response()
             }
-            Ok(plan) => self.forward(req, plan, peer, tls).await,
+            Ok(plan) => self.forward(&table, req, plan, peer, tls).await,
         }
     }
 
     /// Everything before forwarding: refuse what is unsafe, admit what is fenced.
-    async fn check(&self, req: &Request<Incoming>) -> Result<Plan, (Option<usize>, Outcome)> {
+    async fn check(
+        &self,
+        config: &Config,
+        req: &Request<Incoming>,
+    ) -> Result<Plan, (Option<usize>, Outcome)> {
         if req.method() == Method::CONNECT {
             return Err((None, Outcome::MethodNotAllowed));
         }
@@ -99,7 +134,13 @@ impl Proxy {
         let host =
             request_host(req).map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
         let (idx, route, caps) =
-            route::find(&self.config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
+            route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
+        let at = |o: Outcome| (Some(idx), o);
+        if let (Some(limit), Some(len)) = (route.max_body, content_length(req))
+            && len > limit
+        {
+            return Err(at(Outcome::PayloadTooLarge { limit }));
+        }
         if !route.fenced {
             return Ok(Plan {
                 route: idx,
@@ -107,10 +148,9 @@ impl Proxy {
                 scope: None,
             });
         }
-        let at = |o: Outcome| (Some(idx), o);
         refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
         let scope = route.scope.render(&caps);
-        let token = match read_token(req, &self.config.fencing.header) {
+        let token = match read_token(req, &config.fencing.header) {
             Ok(Some(t)) => t,
             Ok(None) if route.fences_method(req.method()) => {
                 return Err(at(Outcome::MissingToken { scope }));
@@ -168,6 +208,7 @@ impl Proxy {
 
     async fn forward(
         &self,
+        table: &Table,
         req: Request<Incoming>,
         plan: Plan,
         peer: SocketAddr,
@@ -179,22 +220,31 @@ impl Proxy {
             scope,
         } = plan;
         let fenced = guard.is_some();
-        let upstream = &self.config.upstreams[self.config.routes[route].upstream];
+        let config = &table.config;
+        let row = &table.rows[route];
+        let max_body = config.routes[route].max_body;
+        let upstream = &config.upstreams[config.routes[route].upstream];
         let fail = |outcome: Outcome| {
-            self.metrics.count(Some(route), outcome.result());
+            row.count(outcome.result());
             outcome.into_response()
         };
-        let out = match forward::upstream_request(req, upstream, peer.ip(), tls) {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(g) = guard.as_mut() {
-                    g.complete();
+        let trusted = config
+            .server
+            .trusted_proxies
+            .iter()
+            .any(|net| net.contains(peer.ip()));
+        let (out, too_large) =
+            match forward::upstream_request(req, upstream, peer.ip(), tls, trusted, max_body) {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    return fail(Outcome::InvalidRequest {
+                        detail: format!("cannot forward: {e}"),
+                    });
                 }
-                return fail(Outcome::InvalidRequest {
-                    detail: format!("cannot forward: {e}"),
-                });
-            }
-        };
+            };
         let started = Instant::now();
         let result = tokio::time::timeout(upstream.timeout, self.client.request(out)).await;
         self.metrics
@@ -205,14 +255,23 @@ impl Proxy {
                 if let Some(g) = guard.as_mut() {
                     g.complete();
                 }
-                self.metrics
-                    .count(Some(route), if fenced { "accepted" } else { "unfenced" });
+                row.count(if fenced { "accepted" } else { "unfenced" });
                 let mut resp = forward::client_response(resp, guard);
                 if fenced {
                     resp.headers_mut()
                         .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
                 }
                 resp
+            }
+            // The body outgrew the route's limit mid-stream: the upstream saw an incomplete
+            // message, which it cannot apply, so there is nothing to settle.
+            Ok(Err(_)) if too_large.load(Ordering::Acquire) => {
+                if let Some(g) = guard.as_mut() {
+                    g.complete();
+                }
+                fail(Outcome::PayloadTooLarge {
+                    limit: max_body.unwrap_or(0),
+                })
             }
             Ok(Err(e)) if e.is_connect() => {
                 // Never reached the upstream: nothing to settle.
@@ -236,6 +295,15 @@ impl Proxy {
             }),
         }
     }
+}
+
+fn content_length(req: &Request<Incoming>) -> Option<u64> {
+    req.headers()
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

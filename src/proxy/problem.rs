@@ -55,6 +55,10 @@ pub enum Outcome {
         scope: Option<String>,
         detail: String,
     },
+    /// The body is larger than the route's `max_body`.
+    PayloadTooLarge {
+        limit: u64,
+    },
 }
 
 impl Outcome {
@@ -71,6 +75,7 @@ impl Outcome {
             Outcome::Unavailable { .. } => "unavailable",
             Outcome::UpstreamUnavailable { .. } => "upstream_unavailable",
             Outcome::UpstreamTimeout { .. } => "upstream_timeout",
+            Outcome::PayloadTooLarge { .. } => "payload_too_large",
         }
     }
 
@@ -88,6 +93,7 @@ impl Outcome {
             }
             Outcome::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
             Outcome::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Outcome::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -115,6 +121,9 @@ impl Outcome {
             }
             Outcome::UpstreamUnavailable { detail, .. } => {
                 format!("The upstream could not be reached: {detail}")
+            }
+            Outcome::PayloadTooLarge { limit } => {
+                format!("The request body is larger than this route allows ({limit} bytes)")
             }
             Outcome::UpstreamTimeout { detail, .. } => {
                 format!(

@@ -231,6 +231,7 @@ pub fn config_text(upstream: SocketAddr, drain: &str, settle: &str, timeout: &st
 [server]
 listen = "127.0.0.1:0"
 shutdown_timeout = "10s"
+trusted_proxies = ["127.0.0.1"]
 [admin]
 listen = "127.0.0.1:0"
 [store]
