@@ -126,7 +126,7 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         }
         Command::Serve { config } => {
             let c = load(&config)?;
-            runtime()?.block_on(serve(c))
+            runtime()?.block_on(serve(config, c))
         }
         Command::Demo => runtime()?.block_on(crate::demo::run()).map_err(|e| {
             eprintln!("demo failed: {e}");
@@ -145,34 +145,35 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
     }
 }
 
-async fn serve(config: Config) -> Result<ExitCode, ExitCode> {
+async fn serve(path: PathBuf, config: Config) -> Result<ExitCode, ExitCode> {
+    use tokio::signal::unix::{SignalKind, signal};
     let running = crate::server::start(config, None).await.map_err(|e| {
         eprintln!("fencegate: {e}");
         ExitCode::from(1)
     })?;
-    wait_for_signal().await;
+    let (mut term, mut int, mut hup) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(t), Ok(i), Ok(h)) => (t, i, h),
+        _ => {
+            eprintln!("fencegate: cannot install signal handlers");
+            running.shutdown().await;
+            return Err(ExitCode::from(1));
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => crate::server::reload(&running, &path),
+        }
+    }
     tracing::info!("shutting down: no new connections; finishing in-flight requests");
     running.shutdown().await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {

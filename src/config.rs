@@ -555,6 +555,8 @@ impl Config {
             errors.push("route", "no routes: every request would get 404 no_route");
         }
         let mut routes: Vec<Route> = Vec::new();
+        // Position in the file of each validated route, for error paths.
+        let mut positions: Vec<usize> = Vec::new();
         let mut names = std::collections::HashSet::new();
         for (i, v) in raw_routes.into_iter().enumerate() {
             let path = format!("route[{i}]");
@@ -569,6 +571,7 @@ impl Config {
             }
             if let Some(route) = validate_route(raw, &path, &upstreams, &mut errors) {
                 routes.push(route);
+                positions.push(i);
             }
         }
         for (i, r) in routes.iter().enumerate() {
@@ -577,7 +580,7 @@ impl Config {
                 .find(|e| (e.host.is_none() || e.host == r.host) && r.path.is_covered_by(&e.path))
             {
                 errors.push(
-                    format!("route[{i}]"),
+                    format!("route[{}]", positions[i]),
                     format!(
                         "route `{}` can never match: route `{}` ({}) comes first and matches every path it does",
                         r.name, e.name, e.path

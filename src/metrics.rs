@@ -117,6 +117,9 @@ pub struct Metrics {
     none: Arc<RouteRow>,
     pub gate_wait_seconds: Histogram,
     pub upstream_seconds: Histogram,
+    /// Config reloads applied and refused (SIGHUP).
+    pub reloads: AtomicU64,
+    pub reload_failures: AtomicU64,
 }
 
 impl Metrics {
@@ -127,6 +130,8 @@ impl Metrics {
             none,
             gate_wait_seconds: Histogram::new(SECONDS),
             upstream_seconds: Histogram::new(SECONDS),
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
         };
         for name in route_names {
             m.row(&name);
@@ -199,6 +204,24 @@ impl Metrics {
             "fencegate_upstream_seconds",
             "Time to the upstream's response head.",
         );
+        for (name, help, v) in [
+            (
+                "fencegate_config_reloads_total",
+                "Config reloads applied.",
+                &self.reloads,
+            ),
+            (
+                "fencegate_config_reload_failures_total",
+                "Config reloads refused (invalid file).",
+                &self.reload_failures,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
         for (name, help, value) in extra {
             let _ = writeln!(
                 out,

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -312,4 +313,58 @@ async fn serve<F, Fut>(
             "shutdown grace period over; closing remaining connections"
         );
     }
+}
+
+/// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new
+/// requests; an invalid file is refused and the old config kept. Settings bound at start
+/// (listeners, store, fencing timings and limits) need a restart; a change to them is
+/// logged and ignored.
+pub fn reload(running: &Running, path: &std::path::Path) {
+    let metrics = &running.app.metrics;
+    let new = match Config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(file = %path.display(), %errors, "config reload refused; keeping the running config");
+            return;
+        }
+    };
+    let old = running.app.proxy.config();
+    let fixed = [
+        (
+            "server",
+            format!("{:?}", old.server) != format!("{:?}", new.server),
+        ),
+        (
+            "admin",
+            format!("{:?}", old.admin) != format!("{:?}", new.admin),
+        ),
+        ("store", old.store.path != new.store.path),
+        (
+            "fencing",
+            format!("{:?}", old.fencing) != format!("{:?}", new.fencing),
+        ),
+        (
+            "authority",
+            format!("{:?}", old.authority) != format!("{:?}", new.authority),
+        ),
+    ];
+    for (section, changed) in fixed {
+        if changed {
+            tracing::warn!(
+                section,
+                "changes to this section take effect only after a restart"
+            );
+        }
+    }
+    let mut merged = new;
+    merged.server = old.server.clone();
+    merged.admin = old.admin.clone();
+    merged.store = old.store.clone();
+    merged.fencing = old.fencing.clone();
+    merged.authority = old.authority.clone();
+    let routes = merged.routes.len();
+    running.app.proxy.reload(Arc::new(merged));
+    metrics.reloads.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(file = %path.display(), routes, "config reloaded");
 }

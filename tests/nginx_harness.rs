@@ -213,7 +213,13 @@ fn drop_stops_master_workers_and_port() -> io::Result<()> {
         .parent()
         .map(Path::to_path_buf)
         .ok_or_else(|| bad("root has no parent"))?;
-    let workers = worker_pids(master);
+    // The master forks its workers after it starts listening: wait (bounded) for both.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut workers = worker_pids(master);
+    while workers.len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        workers = worker_pids(master);
+    }
 
     assert!(proc_alive(master));
     assert_eq!(workers.len(), 2, "expected 2 workers, got {workers:?}");
