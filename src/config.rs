@@ -55,6 +55,8 @@ pub struct Config {
     pub fencing: FencingConfig,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
+    /// Idempotency records: lifetime and size bounds.
+    pub idempotency: IdempotencyConfig,
     /// The optional lease authority (SPEC §8).
     pub authority: Option<crate::authority::AuthorityConfig>,
 }
@@ -75,6 +77,9 @@ pub struct ServerConfig {
     /// Peers whose X-Forwarded-* headers are kept (and appended to); from anyone else
     /// they are stripped, since a client could claim any address or scheme.
     pub trusted_proxies: Vec<IpNet>,
+    /// `tls = { cert, key, client_ca }`: serve HTTPS (h2 by ALPN) instead of plain HTTP;
+    /// with `client_ca`, only clients holding a certificate from it get through.
+    pub tls: Option<crate::tls::ListenerFiles>,
 }
 
 /// An IP network (`10.0.0.0/8`, `::1/128`; a bare address is a single host).
@@ -148,11 +153,31 @@ pub struct FencingConfig {
 }
 
 #[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    /// How long a record is kept; a retry after this is a new request.
+    pub ttl: Duration,
+    /// Largest request body that is fingerprinted (it is read before forwarding); 413 beyond.
+    pub max_request_body: u64,
+    /// Largest response body stored for replay; a larger one is replayed without a body.
+    pub max_response_body: u64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawIdempotency {
+    ttl: Option<String>,
+    max_request_body: Option<String>,
+    max_response_body: Option<String>,
+}
+
+#[derive(Debug, Clone)]
 pub struct Upstream {
     pub name: String,
     /// Scheme and authority only; the request's path is appended byte for byte.
     pub url: Uri,
     pub timeout: Duration,
+    /// Client TLS settings; `Some` exactly for https upstreams.
+    pub tls: Option<crate::tls::UpstreamTls>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +200,10 @@ pub struct Route {
     pub equal: EqualPolicy,
     /// Largest request body in bytes (413 beyond); `None`: no limit.
     pub max_body: Option<u64>,
+    /// Idempotency-Key handling on fenced requests.
+    pub idempotency: crate::idempotency::Mode,
+    /// A retry whose first attempt's outcome is unknown: refuse it, or forward it again.
+    pub idempotency_unknown: crate::idempotency::OnUnknown,
 }
 
 impl Route {
@@ -210,6 +239,7 @@ struct RawServer {
     max_header_bytes: Option<String>,
     max_headers: Option<usize>,
     trusted_proxies: Option<Vec<String>>,
+    tls: Option<crate::tls::RawListenerTls>,
 }
 
 #[derive(Deserialize, Default)]
@@ -241,6 +271,7 @@ struct RawUpstream {
     name: String,
     url: String,
     timeout: Option<String>,
+    tls: Option<crate::tls::RawUpstreamTls>,
 }
 
 #[derive(Deserialize)]
@@ -255,6 +286,7 @@ struct RawRoute {
     methods: Option<Vec<String>>,
     equal: Option<String>,
     idempotency: Option<String>,
+    idempotency_unknown: Option<String>,
     max_body: Option<String>,
 }
 
@@ -363,7 +395,14 @@ impl Config {
         for key in table.keys() {
             if !matches!(
                 key.as_str(),
-                "server" | "admin" | "store" | "fencing" | "upstream" | "route" | "authority"
+                "server"
+                    | "admin"
+                    | "store"
+                    | "fencing"
+                    | "idempotency"
+                    | "upstream"
+                    | "route"
+                    | "authority"
             ) {
                 errors.push(key.clone(), "unknown section");
             }
@@ -440,6 +479,9 @@ impl Config {
             .max(8192) as usize,
             max_headers: positive(server.max_headers, 100, "server.max_headers", &mut errors),
             trusted_proxies,
+            tls: server
+                .tls
+                .and_then(|raw| crate::tls::listener_files(raw, base, &mut errors.0)),
         };
         let admin_listen = socket_addr(
             admin.listen.as_deref(),
@@ -533,7 +575,7 @@ impl Config {
             .filter_map(|(i, v)| {
                 let path = format!("upstream[{i}]");
                 let raw: RawUpstream = section(Some(v), &path, &mut errors)?;
-                Some(validate_upstream(raw, &path, &mut errors))
+                Some(validate_upstream(raw, &path, base, &mut errors))
             })
             .collect::<Vec<_>>();
         let mut seen = std::collections::HashSet::new();
@@ -546,6 +588,28 @@ impl Config {
             }
         }
 
+        let raw_idem: RawIdempotency =
+            section(table.remove("idempotency"), "idempotency", &mut errors).unwrap_or_default();
+        let idempotency = IdempotencyConfig {
+            ttl: duration(
+                raw_idem.ttl.as_deref(),
+                Duration::from_secs(24 * 3600),
+                "idempotency.ttl",
+                &mut errors,
+            ),
+            max_request_body: size(
+                raw_idem.max_request_body.as_deref(),
+                8 << 20,
+                "idempotency.max_request_body",
+                &mut errors,
+            ),
+            max_response_body: size(
+                raw_idem.max_response_body.as_deref(),
+                1 << 20,
+                "idempotency.max_response_body",
+                &mut errors,
+            ),
+        };
         let authority = table
             .remove("authority")
             .and_then(|v| crate::authority::AuthorityConfig::parse(v, &mut errors.0));
@@ -597,6 +661,7 @@ impl Config {
                 fencing,
                 upstreams,
                 routes,
+                idempotency,
                 authority,
             })
         } else {
@@ -607,15 +672,23 @@ impl Config {
     /// A short human description of what was understood, for `check-config`.
     pub fn describe(&self) -> String {
         let mut out = format!(
-            "listen {}  admin {}  store {}\n",
+            "listen {}{}  admin {}  store {}\n",
             self.server.listen,
+            self.server
+                .tls
+                .as_ref()
+                .map(|t| format!(" ({t})"))
+                .unwrap_or_default(),
             self.admin.listen,
             self.store.path.display()
         );
         for u in &self.upstreams {
             out.push_str(&format!(
-                "upstream {:<12} {} (timeout {:?})\n",
-                u.name, u.url, u.timeout
+                "upstream {:<12} {} (timeout {:?}){}\n",
+                u.name,
+                u.url,
+                u.timeout,
+                u.tls.as_ref().map(|t| format!(" {t}")).unwrap_or_default()
             ));
         }
         for r in &self.routes {
@@ -667,7 +740,7 @@ fn array(value: Option<toml::Value>, path: &str, errors: &mut Errors) -> Vec<tom
     }
 }
 
-fn validate_upstream(raw: RawUpstream, path: &str, errors: &mut Errors) -> Upstream {
+fn validate_upstream(raw: RawUpstream, path: &str, base: &Path, errors: &mut Errors) -> Upstream {
     let timeout = duration(
         raw.timeout.as_deref(),
         Duration::from_secs(30),
@@ -675,7 +748,7 @@ fn validate_upstream(raw: RawUpstream, path: &str, errors: &mut Errors) -> Upstr
         errors,
     );
     let url = match raw.url.parse::<Uri>() {
-        Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some() => {
             if u.path() != "/" && !u.path().is_empty() || u.query().is_some() {
                 errors.push(
                     format!("{path}.url"),
@@ -684,25 +757,21 @@ fn validate_upstream(raw: RawUpstream, path: &str, errors: &mut Errors) -> Upstr
             }
             u
         }
-        Ok(u) if u.scheme_str() == Some("https") => {
-            errors.push(
-                format!("{path}.url"),
-                "https upstreams are not supported by this version",
-            );
-            u
-        }
         _ => {
             errors.push(
                 format!("{path}.url"),
-                format!("`{}` is not an http://host:port URL", raw.url),
+                format!("`{}` is not an http:// or https://host:port URL", raw.url),
             );
             Uri::from_static("http://invalid")
         }
     };
+    let https = url.scheme_str() == Some("https");
+    let tls = crate::tls::upstream_tls(raw.tls, https, base, path, &mut errors.0);
     Upstream {
         name: raw.name,
         url,
         timeout,
+        tls,
     }
 }
 
@@ -773,17 +842,30 @@ fn validate_route(
             EqualPolicy::Accept
         }
     };
-    match raw.idempotency.as_deref() {
-        None | Some("off") => {}
-        Some("optional" | "required") => errors.push(
-            format!("{path}.idempotency"),
-            "Idempotency-Key handling is not supported by this version; use \"off\"",
-        ),
-        Some(other) => errors.push(
-            format!("{path}.idempotency"),
-            format!("`{other}`: expected \"off\", \"optional\" or \"required\""),
-        ),
-    }
+    use crate::idempotency::{Mode, OnUnknown};
+    let idempotency = match raw.idempotency.as_deref() {
+        None | Some("off") => Mode::Off,
+        Some("optional") => Mode::Optional,
+        Some("required") => Mode::Required,
+        Some(other) => {
+            errors.push(
+                format!("{path}.idempotency"),
+                format!("`{other}`: expected \"off\", \"optional\" or \"required\""),
+            );
+            Mode::Off
+        }
+    };
+    let idempotency_unknown = match raw.idempotency_unknown.as_deref() {
+        None | Some("refuse") => OnUnknown::Refuse,
+        Some("forward") => OnUnknown::Forward,
+        Some(other) => {
+            errors.push(
+                format!("{path}.idempotency_unknown"),
+                format!("`{other}`: expected \"refuse\" or \"forward\""),
+            );
+            OnUnknown::Refuse
+        }
+    };
     let max_body = raw.max_body.as_deref().and_then(|s| {
         parse_size(s).or_else(|| {
             errors.push(
@@ -798,6 +880,8 @@ fn validate_route(
     }
     Some(Route {
         max_body,
+        idempotency,
+        idempotency_unknown,
         name: raw.name,
         path: template?,
         scope: scope?,

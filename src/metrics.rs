@@ -35,6 +35,10 @@ impl Histogram {
         self.sum_micros.fetch_add((value * 1e6) as u64, Relaxed);
     }
 
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+
     pub fn observe_duration(&self, d: Duration) {
         self.observe(d.as_secs_f64());
     }
@@ -80,6 +84,10 @@ pub const RESULTS: &[&str] = &[
     "upstream_unavailable",
     "upstream_timeout",
     "payload_too_large",
+    "duplicate",
+    "in_progress",
+    "key_reused",
+    "outcome_unknown",
     "unfenced",
 ];
 

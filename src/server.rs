@@ -44,6 +44,8 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A started server. Dropping it does not stop it; call [`Running::shutdown`].
@@ -53,6 +55,8 @@ pub struct Running {
     /// Where the lease authority listens, when `[authority]` is configured.
     pub authority_addr: Option<SocketAddr>,
     pub app: Arc<App>,
+    /// The proxy listener's TLS, when `server.tls` is set; its files are re-read on reload.
+    tls: Option<Arc<crate::tls::Listener>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -71,6 +75,15 @@ impl Running {
 
 /// Opens the store (unless one is given), binds both listeners and starts serving.
 pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, StartError> {
+    // Read before anything is opened or bound, so bad files fail the start cleanly.
+    let tls = match &config.server.tls {
+        Some(files) => Some(Arc::new(crate::tls::Listener::load(
+            files.clone(),
+            // A handshake is part of getting a request in: the same slowloris bound.
+            config.server.header_read_timeout,
+        )?)),
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new(config.routes.iter().map(|r| r.name.clone())));
     let store = match store {
         Some(s) => s,
@@ -118,6 +131,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let (stop, stop_rx) = watch::channel(false);
     let grace = config.server.shutdown_timeout;
 
+    let https = tls.is_some();
     let proxy_app = app.clone();
     let limits = ConnLimits::new(
         config.server.max_connections,
@@ -129,9 +143,10 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         grace,
         http_builder(&config.server),
         Some(limits),
+        tls.clone(),
         move |req, peer| {
             let app = proxy_app.clone();
-            async move { app.proxy.handle(req, peer, false).await }
+            async move { app.proxy.handle(req, peer, https).await }
         },
     ));
     let admin_app = app.clone();
@@ -140,6 +155,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         stop_rx.clone(),
         grace,
         http_builder(&config.server),
+        None,
         None,
         move |req, _peer| {
             let app = admin_app.clone();
@@ -154,11 +170,19 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         tasks.push(task);
     }
     let mut sweep_stop = stop_rx;
+    let housekeeping = app.clone();
     let sweeper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
+        let mut collect = tokio::time::interval(crate::idempotency::COLLECT_EVERY);
         loop {
             tokio::select! {
                 _ = tick.tick() => gates.sweep(),
+                _ = collect.tick() => {
+                    let n = housekeeping.proxy.idempotency().collect().await;
+                    if n > 0 {
+                        tracing::debug!(records = n, "expired idempotency records collected");
+                    }
+                }
                 _ = sweep_stop.changed() => return,
             }
         }
@@ -170,6 +194,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         admin_addr,
         authority_addr,
         app,
+        tls,
         stop,
         tasks,
     })
@@ -257,12 +282,15 @@ async fn serve<F, Fut>(
     grace: Duration,
     builder: auto::Builder<TokioExecutor>,
     limits: Option<Arc<ConnLimits>>,
+    tls: Option<Arc<crate::tls::Listener>>,
     handler: F,
 ) where
     F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
+    // Shared with TLS connections' tasks, which build their connection after the handshake.
+    let builder = Arc::new(builder);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -292,6 +320,30 @@ async fn serve<F, Fut>(
             let handler = handler.clone();
             async move { Ok::<_, Infallible>(handler(req, peer).await) }
         });
+        if let Some(tls) = &tls {
+            // The handshake runs in the connection's own task, so a slow client delays only
+            // itself, and it is bounded, so it cannot keep its slot either.
+            let handshake = tls.accept(stream);
+            let watcher = graceful.watcher();
+            let builder = Arc::clone(&builder);
+            tokio::spawn(async move {
+                let _slot = slot;
+                let stream = match handshake.await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                        return;
+                    }
+                };
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .into_owned();
+                if let Err(e) = watcher.watch(conn).await {
+                    tracing::debug!(error = %e, %peer, "connection ended with an error");
+                }
+            });
+            continue;
+        }
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();
@@ -318,7 +370,8 @@ async fn serve<F, Fut>(
 /// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new
 /// requests; an invalid file is refused and the old config kept. Settings bound at start
 /// (listeners, store, fencing timings and limits) need a restart; a change to them is
-/// logged and ignored.
+/// logged and ignored. The listener's certificate, key and client CA files are re-read
+/// (from the paths in force); a bad file is refused and the running certificate kept.
 pub fn reload(running: &Running, path: &std::path::Path) {
     let metrics = &running.app.metrics;
     let new = match Config::load(path) {
@@ -363,6 +416,19 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     merged.store = old.store.clone();
     merged.fencing = old.fencing.clone();
     merged.authority = old.authority.clone();
+    // The listener's TLS files are re-read from the paths it started with: new handshakes
+    // use them, open connections keep what they negotiated.
+    if let Some(tls) = &running.tls {
+        match tls.reload() {
+            Ok(()) => {
+                tracing::info!(cert = %tls.files().cert.display(), "listener certificate reloaded")
+            }
+            Err(e) => {
+                metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "certificate reload refused; keeping the running certificate");
+            }
+        }
+    }
     let routes = merged.routes.len();
     running.app.proxy.reload(Arc::new(merged));
     metrics.reloads.fetch_add(1, Ordering::Relaxed);

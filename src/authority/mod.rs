@@ -1,5 +1,11 @@
 //! The lease authority (SPEC §8): grants leases with fencing tokens that the proxy
 //! enforces. `local` keeps counters in the `[store]` redb file; `etcd` uses a cluster.
+//! Both sit behind [`Engine`], so the HTTP API ([`api`]) is one piece of code.
+
+mod api;
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub mod local;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,8 +16,8 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ConfigError};
 use crate::fence::MarkStore;
 use crate::server::StartError;
+use crate::token::Token;
 
-/// `[authority]`, validated.
 #[derive(Debug, Clone)]
 pub struct AuthorityConfig {
     pub listen: SocketAddr,
@@ -121,19 +127,182 @@ impl AuthorityConfig {
     }
 }
 
+/// Longest `wait_ms` an acquire may ask for: a waiting request holds a connection.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// One acquisition request, validated.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    pub scope: String,
+    pub holder: String,
+    pub ttl: Duration,
+    /// How long to wait for a busy scope before answering `busy`.
+    pub wait: Duration,
+}
+
+/// A granted lease, as the API reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub scope: String,
+    pub lease_id: String,
+    pub token: Token,
+    /// How long the lease lasts from the grant, as the authority judges it.
+    pub ttl: Duration,
+}
+
+/// Every answer of the lease calls (SPEC §8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Acquired(Grant),
+    /// Someone holds the scope (`holder`), or it may still be held (`holder` unknown:
+    /// after a restart, or within `lock_delay` of an expiry).
+    Busy {
+        holder: Option<String>,
+        retry_after: Duration,
+    },
+    Renewed {
+        ttl: Duration,
+    },
+    Released,
+    /// Expired, superseded or unknown: not the current lease. Nothing changed.
+    Lost,
+    /// The authority could not decide (store or cluster failure). Nothing was granted
+    /// that the caller could learn of; retry later.
+    Unavailable {
+        retry_after: Duration,
+        detail: String,
+    },
+}
+
+/// `GET /v1/locks?scope=S`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockStatus {
+    pub scope: String,
+    pub holder: Option<String>,
+    pub lease_id: Option<String>,
+    pub token: Option<Token>,
+    pub remaining: Option<Duration>,
+    pub last_issued: Option<Token>,
+}
+
+/// The backends behind the one HTTP API.
+pub enum Engine {
+    Local(local::Local),
+    #[cfg(feature = "etcd")]
+    Etcd(Box<etcd::Etcd>),
+}
+
+impl Engine {
+    /// Acquires, waiting up to `req.wait` for a busy scope (but not past `stop`).
+    pub async fn acquire(&self, req: &AcquireRequest, stop: watch::Receiver<bool>) -> Outcome {
+        match self {
+            Engine::Local(l) => l.acquire(req, stop).await,
+            #[cfg(feature = "etcd")]
+            Engine::Etcd(e) => e.acquire(req, stop).await,
+        }
+    }
+
+    pub async fn renew(&self, scope: &str, lease_id: &str, token: Token, ttl: Duration) -> Outcome {
+        match self {
+            Engine::Local(l) => l.renew(scope, lease_id, token, ttl),
+            #[cfg(feature = "etcd")]
+            Engine::Etcd(e) => e.renew(scope, lease_id, token, ttl).await,
+        }
+    }
+
+    pub async fn release(&self, scope: &str, lease_id: &str, token: Token) -> Outcome {
+        match self {
+            Engine::Local(l) => l.release(scope, lease_id, token),
+            #[cfg(feature = "etcd")]
+            Engine::Etcd(e) => e.release(scope, lease_id, token).await,
+        }
+    }
+
+    pub async fn status(&self, scope: &str) -> Result<LockStatus, String> {
+        match self {
+            Engine::Local(l) => l.status(scope),
+            #[cfg(feature = "etcd")]
+            Engine::Etcd(e) => e.status(scope).await,
+        }
+    }
+
+    /// Periodic housekeeping (dropping expired leases from memory).
+    fn sweep(&self) {
+        match self {
+            Engine::Local(l) => l.sweep(),
+            #[cfg(feature = "etcd")]
+            Engine::Etcd(_) => {}
+        }
+    }
+}
+
+/// Opens the configured backend.
+pub async fn engine(config: &AuthorityConfig, store: &MarkStore) -> Result<Engine, StartError> {
+    match &config.backend {
+        Backend::Local => local::Local::open(store.database(), config)
+            .await
+            .map(Engine::Local)
+            .map_err(|e| StartError::Authority(e.to_string())),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd { endpoints } => etcd::Etcd::connect(endpoints, config)
+            .await
+            .map(|e| Engine::Etcd(Box::new(e)))
+            .map_err(|e| StartError::Authority(e.to_string())),
+        #[cfg(not(feature = "etcd"))]
+        Backend::Etcd { .. } => Err(StartError::Authority(
+            "backend = \"etcd\" needs a build with `--features etcd`".into(),
+        )),
+    }
+}
+
 /// Binds the authority listener and serves it until `stop` turns true.
 pub async fn serve(
     config: &AuthorityConfig,
     store: &MarkStore,
     stop: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
-    let _ = (config, store, stop);
-    Err(StartError::Authority("not implemented yet".into()))
+    let engine = std::sync::Arc::new(engine(config, store).await?);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let sweeper = engine.clone();
+    let mut sweep_stop = stop.clone();
+    let sweeping = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => sweeper.sweep(),
+                _ = sweep_stop.changed() => return,
+            }
+        }
+    });
+    tracing::info!(%addr, backend = ?config.backend, "lease authority listening");
+    let max_ttl = config.max_ttl;
+    // One handle for both tasks: when it resolves, nothing of the authority holds the
+    // store any more.
+    let task = tokio::spawn(async move {
+        api::serve(listener, engine, max_ttl, stop).await;
+        let _ = sweeping.await;
+    });
+    Ok((addr, task))
 }
 
 /// `fencegate authority bump-epoch`: every later token compares above every earlier one.
-/// Answers the new epoch.
+/// Answers the new epoch. Run it with the server stopped (it opens the store file).
 pub fn bump_epoch(config: &Config) -> Result<u64, String> {
-    let _ = config;
-    Err("not implemented yet".into())
+    match config.authority.as_ref().map(|a| &a.backend) {
+        None => return Err("the configuration has no [authority] section".into()),
+        Some(Backend::Etcd { .. }) => {
+            return Err("the etcd backend needs no epoch: its tokens are cluster revisions".into());
+        }
+        Some(Backend::Local) => {}
+    }
+    local::bump_epoch(&config.store.path).map_err(|e| e.to_string())
 }

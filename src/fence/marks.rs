@@ -13,8 +13,8 @@ use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use redb::{
-    ConcurrencyMode, Database, Durability, ReadableDatabase, ReadableTable, StorageBackend,
-    TableDefinition,
+    ConcurrencyMode, Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    StorageBackend, TableDefinition,
 };
 use tokio::sync::oneshot;
 
@@ -25,6 +25,10 @@ use crate::token::Token;
 const MARKS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("marks");
 /// Store-wide facts: format version, epoch floor.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Idempotency records: "scope\0key" → 8 bytes expiry (unix seconds, big-endian) + record.
+const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
+/// (expiry, record key), so expired records are found without a scan.
+const RECORD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("idempotency_expiry");
 const FORMAT_VERSION: u64 = 1;
 /// Upper bound on advances in one commit, so one batch cannot starve replies for long.
 const MAX_BATCH: usize = 4096;
@@ -57,6 +61,34 @@ enum Op {
     },
     /// Finish what is queued, then stop the writer (it drops its database handle).
     Close { reply: oneshot::Sender<()> },
+    /// Idempotency: insert `value` under `key` unless a live record is there (or the one
+    /// there equals `replace_if`); answers the live record that stopped it, if any.
+    Claim {
+        key: String,
+        value: Vec<u8>,
+        replace_if: Option<Vec<u8>>,
+        now: u64,
+        reply: oneshot::Sender<Result<Option<Vec<u8>>, StoreError>>,
+    },
+    /// Idempotency: overwrite a claimed record (completion), keeping its expiry.
+    Put {
+        key: String,
+        value: Vec<u8>,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// Idempotency: delete up to `limit` records that expired by `now`.
+    Collect {
+        now: u64,
+        limit: usize,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
+    },
+}
+
+/// What one op of a committed batch answers.
+enum Answer {
+    None,
+    Claim(Option<Vec<u8>>),
+    Collected(usize),
 }
 
 struct Inner {
@@ -82,6 +114,13 @@ pub struct StoreStats {
     pub commit_seconds: Histogram,
     pub commit_batch_size: Histogram,
     pub commit_failures: AtomicU64,
+}
+
+impl StoreStats {
+    /// Commits made so far (each served one batch of advances).
+    pub fn commit_batch_size_count(&self) -> u64 {
+        self.commit_batch_size.count()
+    }
 }
 
 impl Default for StoreStats {
@@ -230,6 +269,51 @@ impl MarkStore {
             .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
     }
 
+    /// Idempotency: durably claims `key` for a new attempt unless a live record holds it
+    /// (one equal to `replace_if` may be replaced). `value` starts with its expiry.
+    /// Answers the record that stopped the claim, or `None` when claimed.
+    pub async fn claim(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        replace_if: Option<Vec<u8>>,
+        now: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::Claim {
+            key,
+            value,
+            replace_if,
+            now,
+            reply,
+        })?;
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+    }
+
+    /// Idempotency: durably overwrites a claimed record (its expiry is kept).
+    pub async fn put_record(&self, key: String, value: Vec<u8>) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::Put { key, value, reply })?;
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+    }
+
+    /// Idempotency: deletes up to `limit` records expired by `now` (unix seconds).
+    pub async fn collect_records(&self, now: u64, limit: usize) -> Result<usize, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::Collect { now, limit, reply })?;
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+    }
+
+    /// Idempotency records on disk (for tests and metrics).
+    pub fn record_count(&self) -> Result<u64, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(read_err)?;
+        let t = txn.open_table(RECORDS).map_err(read_err)?;
+        t.len().map_err(read_err)
+    }
+
     /// Commits what is queued and stops the writer, so that the file is closed cleanly
     /// once the last handle drops (no repair on the next open).
     pub async fn close(&self) {
@@ -302,6 +386,8 @@ fn initialize(db: &Database) -> Result<u64, redb::Error> {
         }
         floor = meta.get("epoch_floor")?.map(|g| g.value()).unwrap_or(0);
         txn.open_table(MARKS)?;
+        txn.open_table(RECORDS)?;
+        txn.open_table(RECORD_EXPIRY)?;
     }
     txn.commit()?;
     Ok(floor)
@@ -460,14 +546,31 @@ impl Writer {
         }
         let started = Instant::now();
         match self.apply(&batch) {
-            Ok((marks, floor)) => {
-                self.stats
-                    .commit_seconds
-                    .observe_duration(started.elapsed());
-                self.stats.commit_batch_size.observe(batch.len() as f64);
+            Ok((marks, floor, answers, committed)) => {
+                if committed {
+                    self.stats
+                        .commit_seconds
+                        .observe_duration(started.elapsed());
+                    self.stats.commit_batch_size.observe(batch.len() as f64);
+                }
                 self.floor.store(floor, Ordering::Release);
-                for op in batch {
+                for (op, answer) in batch.into_iter().zip(answers) {
                     match op {
+                        Op::Claim { reply, .. } => {
+                            let _ = reply.send(Ok(match answer {
+                                Answer::Claim(existing) => existing,
+                                _ => None,
+                            }));
+                        }
+                        Op::Put { reply, .. } => {
+                            let _ = reply.send(Ok(()));
+                        }
+                        Op::Collect { reply, .. } => {
+                            let _ = reply.send(Ok(match answer {
+                                Answer::Collected(n) => n,
+                                _ => 0,
+                            }));
+                        }
                         Op::Advance { scope, reply, .. } => {
                             let stored = marks.get(&scope).copied().ok_or_else(|| {
                                 StoreError::Failed("scope missing from batch".into())
@@ -492,7 +595,11 @@ impl Writer {
     }
 
     /// One transaction for the whole batch; answers the stored mark per scope and the floor.
-    fn apply(&self, batch: &[Op]) -> Result<(HashMap<Arc<str>, Token>, u64), redb::Error> {
+    #[allow(clippy::type_complexity)]
+    fn apply(
+        &self,
+        batch: &[Op],
+    ) -> Result<(HashMap<Arc<str>, Token>, u64, Vec<Answer>, bool), redb::Error> {
         let mut wanted: HashMap<Arc<str>, Token> = HashMap::new();
         let mut floor_wanted = None;
         for op in batch {
@@ -504,7 +611,7 @@ impl Writer {
                 Op::Floor { epoch, .. } => {
                     floor_wanted = floor_wanted.max(Some(*epoch));
                 }
-                Op::Close { .. } => {}
+                _ => {}
             }
         }
         let mut txn = self.db.begin_write()?;
@@ -534,13 +641,82 @@ impl Writer {
                 changed = true;
             }
         }
+        let mut answers = Vec::with_capacity(batch.len());
+        if batch
+            .iter()
+            .any(|op| matches!(op, Op::Claim { .. } | Op::Put { .. } | Op::Collect { .. }))
+        {
+            let mut records = txn.open_table(RECORDS)?;
+            let mut expiry = txn.open_table(RECORD_EXPIRY)?;
+            for op in batch {
+                answers.push(match op {
+                    Op::Claim {
+                        key,
+                        value,
+                        replace_if,
+                        now,
+                        ..
+                    } => {
+                        let existing = records.get(key.as_str())?.map(|g| g.value().to_vec());
+                        let live = existing
+                            .as_ref()
+                            .filter(|v| record_expiry(v) > *now && Some(*v) != replace_if.as_ref());
+                        match live {
+                            Some(v) => Answer::Claim(Some(v.clone())),
+                            None => {
+                                if let Some(old) = &existing {
+                                    expiry.remove((record_expiry(old), key.as_str()))?;
+                                }
+                                records.insert(key.as_str(), value.as_slice())?;
+                                expiry.insert((record_expiry(value), key.as_str()), ())?;
+                                changed = true;
+                                Answer::Claim(None)
+                            }
+                        }
+                    }
+                    Op::Put { key, value, .. } => {
+                        let present = records.get(key.as_str())?.map(|g| record_expiry(g.value()));
+                        if let Some(old) = present {
+                            let mut v = value.clone();
+                            if let Some(head) = v.get_mut(..8) {
+                                head.copy_from_slice(&old.to_be_bytes());
+                            }
+                            records.insert(key.as_str(), v.as_slice())?;
+                            changed = true;
+                        }
+                        Answer::None
+                    }
+                    Op::Collect { now, limit, .. } => {
+                        let due: Vec<(u64, String)> = expiry
+                            .range(..(*now + 1, ""))?
+                            .take(*limit)
+                            .map(|item| {
+                                item.map(|(k, _)| {
+                                    let (at, key) = k.value();
+                                    (at, key.to_string())
+                                })
+                            })
+                            .collect::<Result<_, _>>()?;
+                        for (at, key) in &due {
+                            expiry.remove((*at, key.as_str()))?;
+                            records.remove(key.as_str())?;
+                        }
+                        changed |= !due.is_empty();
+                        Answer::Collected(due.len())
+                    }
+                    _ => Answer::None,
+                });
+            }
+        } else {
+            answers.resize_with(batch.len(), || Answer::None);
+        }
         if changed {
             txn.commit()?;
         } else {
             // Everything asked for is already durable; no fsync needed.
             txn.abort()?;
         }
-        Ok((wanted, floor))
+        Ok((wanted, floor, answers, changed))
     }
 }
 
@@ -553,7 +729,24 @@ fn fail_all(batch: Vec<Op>, why: &str) {
             Op::Floor { reply, .. } => {
                 let _ = reply.send(Err(StoreError::Failed(why.to_string())));
             }
+            Op::Claim { reply, .. } => {
+                let _ = reply.send(Err(StoreError::Failed(why.to_string())));
+            }
+            Op::Put { reply, .. } => {
+                let _ = reply.send(Err(StoreError::Failed(why.to_string())));
+            }
+            Op::Collect { reply, .. } => {
+                let _ = reply.send(Err(StoreError::Failed(why.to_string())));
+            }
             Op::Close { .. } => {}
         }
     }
+}
+
+/// The expiry stamped at the front of an idempotency record.
+fn record_expiry(value: &[u8]) -> u64 {
+    value
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_be_bytes)
 }

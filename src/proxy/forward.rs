@@ -1,5 +1,6 @@
-//! Forwarding to upstreams: one pooled client, absolute URIs, HTTP/1.1 to the upstream
-//! whatever the client spoke, hop-by-hop headers removed, bodies streamed both ways.
+//! Forwarding to upstreams: pooled clients (one shared by the http upstreams, one per https
+//! upstream), absolute URIs, HTTP/1.1 to the upstream whatever the client spoke, hop-by-hop
+//! headers removed, bodies streamed both ways.
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -14,6 +15,7 @@ use http::{Request, Response, Uri, Version};
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -21,13 +23,19 @@ use hyper_util::rt::TokioExecutor;
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
 use crate::proxy::{Body, BoxError};
+use crate::tls::UpstreamTls;
 
-pub type Client = HyperClient<HttpConnector, Body>;
+pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;
 
-pub fn client() -> Client {
+/// A pooled client. Plain-HTTP upstreams share one (`tls` = `None`) for the life of the
+/// process; each https upstream gets its own, built with the routing table from its TLS
+/// settings, so connections made under different CAs or client certificates never share a
+/// pool, and a reload's new settings apply to new connections.
+pub fn client(tls: Option<&UpstreamTls>) -> Client {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    let connector = crate::tls::connector(connector, tls);
     HyperClient::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(1024)
@@ -93,7 +101,7 @@ const FORWARDING: &[&str] = &[
 /// Forwarding headers are kept only from a trusted proxy. Answers the request and a flag
 /// that turns true if the body outgrew `max_body` on the way.
 pub fn upstream_request(
-    req: Request<Incoming>,
+    req: Request<Body>,
     upstream: &Upstream,
     peer: IpAddr,
     tls: bool,
@@ -141,14 +149,14 @@ pub fn upstream_request(
             tripped: tripped.clone(),
         }
         .boxed(),
-        None => body.map_err(|e| Box::new(e) as BoxError).boxed(),
+        None => body,
     };
     Ok((Request::from_parts(parts, body), tripped))
 }
 
 /// A request body that fails once it grows past a limit (for bodies without a length).
 struct LimitedBody {
-    inner: Incoming,
+    inner: Body,
     left: u64,
     tripped: Arc<AtomicBool>,
 }
@@ -174,7 +182,7 @@ impl http_body::Body for LimitedBody {
                 this.left -= len;
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }

@@ -1,8 +1,8 @@
 //! The proxy service: one request's way through, each stage one function.
 //!
 //! canonicalize → route → token and scope → gate (durable advance, drain, settle)
-//! → forward → response with `Fencing-Result`. Every refusal goes through
-//! [`problem::Outcome`], the one place that makes fencegate's own responses.
+//! → [idempotency record] → forward → response with `Fencing-Result`. Every refusal goes
+//! through [`problem::Outcome`], the one place that makes fencegate's own responses.
 
 pub mod forward;
 pub mod problem;
@@ -10,17 +10,18 @@ pub mod problem;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-
-use arc_swap::ArcSwap;
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, header};
+use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
 use crate::config::{Config, Route};
 use crate::fence::{Gates, InflightGuard, Refusal};
+use crate::idempotency::{self, Idempotency};
 use crate::metrics::{Metrics, RouteRow};
 use crate::route;
 use crate::token::Token;
@@ -42,37 +43,67 @@ const METHOD_OVERRIDES: &[&str] = &[
 pub struct Table {
     pub config: Arc<Config>,
     rows: Vec<Arc<RouteRow>>,
+    /// By upstream index: the own client of each https upstream (`None` for http ones,
+    /// which share the forwarder's). Rebuilt with the table, so new TLS files apply.
+    clients: Vec<Option<forward::Client>>,
+}
+
+impl Table {
+    /// Counts one request of route `route` under `result`.
+    pub fn count(&self, route: usize, result: &str) {
+        self.rows[route].count(result);
+    }
 }
 
 pub struct Proxy {
     table: ArcSwap<Table>,
     pub gates: Arc<Gates>,
     pub metrics: Arc<Metrics>,
-    client: forward::Client,
+    /// What forwarding needs; cloneable so an idempotent request can finish in a task of
+    /// its own when its client goes away.
+    forwarder: Forwarder,
+    idempotency: Idempotency,
 }
 
 /// Where a request stands after the checks: forward it, fenced or not.
-struct Plan {
-    route: usize,
+pub(crate) struct Plan {
+    pub(crate) route: usize,
     /// `Some` for fenced requests: the generation they hold at the gate.
-    guard: Option<InflightGuard>,
-    scope: Option<String>,
+    pub(crate) guard: Option<InflightGuard>,
+    pub(crate) scope: Option<String>,
+    pub(crate) token: Option<Token>,
+    /// The canonical (decoded) path, for idempotency fingerprints.
+    pub(crate) path: String,
 }
 
 impl Proxy {
     pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
         let table = Proxy::table(config, &metrics);
+        let idempotency = Idempotency::new(gates.store().clone());
         Proxy {
             table: ArcSwap::from_pointee(table),
             gates,
+            forwarder: Forwarder {
+                client: forward::client(None),
+                metrics: metrics.clone(),
+            },
             metrics,
-            client: forward::client(),
+            idempotency,
         }
     }
 
     fn table(config: Arc<Config>, metrics: &Metrics) -> Table {
         let rows = config.routes.iter().map(|r| metrics.row(&r.name)).collect();
-        Table { config, rows }
+        let clients = config
+            .upstreams
+            .iter()
+            .map(|u| u.tls.as_ref().map(|tls| forward::client(Some(tls))))
+            .collect();
+        Table {
+            config,
+            rows,
+            clients,
+        }
     }
 
     /// New routes and upstreams for every request that starts from now on; requests
@@ -86,6 +117,10 @@ impl Proxy {
         self.table.load().config.clone()
     }
 
+    pub fn idempotency(&self) -> &Idempotency {
+        &self.idempotency
+    }
+
     pub async fn handle(
         &self,
         req: Request<Incoming>,
@@ -93,16 +128,25 @@ impl Proxy {
         tls: bool,
     ) -> Response<Body> {
         let table = self.table.load_full();
-        match self.check(&table.config, &req).await {
+        let plan = match self.check(&table.config, &req).await {
+            Ok(plan) => plan,
             Err((route, outcome)) => {
                 match route {
                     Some(i) => table.rows[i].count(outcome.result()),
                     None => self.metrics.count_unrouted(outcome.result()),
                 }
-                outcome.into_response()
+                return outcome.into_response();
             }
-            Ok(plan) => self.forward(&table, req, plan, peer, tls).await,
+        };
+        let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
+        let route = &table.config.routes[plan.route];
+        if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
+            return self
+                .idempotency
+                .handle(&self.forwarder, table.clone(), req, plan, peer, tls)
+                .await;
         }
+        self.forwarder.forward(&table, req, plan, peer, tls).await
     }
 
     /// Everything before forwarding: refuse what is unsafe, admit what is fenced.
@@ -141,12 +185,15 @@ impl Proxy {
         {
             return Err(at(Outcome::PayloadTooLarge { limit }));
         }
+        let unfenced = || Plan {
+            route: idx,
+            guard: None,
+            scope: None,
+            token: None,
+            path: String::new(),
+        };
         if !route.fenced {
-            return Ok(Plan {
-                route: idx,
-                guard: None,
-                scope: None,
-            });
+            return Ok(unfenced());
         }
         refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
         let scope = route.scope.render(&caps);
@@ -156,13 +203,7 @@ impl Proxy {
                 return Err(at(Outcome::MissingToken { scope }));
             }
             // A safe method without a token is not fenced.
-            Ok(None) => {
-                return Ok(Plan {
-                    route: idx,
-                    guard: None,
-                    scope: None,
-                });
-            }
+            Ok(None) => return Ok(unfenced()),
             Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
         };
         check_scope_header(req, &scope).map_err(|_| {
@@ -176,6 +217,8 @@ impl Proxy {
             route: idx,
             guard: Some(admission.guard),
             scope: Some(scope),
+            token: Some(token),
+            path: segments.join("/"),
         })
     }
 
@@ -205,11 +248,20 @@ impl Proxy {
                 },
             })
     }
+}
 
-    async fn forward(
+/// The forwarding stage: the upstream client and what it reports to.
+#[derive(Clone)]
+pub(crate) struct Forwarder {
+    client: forward::Client,
+    metrics: Arc<Metrics>,
+}
+
+impl Forwarder {
+    pub(crate) async fn forward(
         &self,
         table: &Table,
-        req: Request<Incoming>,
+        req: Request<Body>,
         plan: Plan,
         peer: SocketAddr,
         tls: bool,
@@ -218,12 +270,17 @@ impl Proxy {
             route,
             mut guard,
             scope,
+            ..
         } = plan;
         let fenced = guard.is_some();
         let config = &table.config;
         let row = &table.rows[route];
         let max_body = config.routes[route].max_body;
-        let upstream = &config.upstreams[config.routes[route].upstream];
+        let upstream_index = config.routes[route].upstream;
+        let upstream = &config.upstreams[upstream_index];
+        let client = table.clients[upstream_index]
+            .as_ref()
+            .unwrap_or(&self.client);
         let fail = |outcome: Outcome| {
             row.count(outcome.result());
             outcome.into_response()
@@ -246,7 +303,7 @@ impl Proxy {
                 }
             };
         let started = Instant::now();
-        let result = tokio::time::timeout(upstream.timeout, self.client.request(out)).await;
+        let result = tokio::time::timeout(upstream.timeout, client.request(out)).await;
         self.metrics
             .upstream_seconds
             .observe_duration(started.elapsed());
@@ -294,6 +351,12 @@ impl Proxy {
                 detail: format!("no response within {:?}", upstream.timeout),
             }),
         }
+    }
+
+    /// Counts a refusal made after routing (the idempotency stage uses it).
+    pub(crate) fn refuse(&self, table: &Table, route: usize, outcome: Outcome) -> Response<Body> {
+        table.rows[route].count(outcome.result());
+        outcome.into_response()
     }
 }
 

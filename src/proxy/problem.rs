@@ -59,6 +59,22 @@ pub enum Outcome {
     PayloadTooLarge {
         limit: u64,
     },
+    /// The same Idempotency-Key is still in flight.
+    InProgress {
+        scope: String,
+        token: Token,
+    },
+    /// The same Idempotency-Key came with a different request.
+    KeyReused {
+        scope: String,
+        token: Token,
+    },
+    /// The first attempt with this key ended without a response: it may or may not
+    /// have been applied, and the route refuses to guess.
+    OutcomeUnknown {
+        scope: String,
+        token: Token,
+    },
 }
 
 impl Outcome {
@@ -76,6 +92,9 @@ impl Outcome {
             Outcome::UpstreamUnavailable { .. } => "upstream_unavailable",
             Outcome::UpstreamTimeout { .. } => "upstream_timeout",
             Outcome::PayloadTooLarge { .. } => "payload_too_large",
+            Outcome::InProgress { .. } => "in_progress",
+            Outcome::KeyReused { .. } => "key_reused",
+            Outcome::OutcomeUnknown { .. } => "outcome_unknown",
         }
     }
 
@@ -94,6 +113,8 @@ impl Outcome {
             Outcome::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
             Outcome::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Outcome::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Outcome::InProgress { .. } | Outcome::OutcomeUnknown { .. } => StatusCode::CONFLICT,
+            Outcome::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 
@@ -122,6 +143,13 @@ impl Outcome {
             Outcome::UpstreamUnavailable { detail, .. } => {
                 format!("The upstream could not be reached: {detail}")
             }
+            Outcome::InProgress { .. } => {
+                "A request with this Idempotency-Key is still in flight; retry later".into()
+            }
+            Outcome::KeyReused { .. } => {
+                "This Idempotency-Key was used for a different request".into()
+            }
+            Outcome::OutcomeUnknown { .. } => "The first attempt with this Idempotency-Key ended without a response; it may or may not have been applied. Check the resource, then retry with a new key".into(),
             Outcome::PayloadTooLarge { limit } => {
                 format!("The request body is larger than this route allows ({limit} bytes)")
             }
@@ -135,7 +163,7 @@ impl Outcome {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            Outcome::Draining { .. } => Some(1),
+            Outcome::Draining { .. } | Outcome::InProgress { .. } => Some(1),
             Outcome::Unavailable { .. } => Some(5),
             _ => None,
         }
@@ -159,9 +187,11 @@ impl Outcome {
                 token,
                 highest,
             } => (Some(scope), Some(token), *highest),
-            Outcome::ScopeMismatch { scope, token } | Outcome::Unavailable { scope, token } => {
-                (Some(scope), Some(token), None)
-            }
+            Outcome::ScopeMismatch { scope, token }
+            | Outcome::Unavailable { scope, token }
+            | Outcome::InProgress { scope, token }
+            | Outcome::KeyReused { scope, token }
+            | Outcome::OutcomeUnknown { scope, token } => (Some(scope), Some(token), None),
             Outcome::MissingToken { scope } | Outcome::InvalidToken { scope, .. } => {
                 (Some(scope), None, None)
             }

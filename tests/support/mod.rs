@@ -2,6 +2,7 @@
 //! port 0, and HTTP helpers (a pooled client and a raw-bytes client for malformed input).
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod nginx;
 
 use std::collections::HashMap;
@@ -222,6 +223,21 @@ path = "/posts/{id}"
 scope = "post/{id}"
 upstream = "u"
 methods = ["POST"]
+
+[[route]]
+name = "idem"
+path = "/idem/{k}"
+scope = "idem/{k}"
+upstream = "u"
+idempotency = "optional"
+
+[[route]]
+name = "idemreq"
+path = "/idemreq/{k}"
+scope = "idemreq/{k}"
+upstream = "u"
+idempotency = "required"
+idempotency_unknown = "forward"
 "#;
 
 /// A config for a proxy on port 0 in front of `upstream`, with the store in `dir`.
@@ -328,6 +344,21 @@ impl Client {
             .await
     }
 
+    /// A PUT that tolerates the server going away: `None` if no answer came.
+    pub async fn try_put(&self, path: &str, token: &str) -> Option<u16> {
+        let req = Request::builder()
+            .method("PUT")
+            .uri(format!("{}{path}", self.base))
+            .header("fencing-token", token)
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let resp = tokio::time::timeout(BOUND, self.inner.request(req))
+            .await
+            .ok()?
+            .ok()?;
+        Some(resp.status().as_u16())
+    }
+
     pub async fn get(&self, path: &str) -> Resp {
         self.send("GET", path, &[], "").await
     }
@@ -354,6 +385,14 @@ pub struct Proc {
     pub child: Child,
     pub proxy: std::net::SocketAddr,
     pub admin: std::net::SocketAddr,
+}
+
+/// A test that fails midway must not leave the server running.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 pub fn free_port() -> u16 {

@@ -1,0 +1,429 @@
+//! The authority's HTTP API (SPEC §8): JSON in, JSON out. Requests are validated here,
+//! before any backend sees them; every answer is made by [`answer`], so statuses and
+//! bodies stay the same whichever backend decided.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use percent_encoding::percent_decode_str;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::{AcquireRequest, Engine, LockStatus, MAX_WAIT, Outcome};
+use crate::proxy::Body;
+use crate::token::Token;
+
+const MAX_BODY: usize = 16 * 1024;
+/// Scopes and holders are names, not payloads.
+const MAX_NAME: usize = 1024;
+/// How long shutdown waits for in-flight calls (waiting acquires answer at once on stop).
+const GRACE: Duration = Duration::from_secs(10);
+
+/// The accept loop; on stop, closes the listener and lets in-flight calls finish.
+pub(super) async fn serve(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    max_ttl: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "authority accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let engine = engine.clone();
+        let stop = stop.clone();
+        let svc = service_fn(move |req| {
+            let engine = engine.clone();
+            let stop = stop.clone();
+            async move { Ok::<_, Infallible>(handle(&engine, max_ttl, req, stop).await) }
+        });
+        let conn = graceful.watch(
+            builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "authority connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(GRACE, graceful.shutdown()).await;
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAcquire {
+    scope: Option<String>,
+    holder: Option<String>,
+    ttl_ms: Option<i64>,
+    wait_ms: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    scope: Option<String>,
+    lease_id: Option<String>,
+    token: Option<String>,
+    ttl_ms: Option<i64>,
+}
+
+/// A refusal of the request itself: 400 problem+json.
+struct BadRequest(String);
+
+pub(super) async fn handle(
+    engine: &Engine,
+    max_ttl: Duration,
+    req: Request<Incoming>,
+    stop: watch::Receiver<bool>,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let allowed = match path.as_str() {
+        "/v1/locks/acquire" | "/v1/locks/renew" | "/v1/locks/release" => "POST",
+        "/v1/locks" => "GET",
+        _ => {
+            return problem(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "No such call",
+                json_map(),
+            );
+        }
+    };
+    if method.as_str() != allowed {
+        let mut r = problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            &format!("{path} answers {allowed} only"),
+            json_map(),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allowed));
+        return r;
+    }
+    let result = match path.as_str() {
+        "/v1/locks" => match query_param(req.uri().query(), "scope") {
+            Some(scope) if !scope.is_empty() => match engine.status(&scope).await {
+                Ok(status) => return status_json(&status),
+                Err(detail) => Ok(Outcome::Unavailable {
+                    retry_after: Duration::from_secs(1),
+                    detail,
+                }),
+            },
+            _ => Err(BadRequest("the query needs scope=S".into())),
+        },
+        "/v1/locks/acquire" => match read_json::<RawAcquire>(req).await {
+            Ok(raw) => match acquire_request(raw, max_ttl) {
+                Ok(a) => {
+                    let outcome = engine.acquire(&a, stop).await;
+                    tracing::debug!(scope = %a.scope, holder = %a.holder, ?outcome, "acquire");
+                    Ok(outcome)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        },
+        renew_or_release => {
+            let renew = renew_or_release == "/v1/locks/renew";
+            match read_json::<RawLease>(req)
+                .await
+                .and_then(|raw| lease_call(raw, renew, max_ttl))
+            {
+                Ok((scope, lease_id, token, Some(ttl))) => {
+                    Ok(engine.renew(&scope, &lease_id, token, ttl).await)
+                }
+                Ok((scope, lease_id, token, None)) => {
+                    Ok(engine.release(&scope, &lease_id, token).await)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match result {
+        Ok(outcome) => answer(outcome),
+        Err(BadRequest(detail)) => problem(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("Bad request: {detail}"),
+            json_map(),
+        ),
+    }
+}
+
+fn name(value: Option<String>, what: &str) -> Result<String, BadRequest> {
+    match value {
+        None => Err(BadRequest(format!("`{what}` is missing"))),
+        Some(s) if s.is_empty() => Err(BadRequest(format!("`{what}` is empty"))),
+        Some(s) if s.len() > MAX_NAME => Err(BadRequest(format!(
+            "`{what}` is longer than {MAX_NAME} bytes"
+        ))),
+        Some(s) if s.chars().any(char::is_control) => {
+            Err(BadRequest(format!("`{what}` contains a control character")))
+        }
+        Some(s) => Ok(s),
+    }
+}
+
+fn ttl(value: Option<i64>, max_ttl: Duration) -> Result<Duration, BadRequest> {
+    match value {
+        None => Err(BadRequest("`ttl_ms` is missing".into())),
+        Some(ms) if ms <= 0 => Err(BadRequest("`ttl_ms` must be greater than 0".into())),
+        Some(ms) => {
+            let ttl = Duration::from_millis(ms.unsigned_abs());
+            if ttl > max_ttl {
+                Err(BadRequest(format!(
+                    "`ttl_ms` {ms} is above max_ttl ({} ms)",
+                    max_ttl.as_millis()
+                )))
+            } else {
+                Ok(ttl)
+            }
+        }
+    }
+}
+
+fn acquire_request(raw: RawAcquire, max_ttl: Duration) -> Result<AcquireRequest, BadRequest> {
+    let scope = name(raw.scope, "scope")?;
+    let holder = name(raw.holder, "holder")?;
+    let ttl = ttl(raw.ttl_ms, max_ttl)?;
+    let wait = match raw.wait_ms {
+        None => Duration::ZERO,
+        Some(ms) if ms < 0 => return Err(BadRequest("`wait_ms` must not be negative".into())),
+        Some(ms) => {
+            let wait = Duration::from_millis(ms.unsigned_abs());
+            if wait > MAX_WAIT {
+                return Err(BadRequest(format!(
+                    "`wait_ms` is above {} ms",
+                    MAX_WAIT.as_millis()
+                )));
+            }
+            wait
+        }
+    };
+    Ok(AcquireRequest {
+        scope,
+        holder,
+        ttl,
+        wait,
+    })
+}
+
+/// (scope, lease_id, token, ttl for renew / None for release)
+fn lease_call(
+    raw: RawLease,
+    renew: bool,
+    max_ttl: Duration,
+) -> Result<(String, String, Token, Option<Duration>), BadRequest> {
+    let scope = name(raw.scope, "scope")?;
+    let lease_id = name(raw.lease_id, "lease_id")?;
+    let token = match raw.token {
+        None => return Err(BadRequest("`token` is missing".into())),
+        Some(t) => t
+            .parse::<Token>()
+            .map_err(|e| BadRequest(format!("`token` is malformed: {e}")))?,
+    };
+    let ttl = match (renew, raw.ttl_ms) {
+        (true, v) => Some(ttl(v, max_ttl)?),
+        (false, None) => None,
+        (false, Some(_)) => return Err(BadRequest("release takes no `ttl_ms`".into())),
+    };
+    Ok((scope, lease_id, token, ttl))
+}
+
+async fn read_json<T: for<'de> Deserialize<'de>>(req: Request<Incoming>) -> Result<T, BadRequest> {
+    let body = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|_| BadRequest(format!("body unreadable or above {MAX_BODY} bytes")))?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|e| BadRequest(format!("malformed JSON: {e}")))
+}
+
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| {
+            percent_decode_str(&v.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
+}
+
+fn json_map() -> serde_json::Map<String, serde_json::Value> {
+    serde_json::Map::new()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed());
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn problem(
+    status: StatusCode,
+    result: &str,
+    title: &str,
+    mut fields: serde_json::Map<String, serde_json::Value>,
+) -> Response<Body> {
+    fields.insert(
+        "type".into(),
+        format!("urn:fencegate:authority:{result}").into(),
+    );
+    fields.insert("title".into(), title.into());
+    fields.insert("status".into(), status.as_u16().into());
+    fields.insert("result".into(), result.into());
+    respond(
+        status,
+        "application/problem+json",
+        serde_json::Value::Object(fields).to_string(),
+    )
+}
+
+fn with_retry_after(mut r: Response<Body>, after: Duration) -> Response<Body> {
+    // Whole seconds, rounded up: never invite a retry before the scope can be free.
+    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    r
+}
+
+/// The one place that turns a decision into a response.
+fn answer(outcome: Outcome) -> Response<Body> {
+    use serde_json::json;
+    match outcome {
+        Outcome::Acquired(g) => respond(
+            StatusCode::OK,
+            "application/json",
+            json!({
+                "result": "acquired",
+                "scope": g.scope,
+                "lease_id": g.lease_id,
+                "token": g.token.to_string(),
+                "ttl_ms": millis(g.ttl),
+            })
+            .to_string(),
+        ),
+        Outcome::Renewed { ttl } => respond(
+            StatusCode::OK,
+            "application/json",
+            json!({"result": "renewed", "ttl_ms": millis(ttl)}).to_string(),
+        ),
+        Outcome::Released => respond(
+            StatusCode::OK,
+            "application/json",
+            json!({"result": "released"}).to_string(),
+        ),
+        Outcome::Busy {
+            holder,
+            retry_after,
+        } => {
+            let mut f = json_map();
+            f.insert("holder".into(), holder.into());
+            f.insert("retry_after_ms".into(), millis(retry_after).into());
+            with_retry_after(
+                problem(
+                    StatusCode::CONFLICT,
+                    "busy",
+                    "The scope is held, or may still be held; retry later",
+                    f,
+                ),
+                retry_after,
+            )
+        }
+        Outcome::Lost => problem(
+            StatusCode::CONFLICT,
+            "lost",
+            "Not the current lease (expired, superseded or unknown); nothing changed",
+            json_map(),
+        ),
+        Outcome::Unavailable {
+            retry_after,
+            detail,
+        } => {
+            let mut f = json_map();
+            f.insert("retry_after_ms".into(), millis(retry_after).into());
+            f.insert("detail".into(), detail.into());
+            with_retry_after(
+                problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "The authority could not decide; retry later",
+                    f,
+                ),
+                retry_after,
+            )
+        }
+    }
+}
+
+fn status_json(s: &LockStatus) -> Response<Body> {
+    respond(
+        StatusCode::OK,
+        "application/json",
+        serde_json::json!({
+            "scope": s.scope,
+            "holder": s.holder,
+            "lease_id": s.lease_id,
+            "token": s.token.map(|t| t.to_string()),
+            "ttl_ms": s.remaining.map(millis),
+            "last_issued": s.last_issued.map(|t| t.to_string()),
+        })
+        .to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_scope_is_percent_decoded() {
+        assert_eq!(
+            query_param(Some("scope=report%2Fjuly"), "scope").as_deref(),
+            Some("report/july")
+        );
+        assert_eq!(query_param(Some("x=1"), "scope"), None);
+    }
+
+    #[test]
+    fn ttl_bounds() {
+        let max = Duration::from_secs(60);
+        assert!(ttl(Some(0), max).is_err());
+        assert!(ttl(Some(-5), max).is_err());
+        assert!(ttl(Some(60_001), max).is_err());
+        assert!(ttl(None, max).is_err());
+        assert_eq!(ttl(Some(60_000), max).ok(), Some(max));
+    }
+}

@@ -1,0 +1,348 @@
+//! The `etcd` backend: the same API over an etcd cluster, so several authority instances
+//! can serve one cluster side by side (each is stateless).
+//!
+//! One etcd lease per grant. The lock key `/fencegate/locks/<scope>` is created, attached
+//! to that lease, in a transaction that fails while the key exists; the token is the
+//! key's create revision, which etcd makes unique and increasing across the cluster, so
+//! every grant outranks every earlier one, whichever instance made it. Expiry is etcd's:
+//! when the lease runs out, etcd deletes the key. `lock_delay` is a second key on a second
+//! lease that outlives the first by `lock_delay`: an expiry leaves it behind for that long
+//! (no clocks compared), a release deletes both.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{AcquireRequest, AuthorityConfig, Grant, LockStatus, Outcome};
+use crate::token::Token;
+
+const LOCKS: &str = "/fencegate/locks/";
+const DELAYS: &str = "/fencegate/delay/";
+/// How often a waiting acquire looks again (bounded by the holder's remaining ttl).
+const POLL: Duration = Duration::from_millis(50);
+const RETRY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+#[error("etcd: {0}")]
+pub struct EtcdError(String);
+
+pub struct Etcd {
+    client: Client,
+    lock_delay: Duration,
+}
+
+/// What the lock key holds besides its lease: who, and the lock_delay lease (0: none).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Holding {
+    holder: String,
+    delay_lease: i64,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Outcome {
+    Outcome::Unavailable {
+        retry_after: RETRY,
+        detail: format!("etcd: {e}"),
+    }
+}
+
+/// Whole seconds, rounded up: etcd holds a lease at least as long as it was asked for.
+fn seconds(d: Duration) -> i64 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i64::try_from(s.max(1)).unwrap_or(i64::MAX)
+}
+
+fn token_of(revision: i64) -> Option<Token> {
+    u64::try_from(revision).ok().map(|r| Token::new(0, r))
+}
+
+/// etcd answers a keep-alive of a revoked or expired lease with this error (ErrLeaseNotFound).
+fn lease_not_found(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("lease not found")
+}
+
+fn lock_key(scope: &str) -> String {
+    format!("{LOCKS}{scope}")
+}
+
+fn delay_key(scope: &str) -> String {
+    format!("{DELAYS}{scope}")
+}
+
+impl Etcd {
+    pub async fn connect(
+        endpoints: &[String],
+        config: &AuthorityConfig,
+    ) -> Result<Etcd, EtcdError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(5))
+            // A member cut off from the leader refuses instead of answering stale data.
+            .with_require_leader(true);
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| EtcdError(e.to_string()))?;
+        Ok(Etcd {
+            client,
+            lock_delay: config.lock_delay,
+        })
+    }
+
+    pub async fn acquire(&self, req: &AcquireRequest, stop: watch::Receiver<bool>) -> Outcome {
+        let until = Instant::now() + req.wait;
+        loop {
+            let outcome = self.try_acquire(req).await;
+            let retry_after = match &outcome {
+                Outcome::Busy { retry_after, .. } | Outcome::Unavailable { retry_after, .. } => {
+                    *retry_after
+                }
+                _ => return outcome,
+            };
+            let now = Instant::now();
+            if now >= until || *stop.borrow() {
+                return outcome;
+            }
+            let wake = (now + retry_after.min(POLL)).min(until);
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Outcome {
+        let mut c = self.client.clone();
+        let lease = match c.lease_grant(seconds(req.ttl), None).await {
+            Ok(l) => l.id(),
+            Err(e) => return unavailable(e),
+        };
+        let delay_lease = if self.lock_delay.is_zero() {
+            0
+        } else {
+            match c
+                .lease_grant(seconds(req.ttl + self.lock_delay), None)
+                .await
+            {
+                Ok(l) => l.id(),
+                Err(e) => {
+                    self.revoke(&[lease]).await;
+                    return unavailable(e);
+                }
+            }
+        };
+        let value = serde_json::json!({"holder": req.holder, "delay_lease": delay_lease});
+        let (key, delay) = (lock_key(&req.scope), delay_key(&req.scope));
+        let mut puts = vec![TxnOp::put(
+            key.as_str(),
+            value.to_string(),
+            Some(PutOptions::new().with_lease(lease)),
+        )];
+        if delay_lease != 0 {
+            puts.push(TxnOp::put(
+                delay.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(delay_lease)),
+            ));
+        }
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                Compare::create_revision(delay.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then(puts)
+            .or_else([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(delay.as_str(), None),
+            ]);
+        let resp = match c.txn(txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The transaction may have applied: revoking frees the key again.
+                self.revoke(&[lease, delay_lease]).await;
+                return unavailable(e);
+            }
+        };
+        if resp.succeeded() {
+            // One put in one transaction: the key's create revision is the header's.
+            let Some(token) = resp.header().and_then(|h| token_of(h.revision())) else {
+                self.revoke(&[lease, delay_lease]).await;
+                return unavailable("transaction answer without a revision");
+            };
+            return Outcome::Acquired(Grant {
+                scope: req.scope.clone(),
+                lease_id: format!("{lease:x}"),
+                token,
+                ttl: req.ttl,
+            });
+        }
+        self.revoke(&[lease, delay_lease]).await;
+        let mut holder = None;
+        let mut held_by = 0;
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(g) = op
+                && let Some(kv) = g.kvs().first()
+                && kv.key() == key.as_bytes()
+            {
+                held_by = kv.lease();
+                holder = serde_json::from_slice::<Holding>(kv.value())
+                    .ok()
+                    .map(|h| h.holder);
+            }
+        }
+        let retry_after = if held_by == 0 {
+            // Only the lock_delay key is left: an expiry happened recently.
+            self.lock_delay.max(POLL)
+        } else {
+            self.remaining(held_by).await.unwrap_or(RETRY).max(POLL)
+        };
+        Outcome::Busy {
+            holder,
+            retry_after,
+        }
+    }
+
+    async fn remaining(&self, lease: i64) -> Option<Duration> {
+        let mut c = self.client.clone();
+        let ttl = c.lease_time_to_live(lease, None).await.ok()?.ttl();
+        // "expires in under ttl + 1 seconds"
+        u64::try_from(ttl)
+            .ok()
+            .map(|s| Duration::from_secs(s.saturating_add(1)))
+    }
+
+    async fn revoke(&self, leases: &[i64]) {
+        let mut c = self.client.clone();
+        for &id in leases.iter().filter(|id| **id != 0) {
+            if let Err(e) = c.lease_revoke(id).await {
+                tracing::debug!(lease = id, error = %e, "lease revoke failed; it expires by itself");
+            }
+        }
+    }
+
+    /// Keeps one lease alive once; answers its new ttl (None: expired or unknown).
+    async fn keep_alive_once(&self, lease: i64) -> Result<Option<Duration>, etcd_client::Error> {
+        let mut c = self.client.clone();
+        let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+        keeper.keep_alive().await?;
+        let ttl = match stream.message().await? {
+            Some(r) if r.ttl() > 0 => u64::try_from(r.ttl()).ok().map(Duration::from_secs),
+            _ => None,
+        };
+        Ok(ttl)
+    }
+
+    /// The lock key, if it belongs to exactly (lease, token): its holding.
+    async fn current(
+        &self,
+        scope: &str,
+        lease: i64,
+        token: Token,
+    ) -> Result<Option<Holding>, etcd_client::Error> {
+        let mut c = self.client.clone();
+        let resp = c.get(lock_key(scope), None).await?;
+        Ok(resp.kvs().first().and_then(|kv| {
+            (kv.lease() == lease && token_of(kv.create_revision()) == Some(token))
+                .then(|| serde_json::from_slice::<Holding>(kv.value()).ok())
+                .flatten()
+        }))
+    }
+
+    pub async fn renew(&self, scope: &str, lease_id: &str, token: Token, ttl: Duration) -> Outcome {
+        let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
+            return Outcome::Lost;
+        };
+        // Keep the lease alive first, then check the key: if the key is still ours after a
+        // successful keep-alive, the lease was live and the key with it.
+        let granted = match self.keep_alive_once(lease).await {
+            Ok(Some(granted)) => granted,
+            Ok(None) => return Outcome::Lost,
+            Err(e) if lease_not_found(&e) => return Outcome::Lost,
+            Err(e) => return unavailable(e),
+        };
+        match self.current(scope, lease, token).await {
+            Ok(Some(holding)) => {
+                if holding.delay_lease != 0 {
+                    match self.keep_alive_once(holding.delay_lease).await {
+                        Ok(Some(_)) => {}
+                        // The delay lease outlives the lock lease; losing it first means
+                        // something else revoked it: do not extend a lock without its delay.
+                        Ok(None) => return Outcome::Lost,
+                        Err(e) if lease_not_found(&e) => return Outcome::Lost,
+                        Err(e) => return unavailable(e),
+                    }
+                }
+                Outcome::Renewed {
+                    ttl: ttl.min(granted),
+                }
+            }
+            Ok(None) => Outcome::Lost,
+            Err(e) => unavailable(e),
+        }
+    }
+
+    pub async fn release(&self, scope: &str, lease_id: &str, token: Token) -> Outcome {
+        let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
+            return Outcome::Lost;
+        };
+        let Ok(revision) = i64::try_from(token.counter) else {
+            return Outcome::Lost;
+        };
+        if token.epoch != 0 {
+            return Outcome::Lost;
+        }
+        let holding = match self.current(scope, lease, token).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return Outcome::Lost,
+            Err(e) => return unavailable(e),
+        };
+        let key = lock_key(scope);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
+                Compare::lease(key.as_str(), CompareOp::Equal, lease),
+            ])
+            .and_then([
+                TxnOp::delete(key.as_str(), None),
+                TxnOp::delete(delay_key(scope), None),
+            ]);
+        let mut c = self.client.clone();
+        match c.txn(txn).await {
+            Ok(r) if r.succeeded() => {
+                self.revoke(&[lease, holding.delay_lease]).await;
+                Outcome::Released
+            }
+            Ok(_) => Outcome::Lost,
+            Err(e) => unavailable(e),
+        }
+    }
+
+    pub async fn status(&self, scope: &str) -> Result<LockStatus, String> {
+        let mut c = self.client.clone();
+        let resp = c
+            .get(lock_key(scope), Some(GetOptions::new()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(LockStatus {
+                scope: scope.to_string(),
+                holder: None,
+                lease_id: None,
+                token: None,
+                remaining: None,
+                // The cluster keeps no per-scope history once the key is gone; every
+                // later grant outranks every earlier one anyway (cluster revisions).
+                last_issued: None,
+            });
+        };
+        let holding = serde_json::from_slice::<Holding>(kv.value()).ok();
+        let token = token_of(kv.create_revision());
+        Ok(LockStatus {
+            scope: scope.to_string(),
+            holder: holding.map(|h| h.holder),
+            lease_id: Some(format!("{:x}", kv.lease())),
+            token,
+            remaining: self.remaining(kv.lease()).await,
+            last_issued: token,
+        })
+    }
+}

@@ -1,0 +1,286 @@
+//! Fenced requests through the proxy: every request carries `Fencing-Token` and
+//! `Fencing-Scope`, and every answer is read from `Fencing-Result` into a [`FenceResult`]
+//! that says what the caller may do next.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use super::{BadUrl, ClientOptions, Http, base_url, http_client, retry_after};
+use crate::token::Token;
+
+/// What a request is fenced with: the scope of the lock and its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub scope: String,
+    pub token: Token,
+}
+
+/// The outcome of one fenced request.
+#[derive(Debug, Clone)]
+pub enum FenceResult {
+    /// Passed the fence and was forwarded; `status` is the backend's.
+    Applied {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    },
+    /// A replay of a completed request with the same Idempotency-Key: done already.
+    Duplicate {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    },
+    /// Definitive: a newer lock generation reached the scope. Stop, discard the work,
+    /// re-acquire; never retry with this token.
+    StaleFence { highest_accepted: Option<Token> },
+    /// Not applied; retry later with the same token (`draining`, `unavailable`,
+    /// `upstream_unavailable`, `in_progress`, or the proxy could not be reached).
+    Transient {
+        result: String,
+        retry_after: Option<Duration>,
+    },
+    /// May or may not have been applied (`upstream_timeout`, or the connection broke after
+    /// the request was sent). Find out before acting on it.
+    Unknown { detail: String },
+}
+
+/// Answers that say the request was wrong, or did not meet a fence at all.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FencedError {
+    /// fencegate refused the request itself (`missing_token`, `invalid_token`,
+    /// `scope_mismatch`, `invalid_path`, `invalid_request`, `no_route`, `key_reused`):
+    /// a bug in the caller or its configuration.
+    #[error("refused by fencegate ({status} {result}): {title}")]
+    Refused {
+        status: u16,
+        result: String,
+        title: String,
+    },
+    /// The answer has no `Fencing-Result`: the request was not fenced (an unfenced route,
+    /// or not fencegate at all). Nothing protected it.
+    #[error("the answer ({status}) carries no Fencing-Result: the request was not fenced")]
+    NotFenced { status: u16 },
+    #[error("cannot build the request: {0}")]
+    Request(String),
+}
+
+/// An HTTP client for a fencegate proxy.
+#[derive(Clone)]
+pub struct FencedHttp {
+    http: Http,
+    base: String,
+    options: ClientOptions,
+}
+
+impl FencedHttp {
+    /// `base` is `http://host:port` of the proxy.
+    pub fn new(base: &str) -> Result<FencedHttp, BadUrl> {
+        FencedHttp::with_options(base, ClientOptions::default())
+    }
+
+    pub fn with_options(base: &str, options: ClientOptions) -> Result<FencedHttp, BadUrl> {
+        Ok(FencedHttp {
+            http: http_client(),
+            base: base_url(base)?,
+            options,
+        })
+    }
+
+    /// Sends `method path` with the fence's token and scope, plus `headers`.
+    pub async fn send(
+        &self,
+        fence: &Fence,
+        method: Method,
+        path_and_query: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<FenceResult, FencedError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path_and_query}", self.base))
+            .body(Full::new(body))
+            .map_err(|e| FencedError::Request(e.to_string()))?;
+        let h = req.headers_mut();
+        h.extend(headers);
+        let token = HeaderValue::from_str(&fence.token.to_string())
+            .map_err(|e| FencedError::Request(e.to_string()))?;
+        let scope = HeaderValue::from_str(&fence.scope)
+            .map_err(|e| FencedError::Request(format!("scope is not a header value: {e}")))?;
+        h.insert(self.options.token_header.clone(), token);
+        h.insert("fencing-scope", scope);
+        let timeout = self.options.request_timeout;
+        let exchange = async {
+            let resp = self.http.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    FenceResult::Transient {
+                        result: "connect_failed".into(),
+                        retry_after: None,
+                    }
+                } else {
+                    FenceResult::Unknown {
+                        detail: e.to_string(),
+                    }
+                }
+            })?;
+            let status = resp.status();
+            let headers = resp.headers().clone();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| FenceResult::Unknown {
+                    detail: format!("answer body broke off: {e}"),
+                })?
+                .to_bytes();
+            Ok((status, headers, body))
+        };
+        let (status, headers, body) = match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(result)) => return Ok(result),
+            Err(_) => {
+                return Ok(FenceResult::Unknown {
+                    detail: format!("no answer within {timeout:?}"),
+                });
+            }
+        };
+        classify(status, headers, body)
+    }
+
+    pub async fn get(&self, fence: &Fence, path: &str) -> Result<FenceResult, FencedError> {
+        self.send(fence, Method::GET, path, HeaderMap::new(), Bytes::new())
+            .await
+    }
+
+    pub async fn put(
+        &self,
+        fence: &Fence,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> Result<FenceResult, FencedError> {
+        self.send(fence, Method::PUT, path, HeaderMap::new(), body.into())
+            .await
+    }
+
+    pub async fn delete(&self, fence: &Fence, path: &str) -> Result<FenceResult, FencedError> {
+        self.send(fence, Method::DELETE, path, HeaderMap::new(), Bytes::new())
+            .await
+    }
+}
+
+/// Reads `Fencing-Result` (SPEC §4) into what the caller may do next.
+fn classify(
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<FenceResult, FencedError> {
+    let Some(result) = headers
+        .get("fencing-result")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        return Err(FencedError::NotFenced {
+            status: status.as_u16(),
+        });
+    };
+    let problem = || serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+    Ok(match result.as_str() {
+        "accepted" => FenceResult::Applied {
+            status,
+            headers,
+            body,
+        },
+        "duplicate" => FenceResult::Duplicate {
+            status,
+            headers,
+            body,
+        },
+        "stale_fence" => FenceResult::StaleFence {
+            highest_accepted: problem()
+                .get("highest_accepted")
+                .and_then(|v| v.as_str())
+                .and_then(|t| t.parse().ok()),
+        },
+        "draining" | "unavailable" | "upstream_unavailable" | "in_progress" => {
+            FenceResult::Transient {
+                retry_after: retry_after(&headers),
+                result,
+            }
+        }
+        "upstream_timeout" => FenceResult::Unknown {
+            detail: "upstream_timeout".into(),
+        },
+        _ => {
+            return Err(FencedError::Refused {
+                status: status.as_u16(),
+                title: problem()
+                    .get("title")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string(),
+                result,
+            });
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_result(result: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("fencing-result", HeaderValue::from_str(result).unwrap());
+        h
+    }
+
+    #[test]
+    fn results_are_typed() {
+        let stale = classify(
+            StatusCode::CONFLICT,
+            with_result("stale_fence"),
+            Bytes::from_static(br#"{"highest_accepted":"1:7"}"#),
+        )
+        .unwrap();
+        assert!(matches!(
+            stale,
+            FenceResult::StaleFence { highest_accepted: Some(t) } if t == Token::new(1, 7)
+        ));
+        let mut draining = with_result("draining");
+        draining.insert("retry-after", HeaderValue::from_static("1"));
+        assert!(matches!(
+            classify(StatusCode::SERVICE_UNAVAILABLE, draining, Bytes::new()).unwrap(),
+            FenceResult::Transient { retry_after: Some(d), .. } if d == Duration::from_secs(1)
+        ));
+        assert!(matches!(
+            classify(
+                StatusCode::GATEWAY_TIMEOUT,
+                with_result("upstream_timeout"),
+                Bytes::new()
+            )
+            .unwrap(),
+            FenceResult::Unknown { .. }
+        ));
+        assert!(matches!(
+            classify(StatusCode::CREATED, with_result("accepted"), Bytes::new()).unwrap(),
+            FenceResult::Applied {
+                status: StatusCode::CREATED,
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(
+                StatusCode::PRECONDITION_REQUIRED,
+                with_result("missing_token"),
+                Bytes::new()
+            ),
+            Err(FencedError::Refused { status: 428, .. })
+        ));
+        assert!(matches!(
+            classify(StatusCode::OK, HeaderMap::new(), Bytes::new()),
+            Err(FencedError::NotFenced { status: 200 })
+        ));
+    }
+}

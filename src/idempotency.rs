@@ -1,0 +1,491 @@
+//! Idempotency-Key at the proxy (IETF httpapi-idempotency-key-header), per scope.
+//!
+//! Fencing orders ownership generations; idempotency tells attempts within one generation
+//! apart. A fenced request with a key is fenced first; then (scope, key) is claimed durably
+//! with a fingerprint of the request before it is forwarded; the upstream's response is
+//! stored when it completes and replayed to retries without reaching the upstream.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::fence::MarkStore;
+use crate::proxy::{Body, BoxError, FENCING_RESULT, Forwarder, Outcome, Plan, Table};
+
+/// Route option `idempotency`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Off,
+    /// A key is honoured when present.
+    Optional,
+    /// Fenced methods without a key are refused (400).
+    Required,
+}
+
+/// Route option `idempotency_unknown`: a retry whose first attempt ended without a
+/// response (timeout, reset, crash) may or may not repeat an applied change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnknown {
+    /// Answer 409 `outcome_unknown`: the client checks the resource, then decides.
+    Refuse,
+    /// Forward again: for upstreams whose operations are naturally idempotent.
+    Forward,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum State {
+    InFlight,
+    /// Sent; no response came back. The upstream may or may not have applied it.
+    Unknown,
+    /// Provably not applied (never reached the upstream): a retry may claim the key.
+    Released,
+    Completed {
+        status: u16,
+        headers: Vec<(String, Vec<u8>)>,
+        /// False when the body was larger than `max_response_body`.
+        body_stored: bool,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Meta {
+    fingerprint: String,
+    state: State,
+    /// Which process run claimed it: an in-flight record of an earlier run is unknown.
+    boot: u64,
+}
+
+/// Record layout: expiry (8 bytes, big-endian unix seconds) · JSON length (4) · JSON · body.
+fn encode(expires: u64, meta: &Meta, body: &[u8]) -> Vec<u8> {
+    let json = serde_json::to_vec(meta).unwrap_or_default();
+    let mut v = Vec::with_capacity(12 + json.len() + body.len());
+    v.extend_from_slice(&expires.to_be_bytes());
+    v.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    v.extend_from_slice(&json);
+    v.extend_from_slice(body);
+    v
+}
+
+fn decode(v: &[u8]) -> Option<(Meta, &[u8])> {
+    let len = u32::from_be_bytes(v.get(8..12)?.try_into().ok()?) as usize;
+    let json = v.get(12..12 + len)?;
+    let body = v.get(12 + len..)?;
+    Some((serde_json::from_slice(json).ok()?, body))
+}
+
+/// Parses an `Idempotency-Key` value: a structured-field string (`"..."`), 1–255
+/// printable ASCII characters.
+pub fn parse_key(raw: &HeaderValue) -> Result<String, String> {
+    let bad = || {
+        "Idempotency-Key must be a quoted string of printable ASCII, e.g. \"8e03978e-40d5\""
+            .to_string()
+    };
+    let s = raw.to_str().map_err(|_| bad())?;
+    let inner = s
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .ok_or_else(bad)?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('"' | '\\')) => out.push(e),
+                _ => return Err(bad()),
+            },
+            '"' => return Err(bad()),
+            ' '..='~' => out.push(c),
+            _ => return Err(bad()),
+        }
+    }
+    if out.is_empty() || out.len() > 255 {
+        return Err("Idempotency-Key must have 1 to 255 characters".into());
+    }
+    Ok(out)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub struct Idempotency {
+    store: MarkStore,
+    boot: u64,
+}
+
+impl Idempotency {
+    pub fn new(store: MarkStore) -> Idempotency {
+        use std::hash::BuildHasher;
+        let boot = std::collections::hash_map::RandomState::new().hash_one(SystemTime::now());
+        Idempotency { store, boot }
+    }
+
+    /// Deletes expired records in bounded batches; answers how many went.
+    pub async fn collect(&self) -> usize {
+        const BATCH: usize = 1000;
+        let mut total = 0;
+        for _ in 0..100 {
+            match self.store.collect_records(now_secs(), BATCH).await {
+                Ok(n) => {
+                    total += n;
+                    if n < BATCH {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        total
+    }
+
+    /// A fenced, admitted request on a route with idempotency on.
+    pub(crate) async fn handle(
+        &self,
+        fwd: &Forwarder,
+        table: Arc<Table>,
+        req: Request<Body>,
+        mut plan: Plan,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Response<Body> {
+        let route_idx = plan.route;
+        let route = &table.config.routes[route_idx];
+        let settings = &table.config.idempotency;
+        let scope = plan.scope.clone().unwrap_or_default();
+        let token = plan.token.unwrap_or(crate::token::Token::new(0, 0));
+        let refuse = |plan: &mut Plan, outcome: Outcome| {
+            // Nothing was forwarded under this admission.
+            if let Some(g) = plan.guard.as_mut() {
+                g.complete();
+            }
+            fwd.refuse(&table, route_idx, outcome)
+        };
+        let mut keys = req.headers().get_all("idempotency-key").iter();
+        let key = match (keys.next(), keys.next()) {
+            (None, _) => {
+                if route.idempotency == Mode::Required && route.fences_method(req.method()) {
+                    return refuse(
+                        &mut plan,
+                        Outcome::InvalidRequest {
+                            detail: "this route requires an Idempotency-Key header".into(),
+                        },
+                    );
+                }
+                return fwd.forward(&table, req, plan, peer, tls).await;
+            }
+            (Some(_), Some(_)) => {
+                return refuse(
+                    &mut plan,
+                    Outcome::InvalidRequest {
+                        detail: "more than one Idempotency-Key header".into(),
+                    },
+                );
+            }
+            (Some(v), None) => match parse_key(v) {
+                Ok(k) => k,
+                Err(detail) => return refuse(&mut plan, Outcome::InvalidRequest { detail }),
+            },
+        };
+
+        // The fingerprint covers the body, so the body is read before anything is recorded.
+        let (parts, body) = req.into_parts();
+        let limit = settings.max_request_body;
+        let body = match read_up_to(body, limit).await {
+            Ok((bytes, None)) => bytes,
+            Ok((_, Some(_))) => return refuse(&mut plan, Outcome::PayloadTooLarge { limit }),
+            Err(_) => {
+                return refuse(
+                    &mut plan,
+                    Outcome::InvalidRequest {
+                        detail: "the request body could not be read".into(),
+                    },
+                );
+            }
+        };
+        let mut h = Sha256::new();
+        for part in [
+            parts.method.as_str().as_bytes(),
+            plan.path.as_bytes(),
+            parts.uri.query().unwrap_or("").as_bytes(),
+            token.to_string().as_bytes(),
+        ] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+        h.update(&body);
+        let fingerprint: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+
+        let record_key = format!("{scope}\0{key}");
+        let now = now_secs();
+        let expires = now.saturating_add(settings.ttl.as_secs());
+        let mine = encode(
+            expires,
+            &Meta {
+                fingerprint: fingerprint.clone(),
+                state: State::InFlight,
+                boot: self.boot,
+            },
+            &[],
+        );
+        let mut replace_if = None;
+        loop {
+            let claimed = self
+                .store
+                .claim(record_key.clone(), mine.clone(), replace_if.take(), now)
+                .await;
+            let existing = match claimed {
+                Ok(None) => break,
+                Ok(Some(existing)) => existing,
+                Err(_) => {
+                    return refuse(&mut plan, Outcome::Unavailable { scope, token });
+                }
+            };
+            let Some((meta, stored_body)) = decode(&existing) else {
+                return refuse(&mut plan, Outcome::Unavailable { scope, token });
+            };
+            if meta.fingerprint != fingerprint {
+                return refuse(&mut plan, Outcome::KeyReused { scope, token });
+            }
+            let retry_unknown = match meta.state {
+                State::InFlight if meta.boot == self.boot => {
+                    return refuse(&mut plan, Outcome::InProgress { scope, token });
+                }
+                State::Completed {
+                    status,
+                    headers,
+                    body_stored,
+                } => {
+                    if let Some(g) = plan.guard.as_mut() {
+                        g.complete();
+                    }
+                    table.count(route_idx, "duplicate");
+                    return replay(status, headers, body_stored, stored_body);
+                }
+                State::Released => true,
+                State::InFlight | State::Unknown => route.idempotency_unknown == OnUnknown::Forward,
+            };
+            if !retry_unknown {
+                return refuse(&mut plan, Outcome::OutcomeUnknown { scope, token });
+            }
+            // Take the key over only if nobody else did in between (compare and swap);
+            // if someone did, the next look sees their record.
+            replace_if = Some(existing);
+        }
+
+        // Forward in a task of its own: if the client goes away, the upstream's answer is
+        // still recorded, so the client's retry is answered from the record.
+        let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
+        let store = self.store.clone();
+        let fwd = fwd.clone();
+        let boot = self.boot;
+        let cap = settings.max_response_body;
+        let task = tokio::spawn(async move {
+            let resp = fwd.forward(&table, req, plan, peer, tls).await;
+            let result = resp
+                .headers()
+                .get(FENCING_RESULT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let record = |state: State, body: &[u8]| {
+                encode(
+                    expires,
+                    &Meta {
+                        fingerprint: fingerprint.clone(),
+                        state,
+                        boot,
+                    },
+                    body,
+                )
+            };
+            match result.as_str() {
+                "accepted" => {
+                    let (parts, body) = resp.into_parts();
+                    // A body that breaks midway was still applied (the head came back):
+                    // record it as completed without a replayable body.
+                    let (prefix, rest, broken) = match read_up_to(body, cap).await {
+                        Ok((prefix, rest)) => (prefix, rest, false),
+                        Err(_) => (Bytes::new(), None, true),
+                    };
+                    let headers = parts
+                        .headers
+                        .iter()
+                        .filter(|(n, _)| *n != http::header::DATE && n.as_str() != FENCING_RESULT)
+                        .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+                        .collect();
+                    let body_stored = rest.is_none() && !broken;
+                    let state = State::Completed {
+                        status: parts.status.as_u16(),
+                        headers,
+                        body_stored,
+                    };
+                    let stored: &[u8] = if body_stored { &prefix } else { &[] };
+                    if let Err(e) = store.put_record(record_key, record(state, stored)).await {
+                        tracing::warn!(error = %e, "idempotency record not completed; a retry will see an unknown outcome");
+                    }
+                    let body = match rest {
+                        None => Full::new(prefix).map_err(|e| match e {}).boxed(),
+                        Some(rest) => Chain {
+                            first: Some(prefix),
+                            rest,
+                        }
+                        .boxed(),
+                    };
+                    Response::from_parts(parts, body)
+                }
+                // Never reached the upstream, or refused before forwarding: not applied.
+                "upstream_unavailable" | "payload_too_large" | "invalid_request" => {
+                    let _ = store
+                        .put_record(record_key, record(State::Released, &[]))
+                        .await;
+                    resp
+                }
+                _ => {
+                    let _ = store
+                        .put_record(record_key, record(State::Unknown, &[]))
+                        .await;
+                    resp
+                }
+            }
+        });
+        match task.await {
+            Ok(resp) => resp,
+            Err(_) => Outcome::UpstreamTimeout {
+                scope: None,
+                detail: "the forwarding task failed".into(),
+            }
+            .into_response(),
+        }
+    }
+}
+
+/// The stored response, marked as a duplicate.
+fn replay(
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body_stored: bool,
+    body: &[u8],
+) -> Response<Body> {
+    let body = if body_stored {
+        Bytes::copy_from_slice(body)
+    } else {
+        Bytes::new()
+    };
+    let mut resp = Response::new(Full::new(body).map_err(|e| match e {}).boxed());
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    for (n, v) in headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(n.as_bytes()),
+            HeaderValue::from_bytes(&v),
+        ) {
+            if !body_stored && n == http::header::CONTENT_LENGTH {
+                continue;
+            }
+            resp.headers_mut().append(n, v);
+        }
+    }
+    resp.headers_mut()
+        .insert(FENCING_RESULT, HeaderValue::from_static("duplicate"));
+    if !body_stored {
+        resp.headers_mut().insert(
+            "idempotency-replay",
+            HeaderValue::from_static("body-not-stored"),
+        );
+    }
+    resp
+}
+
+/// Reads a body up to `cap` bytes. Answers the bytes and, if the body was longer, the
+/// rest still to stream (the read part is in the bytes); `Err` if the body broke.
+async fn read_up_to(mut body: Body, cap: u64) -> Result<(Bytes, Option<Body>), BoxError> {
+    let mut buf = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Ok((buf.freeze(), None)),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() as u64 > cap {
+                        return Ok((buf.freeze(), Some(body)));
+                    }
+                }
+            }
+            Some(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// Bytes already read, then the rest of a body.
+struct Chain {
+    first: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Chain {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        Pin::new(&mut this.rest).poll_frame(cx)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// How often expired records are collected.
+pub const COLLECT_EVERY: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_structured_field_strings() {
+        let k = |s: &str| parse_key(&HeaderValue::from_str(s).unwrap());
+        assert_eq!(k("\"abc-123\"").unwrap(), "abc-123");
+        assert_eq!(k("\"a\\\"b\"").unwrap(), "a\"b");
+        for bad in ["abc", "\"\"", "\"a", "\"a\"b\"", "\"a\\x\""] {
+            assert!(k(bad).is_err(), "{bad}");
+        }
+        assert!(k(&format!("\"{}\"", "x".repeat(256))).is_err());
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let meta = Meta {
+            fingerprint: "f".into(),
+            state: State::Completed {
+                status: 201,
+                headers: vec![("etag".into(), b"\"1\"".to_vec())],
+                body_stored: true,
+            },
+            boot: 7,
+        };
+        let v = encode(99, &meta, b"hello");
+        assert_eq!(u64::from_be_bytes(v[..8].try_into().unwrap()), 99);
+        let (m, body) = decode(&v).unwrap();
+        assert_eq!(body, b"hello");
+        assert!(matches!(m.state, State::Completed { status: 201, .. }));
+        assert!(decode(&v[..10]).is_none());
+    }
+}

@@ -1,0 +1,452 @@
+//! TLS with rustls (ring provider): the listener's certificate and optional client-certificate
+//! check (`[server] tls`), re-read on SIGHUP; and the client side of https upstreams
+//! (`[[upstream]] tls`: trusted CA, SNI name, client certificate).
+//!
+//! Files are PEM. Every file is read and checked when the config is validated, so
+//! `check-config` reports a missing or unreadable file with its key path, and a reload with a
+//! bad file is refused before anything changes.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hyper_rustls::{
+    DefaultServerNameResolver, FixedServerNameResolver, HttpsConnector, ResolveServerName,
+};
+use hyper_util::client::legacy::connect::HttpConnector;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::{ClientConfig, ConfigBuilder, RootCertStore, ServerConfig, WantsVerifier};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::Deserialize;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use crate::config::ConfigError;
+
+/// TLS problems, each with the config key of the file at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError(pub Vec<ConfigError>);
+
+impl TlsError {
+    fn one(path: impl Into<String>, message: impl Into<String>) -> TlsError {
+        TlsError(vec![ConfigError {
+            path: path.into(),
+            message: message.into(),
+        }])
+    }
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+/// `[server] tls = { cert = "...", key = "...", client_ca = "..." }` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListenerTls {
+    cert: String,
+    key: String,
+    client_ca: Option<String>,
+}
+
+/// Where the listener's TLS material lives (resolved against the config file's directory).
+/// Kept as paths, not contents: the files are read at start and again on every SIGHUP, so a
+/// renewed certificate needs no restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the leaf.
+    pub key: PathBuf,
+    /// PEM bundle of CAs whose client certificates are accepted. When set, a client without
+    /// such a certificate fails the handshake: only known clients reach the proxy at all.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl fmt::Display for ListenerFiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tls cert {}", self.cert.display())?;
+        if let Some(ca) = &self.client_ca {
+            write!(f, ", client certificates from {}", ca.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// Validates `[server] tls`: every file must exist and parse, and the key must fit the
+/// certificate.
+pub(crate) fn listener_files(
+    raw: RawListenerTls,
+    base: &Path,
+    errors: &mut Vec<ConfigError>,
+) -> Option<ListenerFiles> {
+    let files = ListenerFiles {
+        cert: base.join(raw.cert),
+        key: base.join(raw.key),
+        client_ca: raw.client_ca.map(|ca| base.join(ca)),
+    };
+    match server_config(&files) {
+        Ok(_) => Some(files),
+        Err(TlsError(e)) => {
+            errors.extend(e);
+            None
+        }
+    }
+}
+
+/// The listener's TLS settings in force. The whole rustls config is swapped on reload, so a
+/// new handshake uses the new certificate and client CA, while a connection already up
+/// keeps the session it negotiated. A fresh config also starts a fresh session cache: no
+/// session resumed after a reload skips the checks of the new files.
+pub struct Listener {
+    files: ListenerFiles,
+    /// A client that opens a connection and never finishes the handshake would hold a
+    /// connection slot; this bounds how long.
+    handshake_timeout: Duration,
+    current: ArcSwap<ServerConfig>,
+}
+
+impl Listener {
+    pub fn load(files: ListenerFiles, handshake_timeout: Duration) -> Result<Listener, TlsError> {
+        let config = server_config(&files)?;
+        Ok(Listener {
+            files,
+            handshake_timeout,
+            current: ArcSwap::from_pointee(config),
+        })
+    }
+
+    /// Re-reads the files. On any error the running certificate is kept.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let config = server_config(&self.files)?;
+        self.current.store(Arc::new(config));
+        Ok(())
+    }
+
+    pub fn files(&self) -> &ListenerFiles {
+        &self.files
+    }
+
+    /// The handshake of one accepted connection, bounded by the handshake timeout. The
+    /// future owns what it needs, so it runs in the connection's own task.
+    pub fn accept(
+        &self,
+        stream: TcpStream,
+    ) -> impl Future<Output = io::Result<TlsStream<TcpStream>>> + Send + 'static {
+        let acceptor = TlsAcceptor::from(self.current.load_full());
+        let limit = self.handshake_timeout;
+        async move {
+            match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                Ok(result) => result,
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("TLS handshake not finished within {limit:?}"),
+                )),
+            }
+        }
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Reads the listener's files into a rustls config, collecting every problem.
+fn server_config(files: &ListenerFiles) -> Result<ServerConfig, TlsError> {
+    let mut errors = Vec::new();
+    let certs = noted(&mut errors, "server.tls.cert", read_certs(&files.cert));
+    let key = noted(&mut errors, "server.tls.key", read_key(&files.key));
+    let verifier = match &files.client_ca {
+        Some(ca) => noted(&mut errors, "server.tls.client_ca", client_verifier(ca)).map(Some),
+        None => Some(None),
+    };
+    let (Some(certs), Some(key), Some(verifier)) = (certs, key, verifier) else {
+        return Err(TlsError(errors));
+    };
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::one("server.tls", e.to_string()))?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        TlsError::one(
+            "server.tls.key",
+            format!(
+                "{} does not fit the certificate in {}: {e}",
+                files.key.display(),
+                files.cert.display()
+            ),
+        )
+    })?;
+    // h2 first: clients that speak it get it; the auto server builder serves either.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+fn client_verifier(ca: &Path) -> Result<Arc<dyn ClientCertVerifier>, String> {
+    let roots = read_roots(ca)?;
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| format!("{}: {e}", ca.display()))
+}
+
+/// `[[upstream]] tls = { ca = "...", server_name = "...", cert = "...", key = "..." }`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamTls {
+    ca: Option<String>,
+    server_name: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+/// The client side of an https upstream, built when the config is read (start and
+/// SIGHUP), so a rotated CA or client certificate is picked up by a reload.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    /// The CAs trusted for this upstream *instead of* the built-in Mozilla roots: a private
+    /// CA should not widen to every public CA. `None`: the built-in roots.
+    pub ca: Option<PathBuf>,
+    /// The name sent as SNI and checked against the upstream's certificate, when it differs
+    /// from the host in `url` (e.g. an IP address in the url).
+    pub server_name: Option<ServerName<'static>>,
+    /// The client certificate presented to the upstream, if any (its key is in `config`).
+    pub client_cert: Option<PathBuf>,
+    config: Arc<ClientConfig>,
+}
+
+impl fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("ca", &self.ca)
+            .field("server_name", &self.server_name)
+            .field("client_cert", &self.client_cert)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for UpstreamTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.ca {
+            Some(ca) => write!(f, "tls ca {}", ca.display())?,
+            None => write!(f, "tls built-in roots")?,
+        }
+        if let Some(name) = &self.server_name {
+            write!(f, ", server_name {}", name.to_str())?;
+        }
+        if let Some(cert) = &self.client_cert {
+            write!(f, ", client cert {}", cert.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// Validates an upstream's `tls` table. Every https upstream gets TLS settings (the
+/// defaults when the table is absent); a `tls` table on an http upstream is an error.
+pub(crate) fn upstream_tls(
+    raw: Option<RawUpstreamTls>,
+    https: bool,
+    base: &Path,
+    path: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<UpstreamTls> {
+    if !https {
+        if raw.is_some() {
+            errors.push(ConfigError {
+                path: format!("{path}.tls"),
+                message: "TLS settings need an https:// url".into(),
+            });
+        }
+        return None;
+    }
+    let raw = raw.unwrap_or_default();
+    let mut problems = Vec::new();
+    let key_path = |k: &str| format!("{path}.tls.{k}");
+    let ca = raw.ca.map(|ca| base.join(ca));
+    let roots = match &ca {
+        Some(ca) => noted(&mut problems, key_path("ca"), read_roots(ca)),
+        None => Some(builtin_roots()),
+    };
+    let server_name = raw.server_name.and_then(|name| {
+        ServerName::try_from(name.clone())
+            .map_err(|_| {
+                problems.push(ConfigError {
+                    path: key_path("server_name"),
+                    message: format!("`{name}` is not a DNS name or IP address"),
+                })
+            })
+            .ok()
+    });
+    let client_cert = raw.cert.as_ref().map(|c| base.join(c));
+    let identity = match (&client_cert, raw.key.map(|k| base.join(k))) {
+        (Some(cert), Some(key)) => {
+            let certs = noted(&mut problems, key_path("cert"), read_certs(cert));
+            let key = noted(&mut problems, key_path("key"), read_key(&key));
+            Some(certs.zip(key))
+        }
+        (Some(_), None) => {
+            problems.push(ConfigError {
+                path: key_path("key"),
+                message: "missing: a client certificate needs its key".into(),
+            });
+            None
+        }
+        (None, Some(_)) => {
+            problems.push(ConfigError {
+                path: key_path("cert"),
+                message: "missing: a client key needs its certificate".into(),
+            });
+            None
+        }
+        (None, None) => Some(None),
+    };
+    let (Some(roots), Some(identity), true) = (roots, identity, problems.is_empty()) else {
+        errors.extend(problems);
+        return None;
+    };
+    let builder = client_builder().with_root_certificates(roots);
+    let config = match identity {
+        Some((certs, key)) => match builder.with_client_auth_cert(certs, key) {
+            Ok(c) => c,
+            Err(e) => {
+                errors.push(ConfigError {
+                    path: key_path("key"),
+                    message: format!("does not fit the client certificate: {e}"),
+                });
+                return None;
+            }
+        },
+        None => builder.with_no_client_auth(),
+    };
+    Some(UpstreamTls {
+        ca,
+        server_name,
+        client_cert,
+        config: Arc::new(with_http1_alpn(config)),
+    })
+}
+
+/// Requests go to upstreams as HTTP/1.1 (see `proxy::forward`), so that is all we offer.
+fn with_http1_alpn(mut config: ClientConfig) -> ClientConfig {
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config
+}
+
+fn client_builder() -> ConfigBuilder<ClientConfig, WantsVerifier> {
+    ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        // Fails only for a provider without TLS 1.2/1.3 suites; ring has both, and no file or
+        // peer can change that.
+        .expect("the ring provider supports the default protocol versions")
+}
+
+fn builtin_roots() -> RootCertStore {
+    RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    }
+}
+
+/// The connector of an upstream client: TLS per `tls` for an https upstream; plain TCP
+/// for http ones (`tls` is `None`).
+pub fn connector(
+    mut http: HttpConnector,
+    tls: Option<&UpstreamTls>,
+) -> HttpsConnector<HttpConnector> {
+    // The TLS layer decides the scheme; the TCP layer must let https URIs through.
+    http.enforce_http(false);
+    match tls {
+        Some(tls) => {
+            let resolver: Arc<dyn ResolveServerName + Send + Sync> = match &tls.server_name {
+                Some(name) => Arc::new(FixedServerNameResolver::new(name.clone())),
+                None => Arc::new(DefaultServerNameResolver::default()),
+            };
+            HttpsConnector::new(http, tls.config.clone(), true, resolver)
+        }
+        None => HttpsConnector::new(
+            http,
+            // Never used for https: every https upstream has its own settings. The config is
+            // there only because the connector type needs one.
+            with_http1_alpn(
+                client_builder()
+                    .with_root_certificates(builtin_roots())
+                    .with_no_client_auth(),
+            ),
+            false,
+            Arc::new(DefaultServerNameResolver::default()),
+        ),
+    }
+}
+
+/// Keeps a value, or notes its error under `path`.
+fn noted<T>(
+    errors: &mut Vec<ConfigError>,
+    path: impl Into<String>,
+    result: Result<T, String>,
+) -> Option<T> {
+    result
+        .map_err(|message| {
+            errors.push(ConfigError {
+                path: path.into(),
+                message,
+            })
+        })
+        .ok()
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Every `CERTIFICATE` block of a PEM file, in order; at least one.
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{} is not valid PEM: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("no PEM CERTIFICATE in {}", path.display()));
+    }
+    Ok(certs)
+}
+
+/// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    let pem = read(path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => {
+            format!("no PEM private key in {}", path.display())
+        }
+        e => format!("{} is not a valid PEM private key: {e}", path.display()),
+    })
+}
+
+/// A PEM bundle of CA certificates as trust anchors.
+fn read_roots(path: &Path) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
+    }
+    Ok(roots)
+}

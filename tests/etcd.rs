@@ -1,0 +1,337 @@
+//! The etcd backend against a real 3-member etcd cluster on loopback (started and removed
+//! by the test): the same API as `local`, tokens from create revisions, and a leader
+//! failover in the middle of a run of acquisitions through two authority instances.
+//!
+//! Needs `--features etcd` (protoc at build time) and `etcd` on the machine.
+#![cfg(feature = "etcd")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fencegate::client::{AcquireError, AuthorityClient};
+use fencegate::config::Config;
+use fencegate::token::Token;
+use support::etcd::EtcdCluster;
+use support::{BOUND, Client};
+use tokio::time::Instant;
+
+async fn authority(
+    endpoints: &[String],
+    dir: &std::path::Path,
+    lock_delay: &str,
+) -> fencegate::server::Running {
+    let list = endpoints
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[authority]
+listen = "127.0.0.1:0"
+backend = "etcd"
+etcd_endpoints = [{list}]
+max_ttl = "30s"
+lock_delay = "{lock_delay}"
+"#
+    );
+    support::start(Config::parse(&text, dir).expect("config")).await
+}
+
+async fn post(c: &Client, path: &str, body: &str) -> support::Resp {
+    c.send("POST", path, &[("content-type", "application/json")], body)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_backend_speaks_the_same_api() {
+    let cluster = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = authority(&cluster.endpoints(), dir.path(), "0s").await;
+    let c = Client::new(running.authority_addr.unwrap());
+
+    let r = post(
+        &c,
+        "/v1/locks/acquire",
+        r#"{"scope":"report/july","holder":"a","ttl_ms":5000}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let j = r.json();
+    assert_eq!(j["result"], "acquired");
+    let token: Token = j["token"].as_str().unwrap().parse().unwrap();
+    assert_eq!(token.epoch, 0, "etcd tokens are bare revisions");
+    let lease_id = j["lease_id"].as_str().unwrap().to_string();
+
+    let r = post(
+        &c,
+        "/v1/locks/acquire",
+        r#"{"scope":"report/july","holder":"b","ttl_ms":5000}"#,
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(
+        (r.json()["result"].as_str(), r.json()["holder"].as_str()),
+        (Some("busy"), Some("a"))
+    );
+
+    let s = c.get("/v1/locks?scope=report%2Fjuly").await.json();
+    assert_eq!(
+        (s["holder"].as_str(), s["token"].as_str()),
+        (Some("a"), Some(token.to_string().as_str()))
+    );
+
+    let body = |id: &str, t: &str, ttl: bool| {
+        if ttl {
+            format!(r#"{{"scope":"report/july","lease_id":"{id}","token":"{t}","ttl_ms":5000}}"#)
+        } else {
+            format!(r#"{{"scope":"report/july","lease_id":"{id}","token":"{t}"}}"#)
+        }
+    };
+    let tok = token.to_string();
+    assert_eq!(
+        post(&c, "/v1/locks/renew", &body(&lease_id, "1", true))
+            .await
+            .status,
+        409
+    );
+    let r = post(&c, "/v1/locks/renew", &body(&lease_id, &tok, true)).await;
+    assert_eq!(
+        (r.status, r.json()["result"].as_str()),
+        (200, Some("renewed")),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        post(&c, "/v1/locks/release", &body("abc", &tok, false))
+            .await
+            .status,
+        409
+    );
+    let r = post(&c, "/v1/locks/release", &body(&lease_id, &tok, false)).await;
+    assert_eq!(
+        (r.status, r.json()["result"].as_str()),
+        (200, Some("released")),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        post(&c, "/v1/locks/renew", &body(&lease_id, &tok, true))
+            .await
+            .status,
+        409
+    );
+
+    let r = post(
+        &c,
+        "/v1/locks/acquire",
+        r#"{"scope":"report/july","holder":"b","ttl_ms":1000}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let next: Token = r.json()["token"].as_str().unwrap().parse().unwrap();
+    assert!(next > token);
+    assert_eq!(
+        post(
+            &c,
+            "/v1/locks/acquire",
+            r#"{"scope":"","holder":"b","ttl_ms":1000}"#
+        )
+        .await
+        .status,
+        400
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_holds_a_scope_after_an_expiry() {
+    let cluster = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = authority(&cluster.endpoints(), dir.path(), "2s").await;
+    let authority =
+        AuthorityClient::new(&format!("http://{}", running.authority_addr.unwrap())).unwrap();
+    let a = authority
+        .acquire("s", "a", Duration::from_secs(1), Duration::ZERO)
+        .await
+        .unwrap();
+    a.lost().await; // not renewed, not released: it expires (at etcd, within ~2 s)
+    // Until the lease and its delay have run out, the scope is busy.
+    let started = Instant::now();
+    let mut busy_after_expiry = false;
+    let b = loop {
+        match authority
+            .acquire("s", "b", Duration::from_secs(1), Duration::ZERO)
+            .await
+        {
+            Ok(b) => break b,
+            Err(AcquireError::Busy { .. }) => busy_after_expiry = true,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(started.elapsed() < BOUND, "never granted after the delay");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(busy_after_expiry);
+    // Released scopes skip the delay.
+    assert!(b.token() > a.token());
+    authority.release(&b).await.unwrap();
+    authority
+        .acquire("s", "c", Duration::from_secs(1), Duration::ZERO)
+        .await
+        .unwrap();
+    running.shutdown().await;
+}
+
+#[derive(Debug, Clone)]
+struct Granted {
+    scope: String,
+    token: Token,
+    sent: Instant,
+    /// From the grant's answer until the client gave the lease up (its conservative local
+    /// deadline, or the release it sent).
+    held_from: Instant,
+    held_until: Instant,
+}
+
+/// Stop the leader during a run of acquisitions through two authority instances: every
+/// token granted after the failover is greater than every token granted before it, and
+/// no two grants of one scope are ever held at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failover_keeps_tokens_increasing_and_leases_exclusive() {
+    const WORKERS: usize = 5;
+    const BEFORE: usize = 15;
+    const AFTER: usize = 15;
+    let mut cluster = EtcdCluster::start(3).await;
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let one = authority(&cluster.endpoints(), d1.path(), "0s").await;
+    let two = authority(&cluster.endpoints(), d2.path(), "0s").await;
+    let clients = [one.authority_addr.unwrap(), two.authority_addr.unwrap()]
+        .map(|a| AuthorityClient::new(&format!("http://{a}")).unwrap());
+    let grants: Arc<Mutex<Vec<Granted>>> = Arc::default();
+    let killed_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let (progress, mut progress_rx) = tokio::sync::watch::channel(0usize);
+    let progress = Arc::new(progress);
+    let ttl = Duration::from_secs(1);
+
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        let authority = clients[w % 2].clone();
+        let (grants, killed_at, progress) = (grants.clone(), killed_at.clone(), progress.clone());
+        tasks.push(tokio::spawn(async move {
+            let scope = format!("scope-{}", w % 2);
+            let give_up = Instant::now() + Duration::from_secs(90);
+            let mut round = 0usize;
+            loop {
+                let after = {
+                    let k = *killed_at.lock().unwrap();
+                    let list = grants.lock().unwrap();
+                    k.map(|k| list.iter().filter(|g| g.sent > k).count())
+                };
+                if after.is_some_and(|n| n >= AFTER) || Instant::now() > give_up {
+                    return;
+                }
+                let sent = Instant::now();
+                match authority
+                    .acquire(&scope, &format!("w{w}"), ttl, Duration::ZERO)
+                    .await
+                {
+                    Ok(lease) => {
+                        let held_from = Instant::now();
+                        round += 1;
+                        // Hold for a while; every third lease is left to expire.
+                        tokio::time::sleep(Duration::from_millis(20 * (round % 5) as u64)).await;
+                        let release = !round.is_multiple_of(3);
+                        let held_until = match lease.deadline() {
+                            Some(deadline) if release => Instant::now().min(deadline),
+                            Some(deadline) => deadline,
+                            None => held_from, // arrived already expired: never held
+                        };
+                        if release {
+                            let _ = authority.release(&lease).await;
+                        }
+                        grants.lock().unwrap().push(Granted {
+                            scope: scope.clone(),
+                            token: lease.token(),
+                            sent,
+                            held_from,
+                            held_until,
+                        });
+                        progress.send_modify(|n| *n += 1);
+                    }
+                    Err(AcquireError::Busy { retry_after, .. }) => {
+                        tokio::time::sleep(retry_after.min(Duration::from_millis(50))).await;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }));
+    }
+
+    tokio::time::timeout(BOUND * 3, progress_rx.wait_for(|n| *n >= BEFORE))
+        .await
+        .expect("grants before the failover")
+        .unwrap();
+    let leader = cluster.leader().await.expect("a leader");
+    let before_kill = Instant::now();
+    cluster.kill(leader);
+    *killed_at.lock().unwrap() = Some(Instant::now());
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+
+    let before: Vec<&Granted> = grants
+        .iter()
+        .filter(|g| g.held_from < before_kill)
+        .collect();
+    let kill = killed_at.lock().unwrap().unwrap();
+    let after: Vec<&Granted> = grants.iter().filter(|g| g.sent > kill).collect();
+    println!(
+        "etcd failover: {} grants before stopping leader m{leader}, {} after, {} in all",
+        before.len(),
+        after.len(),
+        grants.len()
+    );
+    assert!(before.len() >= BEFORE);
+    assert!(
+        after.len() >= AFTER,
+        "too few grants after the failover: {}",
+        after.len()
+    );
+    let max_before = before.iter().map(|g| g.token).max().unwrap();
+    let min_after = after.iter().map(|g| g.token).min().unwrap();
+    assert!(
+        min_after > max_before,
+        "{min_after} after the failover is not above {max_before}"
+    );
+
+    // Per scope, in grant order: tokens strictly increase and holds never overlap.
+    let mut by_scope: BTreeMap<&str, Vec<&Granted>> = BTreeMap::new();
+    for g in &grants {
+        by_scope.entry(&g.scope).or_default().push(g);
+    }
+    for (scope, mut list) in by_scope {
+        list.sort_by_key(|g| g.token);
+        for pair in list.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            assert!(a.token < b.token, "{scope}: repeated token {}", a.token);
+            assert!(
+                a.held_until <= b.held_from,
+                "{scope}: lease {} was still held when {} was granted",
+                a.token,
+                b.token
+            );
+        }
+    }
+    one.shutdown().await;
+    two.shutdown().await;
+}

@@ -1,0 +1,172 @@
+//! Group commit: one redb commit serves every advance queued behind it. A failed batch
+//! answers every member 503 and forwards nothing; a crash in the middle of batches loses
+//! no acknowledged advance.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fencegate::fence::MarkStore;
+use redb::StorageBackend;
+use redb::backends::InMemoryBackend;
+use support::{Client, Double, spawn, write_config};
+
+#[derive(Debug, Clone)]
+struct Disk {
+    inner: Arc<InMemoryBackend>,
+    broken: Arc<AtomicBool>,
+}
+
+impl Disk {
+    fn check(&self) -> std::io::Result<()> {
+        if self.broken.load(Ordering::SeqCst) {
+            Err(std::io::Error::other("injected: fsync failed"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl StorageBackend for Disk {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.write(offset, data)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Disk {
+        inner: Arc::new(InMemoryBackend::new()),
+        broken: Arc::default(),
+    };
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .unwrap();
+    let client = Client::new(proxy.proxy_addr);
+
+    // Many concurrent advances: fewer commits than advances (group commit).
+    let puts = |token: &'static str, n: usize| {
+        (0..n)
+            .map(|i| {
+                let c = client.clone();
+                tokio::spawn(async move { c.put(&format!("/reports/g{i}/x"), token, "").await })
+            })
+            .collect::<Vec<_>>()
+    };
+    for t in puts("1", 64) {
+        assert_eq!(t.await.unwrap().status, 200);
+    }
+    let stats = proxy.app.store.stats();
+    let commits = stats.commit_batch_size_count();
+    assert!(
+        (1..64).contains(&commits),
+        "{commits} commits for 64 advances"
+    );
+
+    // Every member of a failed batch gets 503 unavailable; nothing is forwarded.
+    disk.broken.store(true, Ordering::SeqCst);
+    let before = double.seen().len();
+    for t in puts("2", 32) {
+        let r = t.await.unwrap();
+        assert_eq!((r.status, r.result()), (503, "unavailable"));
+    }
+    assert_eq!(double.seen().len(), before, "nothing forwarded");
+    assert!(proxy.app.store.is_failed());
+    proxy.shutdown().await;
+}
+
+/// Concurrent writers advance their scopes while the process is killed at an arbitrary
+/// moment. Every advance that was acknowledged (forwarded, 200) must be on disk after the
+/// restart: its token or a higher one is the scope's mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_batch_loses_no_acknowledged_advance() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = write_config(dir.path(), double.addr);
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    let acked: Arc<std::sync::Mutex<HashMap<String, u64>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let (c, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            for token in 1..=2_000u64 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let scope = format!("crash-{w}-{}", token % 4);
+                let path = format!("/reports/{scope}/x");
+                match c.try_put(&path, &token.to_string()).await {
+                    Some(200) => {
+                        let mut m = acked.lock().unwrap();
+                        let e = m.entry(format!("report/{scope}")).or_insert(0);
+                        *e = (*e).max(token);
+                    }
+                    Some(_) => {}
+                    None => break, // the process is gone
+                }
+            }
+        }));
+    }
+    // Kill once a good number of advances were acknowledged.
+    loop {
+        if acked.lock().unwrap().values().sum::<u64>() > 2_000 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.await.unwrap();
+    }
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["marks", "list", "--prefix", "report/crash-", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let marks: HashMap<String, u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (t, s) = l.split_once('\t')?;
+            Some((s.to_string(), t.parse().ok()?))
+        })
+        .collect();
+    let acked = acked.lock().unwrap();
+    assert!(acked.len() >= 8, "{acked:?}");
+    for (scope, token) in acked.iter() {
+        let mark = marks.get(scope).copied().unwrap_or(0);
+        assert!(
+            mark >= *token,
+            "{scope}: acknowledged {token}, mark after crash {mark}"
+        );
+    }
+}

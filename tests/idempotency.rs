@@ -1,0 +1,302 @@
+//! Idempotency-Key at the proxy: a retry after a lost response applies once, concurrent
+//! duplicates are told apart, unknown outcomes are never silently applied twice, records
+//! survive a crash and expire.
+
+mod support;
+
+use std::time::Duration;
+
+use fencegate::fence::MarkStore;
+use support::{BOUND, Client, Double, spawn, write_config};
+
+const KEY: (&str, &str) = ("idempotency-key", "\"order-1\"");
+
+/// Sends until the answer is no longer `in_progress` (the first attempt's record is
+/// completed asynchronously once its upstream answered), bounded.
+async fn settled(
+    client: &Client,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> support::Resp {
+    tokio::time::timeout(BOUND, async {
+        loop {
+            let r = client.send("PUT", path, headers, body).await;
+            if r.result() != "in_progress" {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("first attempt completes")
+}
+
+#[tokio::test]
+async fn a_retry_after_a_lost_response_applies_once() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let client = Client::new(proxy.proxy_addr);
+
+    // The first attempt reaches the upstream; its client gives up before the answer.
+    let c = client.clone();
+    let first = tokio::spawn(async move {
+        c.send(
+            "PUT",
+            "/idem/a",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "lost")],
+            "pay 10",
+        )
+        .await
+    });
+    double.arrived("lost").await;
+    first.abort();
+    let _ = first.await;
+    double.release("lost");
+
+    let retry = settled(
+        &client,
+        "/idem/a",
+        &[("fencing-token", "1"), KEY, ("x-test-hold", "lost")],
+        "pay 10",
+    )
+    .await;
+    assert_eq!((retry.status, retry.result()), (200, "duplicate"));
+    assert_eq!(
+        retry.body, "PUT /idem/a token=1",
+        "the stored response is replayed"
+    );
+    assert_eq!(retry.headers["x-upstream"], "double");
+    let applied = double
+        .seen()
+        .iter()
+        .filter(|s| s.target == "/idem/a")
+        .count();
+    assert_eq!(applied, 1, "the upstream applied the operation once");
+
+    // A different request under the same key is refused, and a stale token is stale.
+    let other = client
+        .send("PUT", "/idem/a", &[("fencing-token", "1"), KEY], "pay 99")
+        .await;
+    assert_eq!((other.status, other.result()), (422, "key_reused"));
+    assert_eq!(client.put("/idem/a", "2", "owner 2").await.status, 200);
+    let stale = client
+        .send("PUT", "/idem/a", &[("fencing-token", "1"), KEY], "pay 10")
+        .await;
+    assert_eq!((stale.status, stale.result()), (409, "stale_fence"));
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_are_in_progress_then_replayed() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let client = Client::new(proxy.proxy_addr);
+    let c = client.clone();
+    let first = tokio::spawn(async move {
+        c.send(
+            "POST",
+            "/idem/b",
+            &[("fencing-token", "3"), KEY, ("x-test-hold", "b")],
+            "x",
+        )
+        .await
+    });
+    double.arrived("b").await;
+    let dup = client
+        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY], "x")
+        .await;
+    assert_eq!((dup.status, dup.result()), (409, "in_progress"));
+    assert!(dup.headers.contains_key("retry-after"));
+    let reused = client
+        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY], "y")
+        .await;
+    assert_eq!((reused.status, reused.result()), (422, "key_reused"));
+    double.release("b");
+    let first = first.await.unwrap();
+    assert_eq!((first.status, first.result()), (200, "accepted"));
+    let again = settled(&client, "/idem/b", &[("fencing-token", "3"), KEY], "x").await;
+    assert_eq!(
+        again.result(),
+        "key_reused",
+        "PUT is another request than POST"
+    );
+    let again = client
+        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY], "x")
+        .await;
+    assert_eq!((again.status, again.result()), (200, "duplicate"));
+    assert_eq!(
+        double
+            .seen()
+            .iter()
+            .filter(|s| s.target == "/idem/b")
+            .count(),
+        1
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_outcomes_are_refused_or_forwarded_by_route() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::config_text(double.addr, "10s", "0s", "200ms");
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+    let client = Client::new(proxy.proxy_addr);
+
+    // The upstream never answers in time: the outcome is unknown.
+    let r = client
+        .send(
+            "PUT",
+            "/idem/c",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "c")],
+            "z",
+        )
+        .await;
+    assert_eq!((r.status, r.result()), (504, "upstream_timeout"));
+    let retry = client
+        .send("PUT", "/idem/c", &[("fencing-token", "1"), KEY], "z")
+        .await;
+    assert_eq!((retry.status, retry.result()), (409, "outcome_unknown"));
+    assert_eq!(
+        double
+            .seen()
+            .iter()
+            .filter(|s| s.target == "/idem/c")
+            .count(),
+        1
+    );
+
+    // On a route that says `idempotency_unknown = "forward"`, the retry goes again.
+    let r = client
+        .send(
+            "PUT",
+            "/idemreq/c",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "c2")],
+            "z",
+        )
+        .await;
+    assert_eq!(r.result(), "upstream_timeout");
+    let retry = client
+        .send("PUT", "/idemreq/c", &[("fencing-token", "1"), KEY], "z")
+        .await;
+    assert_eq!((retry.status, retry.result()), (200, "accepted"));
+    assert_eq!(
+        double
+            .seen()
+            .iter()
+            .filter(|s| s.target == "/idemreq/c")
+            .count(),
+        2
+    );
+
+    // `required`: a fenced method without a key is refused; a malformed key too.
+    let r = client.put("/idemreq/d", "1", "").await;
+    assert_eq!((r.status, r.result()), (400, "invalid_request"));
+    let r = client
+        .send(
+            "PUT",
+            "/idemreq/d",
+            &[("fencing-token", "1"), ("idempotency-key", "bare")],
+            "",
+        )
+        .await;
+    assert_eq!((r.status, r.result()), (400, "invalid_request"));
+    let r = client
+        .send("PUT", "/idemreq/d", &[("fencing-token", "1"), KEY, KEY], "")
+        .await;
+    assert_eq!((r.status, r.result()), (400, "invalid_request"));
+    double.release("c");
+    double.release("c2");
+    proxy.shutdown().await;
+}
+
+/// kill -9 while the first attempt is at the upstream: the durable record survives; after
+/// the restart the retry is not silently applied again.
+#[tokio::test]
+async fn crash_between_record_and_answer_leaves_an_unknown_outcome() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = write_config(dir.path(), double.addr);
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    let c = client.clone();
+    let first = tokio::spawn(async move {
+        c.send(
+            "PUT",
+            "/idem/crash",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "crash")],
+            "q",
+        )
+        .await
+    });
+    double.arrived("crash").await;
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    let _ = first.await;
+    double.release("crash");
+
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    let r = client
+        .send("PUT", "/idem/crash", &[("fencing-token", "1"), KEY], "q")
+        .await;
+    assert_eq!((r.status, r.result()), (409, "outcome_unknown"));
+    assert_eq!(
+        double
+            .seen()
+            .iter()
+            .filter(|s| s.target == "/idem/crash")
+            .count(),
+        1
+    );
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+}
+
+/// Records expire after their TTL and are collected in bounded batches.
+#[tokio::test]
+async fn records_expire_and_are_collected() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MarkStore::open(&dir.path().join("m.redb")).unwrap();
+    let record = |expires: u64| {
+        let mut v = expires.to_be_bytes().to_vec();
+        v.extend_from_slice(&[0, 0, 0, 2, b'{', b'}']);
+        v
+    };
+    for i in 0..25u64 {
+        let claimed = store
+            .claim(format!("s\0k{i}"), record(100 + i), None, 50)
+            .await
+            .unwrap();
+        assert!(claimed.is_none());
+    }
+    // A live record blocks a second claim; an expired one does not.
+    assert!(
+        store
+            .claim("s\0k0".into(), record(500), None, 60)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(store.record_count().unwrap(), 25);
+    assert_eq!(
+        store.collect_records(109, 4).await.unwrap(),
+        4,
+        "bounded batch"
+    );
+    assert_eq!(store.collect_records(109, 100).await.unwrap(), 6);
+    assert_eq!(store.record_count().unwrap(), 15);
+    assert!(
+        store
+            .claim("s\0k20".into(), record(900), None, 200)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(store.collect_records(10_000, 100).await.unwrap(), 15);
+    assert_eq!(store.record_count().unwrap(), 0);
+}
