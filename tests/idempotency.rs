@@ -300,3 +300,70 @@ async fn records_expire_and_are_collected() {
     assert_eq!(store.collect_records(10_000, 100).await.unwrap(), 15);
     assert_eq!(store.record_count().unwrap(), 0);
 }
+
+/// The Rust client sees a replay as `Duplicate`, and an unknown first attempt as `Unknown`.
+#[tokio::test]
+async fn the_client_library_reports_duplicates() {
+    use fencegate::client::{Fence, FenceResult, FencedHttp};
+    use http::{HeaderMap, HeaderValue, Method};
+
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let http = FencedHttp::new(&format!("http://{}", proxy.proxy_addr)).unwrap();
+    let fence = Fence {
+        scope: "idem/lib".into(),
+        token: fencegate::token::Token::new(0, 4),
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert("idempotency-key", HeaderValue::from_static("\"lib-1\""));
+    let send = || {
+        http.send(
+            &fence,
+            Method::POST,
+            "/idem/lib",
+            headers.clone(),
+            bytes::Bytes::from_static(b"charge"),
+        )
+    };
+    assert!(matches!(send().await.unwrap(), FenceResult::Applied { .. }));
+    match settled_lib(send).await {
+        FenceResult::Duplicate { status, body, .. } => {
+            assert_eq!(status, 200);
+            assert_eq!(body, "POST /idem/lib token=4");
+        }
+        other => panic!("expected Duplicate, got {other:?}"),
+    }
+    assert_eq!(
+        double
+            .seen()
+            .iter()
+            .filter(|s| s.target == "/idem/lib")
+            .count(),
+        1
+    );
+    proxy.shutdown().await;
+}
+
+/// Retries while the first attempt's record is still being completed.
+async fn settled_lib<F, Fut>(send: F) -> fencegate::client::FenceResult
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<
+            Output = Result<fencegate::client::FenceResult, fencegate::client::FencedError>,
+        >,
+{
+    use fencegate::client::FenceResult;
+    tokio::time::timeout(BOUND, async {
+        loop {
+            match send().await.unwrap() {
+                FenceResult::Transient { result, .. } if result == "in_progress" => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("settles")
+}

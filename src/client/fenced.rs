@@ -42,7 +42,8 @@ pub enum FenceResult {
         result: String,
         retry_after: Option<Duration>,
     },
-    /// May or may not have been applied (`upstream_timeout`, or the connection broke after
+    /// May or may not have been applied (`upstream_timeout`, `outcome_unknown` for an
+    /// Idempotency-Key whose first attempt got no answer, or the connection broke after
     /// the request was sent). Find out before acting on it.
     Unknown { detail: String },
 }
@@ -209,9 +210,7 @@ fn classify(
                 result,
             }
         }
-        "upstream_timeout" => FenceResult::Unknown {
-            detail: "upstream_timeout".into(),
-        },
+        "upstream_timeout" | "outcome_unknown" => FenceResult::Unknown { detail: result },
         _ => {
             return Err(FencedError::Refused {
                 status: status.as_u16(),
