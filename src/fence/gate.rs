@@ -270,14 +270,23 @@ impl Gates {
         let mut advanced = false;
         let mut waiting = None;
         loop {
-            let notified = gate.notify.notified();
-            tokio::pin!(notified);
-            // Registered before looking at the state, so a wake-up between the look and
-            // the wait cannot be lost.
-            notified.as_mut().enable();
+            // Fast path: most requests are decided by one look under the lock, without
+            // registering as a waiter.
             let step = {
                 let mut st = gate.lock();
                 self.step(&mut st, &gate, token, equal, advanced, arrived)
+            };
+            let notified = gate.notify.notified();
+            tokio::pin!(notified);
+            let step = match step {
+                Step::Wait(_) => {
+                    // Register, then look again: a wake-up between the first look and the
+                    // registration would otherwise be lost.
+                    notified.as_mut().enable();
+                    let mut st = gate.lock();
+                    self.step(&mut st, &gate, token, equal, advanced, arrived)
+                }
+                decided => decided,
             };
             let wake_at = match step {
                 Step::Refuse(r) => return Err(r),
