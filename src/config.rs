@@ -972,4 +972,42 @@ colour = "red"
         let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
         assert!(errs[0].message.contains("can never match"), "{errs:?}");
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Arbitrary text never panics the loader.
+            #[test]
+            fn arbitrary_text_never_panics(text in "\\PC{0,300}") {
+                let _ = Config::parse(&text, Path::new("."));
+            }
+
+            /// A good file with a random splice (the shape fuzzers find bugs with) either
+            /// loads or reports errors with paths; it never panics.
+            #[test]
+            fn spliced_config_never_panics(at in 0usize..GOOD.len(), insert in "[\\[\\]{}=\"a-z0-9_./*:, \n]{0,24}") {
+                let mut text = GOOD.to_string();
+                let at = (0..=at).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+                text.insert_str(at, &insert);
+                if let Err(errors) = Config::parse(&text, Path::new(".")) {
+                    prop_assert!(!errors.0.is_empty());
+                }
+            }
+
+            /// Random path and scope templates never panic, and an accepted scope template
+            /// only names captures of its path.
+            #[test]
+            fn random_templates(path in "/[a-z{}*/]{0,20}", scope in "[a-z{}/]{0,12}") {
+                if let Ok(p) = PathTemplate::parse(&path) {
+                    if let Ok(st) = ScopeTemplate::parse(&scope, &p) {
+                        let _ = st.is_constant();
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,15 +1,30 @@
 //! fencegate: a reverse proxy that enforces fencing tokens in front of backends that
-//! cannot compare them.
+//! cannot compare them, with the lease authority that issues the tokens and a client
+//! library that carries them.
 //!
 //! Module map, in the order a request meets them:
+//! - [`server`]: listeners, connection and request-head limits, h2 bounds, graceful
+//!   shutdown, SIGHUP reload
+//! - [`tls`]: HTTPS on the listener (optional client certificates, files re-read on
+//!   SIGHUP) and the client side of https upstreams
 //! - [`route`]: canonical paths, route templates, scope rendering (SPEC §2)
 //! - [`token`]: the `Fencing-Token` grammar and order (SPEC §1)
 //! - [`fence`]: the decision table, the durable marks in redb, the per-scope gates (SPEC §3)
-//! - [`proxy`]: the hyper service that runs the pipeline and forwards (SPEC §4)
-//! - [`server`]: listeners and graceful shutdown; [`admin`]: the admin API (SPEC §7)
-//! - [`tls`]: HTTPS on the listener (certificates reloaded on SIGHUP, optional client
-//!   certificates) and to upstreams
-//! - [`config`], [`cli`]: configuration and commands (SPEC §5, §6); [`demo`]: the story
+//! - [`idempotency`]: `Idempotency-Key` records per scope: fingerprint, durable claim,
+//!   replay, expiry
+//! - [`proxy`]: the hyper service that runs the pipeline, forwards, and makes every
+//!   response of its own (SPEC §4)
+//!
+//! Beside the request path:
+//! - [`admin`]: health, readiness, metrics and the marks API (SPEC §7); [`metrics`]: the
+//!   Prometheus counters, histograms and gauges it serves
+//! - [`authority`]: the lease authority (SPEC §8), `local` (redb) or `etcd` backend behind
+//!   one HTTP API
+//! - [`client`]: the Rust client: leases as capabilities, background renewal, fenced
+//!   requests with typed results
+//! - [`config`]: the TOML file, validated with every error's key path (SPEC §5)
+//! - [`cli`]: the commands (SPEC §6); [`demo`]: the paused-writer story against a built-in
+//!   legacy store
 #![forbid(unsafe_code)]
 
 pub mod admin;

@@ -1,0 +1,149 @@
+//! Documented limits with clear errors: body size per route (413), connections per
+//! client IP, requests in flight and waiters per scope (503 draining).
+
+mod support;
+
+use std::time::Duration;
+
+use support::{BOUND, Client, Double};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn proxy_with(
+    double: &Double,
+    dir: &std::path::Path,
+    server: &str,
+    route: &str,
+) -> fencegate::server::Running {
+    let text = support::config_text(double.addr, "10s", "0s", "10s")
+        .replace("trusted_proxies = [\"127.0.0.1\"]", server)
+        .replace(
+            "[[route]]\nname = \"reports\"\npath = \"/reports/{report}/{*rest}\"\nscope = \"report/{report}\"\nupstream = \"u\"\n",
+            &format!("[[route]]\nname = \"reports\"\npath = \"/reports/{{report}}/{{*rest}}\"\nscope = \"report/{{report}}\"\nupstream = \"u\"\n{route}\n"),
+        );
+    let config = fencegate::config::Config::parse(&text, dir).expect("config");
+    support::start(config).await
+}
+
+#[tokio::test]
+async fn bodies_over_max_body_get_413_and_are_not_applied() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = proxy_with(&double, dir.path(), "", "max_body = \"1KiB\"").await;
+    let client = Client::new(proxy.proxy_addr);
+    let r = client.put("/reports/a/x", "1", &"x".repeat(1024)).await;
+    assert_eq!(r.status, 200, "exactly the limit passes");
+    let r = client.put("/reports/a/x", "1", &"x".repeat(1025)).await;
+    assert_eq!((r.status, r.result()), (413, "payload_too_large"));
+    assert_eq!(double.seen().len(), 1, "refused before forwarding");
+
+    // Without a Content-Length (chunked), the limit is enforced while streaming.
+    let mut s = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    let chunk = "x".repeat(600);
+    let req = format!(
+        "PUT /reports/a/y HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nTransfer-Encoding: chunked\r\n\
+         Connection: close\r\n\r\n258\r\n{chunk}\r\n258\r\n{chunk}\r\n0\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(BOUND, s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.starts_with("HTTP/1.1 413"), "{out}");
+    assert!(
+        !double
+            .seen()
+            .iter()
+            .any(|s| s.target == "/reports/a/y" && s.body.len() > 1024),
+        "no oversized body was applied"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn connections_per_client_ip_are_bounded() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = proxy_with(&double, dir.path(), "max_connections_per_ip = 2", "").await;
+    let a = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    let b = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    // Both admitted connections work.
+    for mut s in [a, b] {
+        s.write_all(b"GET /public/x HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        tokio::time::timeout(BOUND, s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        std::mem::forget(s); // keep it open for the rest of the test
+    }
+    // A third from the same IP is closed at once, without an answer.
+    let mut c = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    let _ = c
+        .write_all(b"GET /public/x HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(BOUND, c.read_to_end(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        n.map(|n| n == 0).unwrap_or(true),
+        "got {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn per_scope_inflight_and_waiters_are_bounded() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::config_text(double.addr, "10s", "0s", "10s").replace(
+        "settle = \"0s\"",
+        "settle = \"0s\"\nmax_inflight_per_scope = 2\nmax_waiters_per_scope = 1",
+    );
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+    let client = Client::new(proxy.proxy_addr);
+    let held = |name: &'static str, token: &'static str| {
+        let c = client.clone();
+        tokio::spawn(async move {
+            c.send(
+                "PUT",
+                "/reports/b/x",
+                &[("fencing-token", token), ("x-test-hold", name)],
+                "",
+            )
+            .await
+        })
+    };
+    let h1 = held("one", "1");
+    double.arrived("one").await;
+    let h2 = held("two", "1");
+    double.arrived("two").await;
+    // A third request of the same generation would exceed max_inflight_per_scope.
+    let r = client.put("/reports/b/x", "1", "").await;
+    assert_eq!((r.status, r.result()), (503, "draining"));
+    // One newer request may wait; a second waiter is refused at once.
+    let c = client.clone();
+    let waiter = tokio::spawn(async move { c.put("/reports/b/x", "2", "").await });
+    tokio::time::timeout(BOUND, async {
+        while proxy.app.gates.waiting() != 1 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let r = client.put("/reports/b/x", "2", "").await;
+    assert_eq!((r.status, r.result()), (503, "draining"));
+    double.release("one");
+    double.release("two");
+    assert_eq!(h1.await.unwrap().status, 200);
+    assert_eq!(h2.await.unwrap().status, 200);
+    assert_eq!(waiter.await.unwrap().status, 200);
+    proxy.shutdown().await;
+}
