@@ -1002,10 +1002,10 @@ colour = "red"
             /// only names captures of its path.
             #[test]
             fn random_templates(path in "/[a-z{}*/]{0,20}", scope in "[a-z{}/]{0,12}") {
-                if let Ok(p) = PathTemplate::parse(&path) {
-                    if let Ok(st) = ScopeTemplate::parse(&scope, &p) {
-                        let _ = st.is_constant();
-                    }
+                if let Ok(p) = PathTemplate::parse(&path)
+                    && let Ok(st) = ScopeTemplate::parse(&scope, &p)
+                {
+                    let _ = st.is_constant();
                 }
             }
         }
