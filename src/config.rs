@@ -965,6 +965,18 @@ colour = "red"
     }
 
     #[test]
+    fn admin_off_loopback_needs_a_token() {
+        let text = format!("{GOOD}\n[admin]\nlisten = \"0.0.0.0:9090\"\n");
+        let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
+        assert!(errs.iter().any(|e| e.path == "admin.listen"), "{errs:?}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("t"), "secret").unwrap();
+        let text = format!("{GOOD}\n[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"t\"\n");
+        let c = Config::parse(&text, dir.path()).unwrap();
+        assert_eq!(c.admin.token.as_deref(), Some("secret"));
+    }
+
+    #[test]
     fn shadowed_routes_are_errors() {
         let text = format!(
             "{GOOD}\n[[route]]\nname = \"late\"\npath = \"/reports/july/{{*rest}}\"\nscope = \"x\"\nupstream = \"objects\"\n"
