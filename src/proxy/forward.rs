@@ -109,14 +109,23 @@ pub fn upstream_request(
     max_body: Option<u64>,
 ) -> Result<(Request<Body>, Arc<AtomicBool>), http::Error> {
     let (mut parts, body) = req.into_parts();
-    let pq = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
-    let scheme = upstream.url.scheme_str().unwrap_or("http");
-    let authority = upstream.url.authority().map(|a| a.as_str()).unwrap_or("");
-    let uri: Uri = format!("{scheme}://{authority}{pq}").parse()?;
+    // The path and query move over as they are (no re-parse, byte for byte); scheme and
+    // authority come from the upstream's URL.
+    let mut uri = Uri::builder()
+        .path_and_query(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+        );
+    if let Some(scheme) = upstream.url.scheme() {
+        uri = uri.scheme(scheme.clone());
+    }
+    if let Some(authority) = upstream.url.authority() {
+        uri = uri.authority(authority.clone());
+    }
+    let uri: Uri = uri.build()?;
     if !parts.headers.contains_key(header::HOST)
         && let Some(v) = parts
             .uri

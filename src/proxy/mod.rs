@@ -218,7 +218,12 @@ impl Proxy {
             guard: Some(admission.guard),
             scope: Some(scope),
             token: Some(token),
-            path: segments.join("/"),
+            // Only idempotency fingerprints need it; spare the allocation elsewhere.
+            path: if route.idempotency == idempotency::Mode::Off {
+                String::new()
+            } else {
+                segments.join("/")
+            },
         })
     }
 
