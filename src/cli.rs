@@ -181,25 +181,103 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// Where the CLI reads marks: the store file when no server holds it, else the running
+/// server's admin API (the server keeps the file locked for itself).
+enum Source {
+    File(MarkReader),
+    Server(Config),
+}
+
+fn source(c: Config) -> Result<Source, ExitCode> {
+    match MarkReader::open(&c.store.path) {
+        Ok(r) => Ok(Source::File(r)),
+        Err(crate::fence::StoreError::InUse(_)) => Ok(Source::Server(c)),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// GET on the admin listener of the server named by `config`.
+fn admin_get(config: &Config, path_and_query: &str) -> Result<String, ExitCode> {
+    use http_body_util::BodyExt;
+    let mut addr = config.admin.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let url = format!("http://{addr}{path_and_query}");
+    let token = config.admin.token.clone();
+    runtime()?.block_on(async move {
+        let client = hyper_util::client::legacy::Client::builder(
+            hyper_util::rt::TokioExecutor::new(),
+        )
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let mut req = http::Request::get(&url);
+        if let Some(t) = token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req.body(http_body_util::Empty::new()).map_err(fail)?;
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(30), client.request(req))
+            .await
+            .map_err(|_| fail(format!("{url}: no answer")))?
+            .map_err(|e| fail(format!("the store is held by a running server, and its admin API at {url} did not answer: {e}")))?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map_err(fail)?.to_bytes();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if !status.is_success() {
+            return Err(fail(format!("{url}: {status}: {text}")));
+        }
+        Ok(text)
+    })
+}
+
 fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
     match command {
         MarksCommand::List {
             config,
             prefix,
             limit,
         } => {
-            let c = load(&config)?;
-            let reader = MarkReader::open(&c.store.path).map_err(fail)?;
-            let list = reader.list(&prefix, None, limit).map_err(fail)?;
+            let list = match source(load(&config)?)? {
+                Source::File(reader) => reader.list(&prefix, None, limit).map_err(fail)?,
+                Source::Server(c) => {
+                    let text = admin_get(
+                        &c,
+                        &format!(
+                            "/v1/scopes?prefix={}&limit={}",
+                            enc(&prefix),
+                            limit.clamp(1, 10_000)
+                        ),
+                    )?;
+                    let v: serde_json::Value = serde_json::from_str(&text).map_err(fail)?;
+                    v["scopes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|m| {
+                            let scope = m["scope"].as_str()?.to_string();
+                            let token = m["highest_accepted"].as_str()?.parse().ok()?;
+                            Some((scope, token))
+                        })
+                        .collect()
+                }
+            };
             for (scope, token) in &list {
                 println!("{token}\t{scope}");
             }
             Ok(ExitCode::SUCCESS)
         }
         MarksCommand::Get { scope, config } => {
-            let c = load(&config)?;
-            let reader = MarkReader::open(&c.store.path).map_err(fail)?;
-            match reader.get(&scope).map_err(fail)? {
+            let mark: Option<Token> = match source(load(&config)?)? {
+                Source::File(reader) => reader.get(&scope).map_err(fail)?,
+                Source::Server(c) => {
+                    let text = admin_get(&c, &format!("/v1/scopes/{}", enc(&scope)))?;
+                    let v: serde_json::Value = serde_json::from_str(&text).map_err(fail)?;
+                    v["highest_accepted"].as_str().and_then(|t| t.parse().ok())
+                }
+            };
+            match mark {
                 Some(t) => {
                     println!("{t}");
                     Ok(ExitCode::SUCCESS)
@@ -214,7 +292,27 @@ fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
 }
 
 fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
-    let reader = MarkReader::open(&config.store.path).map_err(fail)?;
+    let reader = match MarkReader::open(&config.store.path) {
+        Ok(r) => r,
+        // A running server holds the file: its /v1/backup is one read transaction, a
+        // consistent snapshot too.
+        Err(crate::fence::StoreError::InUse(_)) => {
+            let text = admin_get(config, "/v1/backup")?;
+            let tmp = out.with_extension("partial");
+            std::fs::write(&tmp, &text).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(fail)?;
+            std::fs::rename(&tmp, out).map_err(fail)?;
+            eprintln!(
+                "backed up {} marks to {} (from the running server)",
+                text.lines().count().saturating_sub(1),
+                out.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(fail(e)),
+    };
     // Write beside the target and rename, so a crash never leaves half a backup.
     let tmp = out.with_extension("partial");
     let file = std::fs::File::create(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;

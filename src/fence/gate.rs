@@ -290,7 +290,13 @@ impl Gates {
             };
             let wake_at = match step {
                 Step::Refuse(r) => return Err(r),
-                Step::Admit(a) => return Ok(a),
+                Step::Admit(a) => {
+                    // Only requests that really waited for an older generation count.
+                    if waiting.is_some() {
+                        self.metrics.gate_wait_seconds.observe_duration(a.waited);
+                    }
+                    return Ok(a);
+                }
                 Step::Commit => {
                     self.commit(&key, &gate, token).await?;
                     advanced = true;
@@ -378,9 +384,6 @@ impl Gates {
                 *st.inflight.entry(token).or_insert(0) += 1;
                 st.last_used = Some(now);
                 let waited = now - arrived;
-                if !waited.is_zero() {
-                    self.metrics.gate_wait_seconds.observe_duration(waited);
-                }
                 Step::Admit(Admission {
                     guard: InflightGuard {
                         gate: gate.clone(),

@@ -43,16 +43,17 @@ pub fn client(tls: Option<&UpstreamTls>) -> Client {
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// Constant names: removing by `&str` would parse the name again on every request.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// Removes hop-by-hop headers, including every name listed in `Connection` — read before
@@ -68,8 +69,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in listed {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        headers.remove(*name);
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
     }
 }
 
@@ -87,13 +88,13 @@ fn append(headers: &mut HeaderMap, name: &'static str, value: &str) {
 }
 
 /// Headers in which a client could claim another address, host or scheme.
-const FORWARDING: &[&str] = &[
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "x-forwarded-port",
-    "forwarded",
-    "x-real-ip",
+const FORWARDING: [HeaderName; 6] = [
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-port"),
+    header::FORWARDED,
+    HeaderName::from_static("x-real-ip"),
 ];
 
 /// Builds the upstream request. The path and query go out byte for byte as received;
@@ -111,14 +112,13 @@ pub fn upstream_request(
     let (mut parts, body) = req.into_parts();
     // The path and query move over as they are (no re-parse, byte for byte); scheme and
     // authority come from the upstream's URL.
-    let mut uri = Uri::builder()
-        .path_and_query(
-            parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-        );
+    let mut uri = Uri::builder().path_and_query(
+        parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
     if let Some(scheme) = upstream.url.scheme() {
         uri = uri.scheme(scheme.clone());
     }
@@ -136,8 +136,8 @@ pub fn upstream_request(
     }
     strip_hop_by_hop(&mut parts.headers);
     if !trusted {
-        for name in FORWARDING {
-            parts.headers.remove(*name);
+        for name in &FORWARDING {
+            parts.headers.remove(name);
         }
     }
     append(&mut parts.headers, "x-forwarded-for", &peer.to_string());

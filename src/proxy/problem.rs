@@ -170,12 +170,6 @@ impl Outcome {
     }
 
     pub fn into_response(self) -> Response<Body> {
-        let mut body = serde_json::json!({
-            "type": format!("urn:fencegate:{}", self.result()),
-            "title": self.title(),
-            "status": self.status().as_u16(),
-            "result": self.result(),
-        });
         let fields = match &self {
             Outcome::Stale {
                 scope,
@@ -200,16 +194,27 @@ impl Outcome {
             }
             _ => (None, None, None),
         };
-        if let Some(s) = fields.0 {
-            body["scope"] = s.as_str().into();
+        // Written directly, not through a JSON value: a stale storm is answered at the rate
+        // this runs. Strings go through serde_json for escaping.
+        let quote = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".into());
+        let result = self.result();
+        let mut body = format!(
+            "{{\"type\":\"urn:fencegate:{result}\",\"title\":{},\"status\":{},\"result\":\"{result}\"",
+            quote(&self.title()),
+            self.status().as_u16(),
+        );
+        if let Some(scope) = fields.0 {
+            body.push_str(",\"scope\":");
+            body.push_str(&quote(scope));
         }
         if let Some(t) = fields.1 {
-            body["token"] = t.to_string().into();
+            body.push_str(&format!(",\"token\":\"{t}\""));
         }
         if let Some(h) = fields.2 {
-            body["highest_accepted"] = h.to_string().into();
+            body.push_str(&format!(",\"highest_accepted\":\"{h}\""));
         }
-        let bytes = Bytes::from(body.to_string());
+        body.push('}');
+        let bytes = Bytes::from(body);
         let mut resp = Response::new(Full::new(bytes).map_err(|e| match e {}).boxed());
         *resp.status_mut() = self.status();
         let h = resp.headers_mut();
