@@ -185,13 +185,13 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 /// server's admin API (the server keeps the file locked for itself).
 enum Source {
     File(MarkReader),
-    Server(Config),
+    Server(Box<Config>),
 }
 
 fn source(c: Config) -> Result<Source, ExitCode> {
     match MarkReader::open(&c.store.path) {
         Ok(r) => Ok(Source::File(r)),
-        Err(crate::fence::StoreError::InUse(_)) => Ok(Source::Server(c)),
+        Err(crate::fence::StoreError::InUse(_)) => Ok(Source::Server(Box::new(c))),
         Err(e) => Err(fail(e)),
     }
 }
