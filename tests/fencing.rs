@@ -6,13 +6,10 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fencegate::fence::MarkStore;
-use redb::StorageBackend;
-use redb::backends::InMemoryBackend;
+use support::disk::Disk;
 use support::{BOUND, Client, Double, spawn, write_config};
 
 /// The mission's story against a real legacy store: nginx with WebDAV, no conditional
@@ -151,52 +148,12 @@ async fn draining_and_settle_over_http() {
     proxy.shutdown().await;
 }
 
-#[derive(Debug, Clone)]
-struct Disk {
-    inner: Arc<InMemoryBackend>,
-    broken: Arc<AtomicBool>,
-}
-
-impl Disk {
-    fn check(&self) -> std::io::Result<()> {
-        if self.broken.load(Ordering::SeqCst) {
-            Err(std::io::Error::other("injected: no space left on device"))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl StorageBackend for Disk {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.write(offset, data)
-    }
-}
-
 /// A commit that fails answers 503 unavailable, forwards nothing, and flips /readyz.
 #[tokio::test]
 async fn store_failure_answers_unavailable_and_forwards_nothing() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let disk = Disk {
-        inner: Arc::new(InMemoryBackend::new()),
-        broken: Arc::default(),
-    };
+    let disk = Disk::new();
     let store = MarkStore::open_with_backend(disk.clone()).expect("store");
     let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
         .await
@@ -206,7 +163,7 @@ async fn store_failure_answers_unavailable_and_forwards_nothing() {
 
     assert_eq!(client.put("/reports/july/x", "1", "ok").await.status, 200);
     assert_eq!(admin.get("/readyz").await.status, 200);
-    disk.broken.store(true, Ordering::SeqCst);
+    disk.set_broken(true);
     let r = client.put("/reports/july/x", "2", "lost").await;
     assert_eq!((r.status, r.result()), (503, "unavailable"));
     assert!(r.headers.contains_key("retry-after"));

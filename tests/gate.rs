@@ -3,63 +3,19 @@
 //! waits, so each assertion about time is exact.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+mod support;
 
 use fencegate::config::EqualPolicy::{Accept, Reject};
 use fencegate::fence::{Gates, MarkStore, Refusal};
 use fencegate::metrics::Metrics;
 use fencegate::token::Token;
-use redb::StorageBackend;
-use redb::backends::InMemoryBackend;
+use support::disk::Disk;
 use tokio::time::Instant;
 
 const DRAIN: Duration = Duration::from_secs(30);
 const SETTLE: Duration = Duration::from_secs(5);
-
-/// An in-memory disk that can be told to fail every write and sync.
-#[derive(Debug, Clone)]
-struct Disk {
-    inner: Arc<InMemoryBackend>,
-    broken: Arc<AtomicBool>,
-}
-
-impl Disk {
-    fn new() -> Disk {
-        Disk {
-            inner: Arc::new(InMemoryBackend::new()),
-            broken: Arc::default(),
-        }
-    }
-    fn check(&self) -> std::io::Result<()> {
-        if self.broken.load(Ordering::SeqCst) {
-            Err(std::io::Error::other("injected disk failure"))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl StorageBackend for Disk {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.write(offset, data)
-    }
-}
 
 fn t(c: u64) -> Token {
     Token::new(0, c)
@@ -240,7 +196,7 @@ async fn store_failure_refuses_and_memory_never_runs_ahead() {
     let disk = Disk::new();
     let g = gates_on(&disk, SETTLE);
     g.admit("s", t(1), Accept).await.unwrap().guard.complete();
-    disk.broken.store(true, Ordering::SeqCst);
+    disk.set_broken(true);
     assert_eq!(
         g.admit("s", t(2), Accept).await.unwrap_err(),
         Refusal::Unavailable
@@ -248,7 +204,7 @@ async fn store_failure_refuses_and_memory_never_runs_ahead() {
     assert_eq!(g.mark("s").unwrap(), Some(t(1)), "memory stays with disk");
     assert!(g.store().is_failed());
     // Failed closed: even after the disk recovers, no advance until a restart.
-    disk.broken.store(false, Ordering::SeqCst);
+    disk.set_broken(false);
     assert_eq!(
         g.admit("s", t(3), Accept).await.unwrap_err(),
         Refusal::Unavailable

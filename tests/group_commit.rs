@@ -9,55 +9,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use fencegate::fence::MarkStore;
-use redb::StorageBackend;
-use redb::backends::InMemoryBackend;
+use support::disk::Disk;
 use support::{Client, Double, spawn, write_config};
-
-#[derive(Debug, Clone)]
-struct Disk {
-    inner: Arc<InMemoryBackend>,
-    broken: Arc<AtomicBool>,
-}
-
-impl Disk {
-    fn check(&self) -> std::io::Result<()> {
-        if self.broken.load(Ordering::SeqCst) {
-            Err(std::io::Error::other("injected: fsync failed"))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl StorageBackend for Disk {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.write(offset, data)
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let disk = Disk {
-        inner: Arc::new(InMemoryBackend::new()),
-        broken: Arc::default(),
-    };
+    let disk = Disk::new();
     let store = MarkStore::open_with_backend(disk.clone()).unwrap();
     let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
         .await
@@ -84,7 +43,7 @@ async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
     );
 
     // Every member of a failed batch gets 503 unavailable; nothing is forwarded.
-    disk.broken.store(true, Ordering::SeqCst);
+    disk.set_broken(true);
     let before = double.seen().len();
     for t in puts("2", 32) {
         let r = t.await.unwrap();

@@ -2,6 +2,7 @@
 //! port 0, and HTTP helpers (a pooled client and a raw-bytes client for malformed input).
 #![allow(dead_code)]
 
+pub mod disk;
 pub mod etcd;
 pub mod nginx;
 
