@@ -34,4 +34,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 echo "==> cargo test --all-targets --features etcd $*"
-cargo test --all-targets --features etcd "$@"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --all-targets --features etcd "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary (cargo prints one summary per binary, and the
+# last ones are the examples', which hold no tests).
+mkdir -p target
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log" | tee target/test-summary.txt
+exit "$status"
