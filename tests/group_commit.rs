@@ -88,13 +88,14 @@ async fn a_crash_mid_batch_loses_no_acknowledged_advance() {
             }
         }));
     }
-    // Kill once a good number of advances were acknowledged.
-    loop {
-        if acked.lock().unwrap().values().sum::<u64>() > 2_000 {
-            break;
+    // Kill once a good number of advances were acknowledged (bounded wait).
+    tokio::time::timeout(support::BOUND, async {
+        while acked.lock().unwrap().values().sum::<u64>() <= 2_000 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    })
+    .await
+    .expect("advances acknowledged before the kill");
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
     stop.store(true, Ordering::SeqCst);
