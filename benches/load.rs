@@ -13,7 +13,7 @@
 //!
 //! It starts everything itself on 127.0.0.1: nginx null (`return 204`), nginx WebDAV,
 //! nginx proxy_pass (keepalive upstream, 2 workers) in front of each, fencegate (the
-//! release binary, 2 worker threads, store in a temp dir on disk, `settle = "0s"`) and
+//! release binary, `workers = 2`, store in a temp dir on disk, `settle = "0s"`) and
 //! PostgreSQL. Every child is stopped by a guard on exit, on panic and on Ctrl-C.
 //!
 //! Writes `RESULTS.md` (machine, table, details) and `load.svg` to the output directory
@@ -21,6 +21,8 @@
 //! have (W1/W2 anything but 2xx `accepted`, W3 anything but 409 `stale_fence`, a
 //! baseline anything but 2xx, a request without response): correctness, never speed.
 
+#[path = "load/bare.rs"]
+mod bare;
 #[path = "load/client.rs"]
 mod client;
 #[path = "../tests/support/nginx.rs"]
@@ -500,6 +502,32 @@ async fn run(args: &Args) -> Result<bool, Error> {
     );
     let (pp_rps, pp_p99) = (o.rps(), pp.p99_ms.unwrap_or(0.0));
     b.push(pp);
+    // The floor of fencegate's own HTTP stack, without fencegate (runs in this process,
+    // so its CPU is not told apart from the load generator's).
+    let floor = bare::start(null.addr(), args.workers)?;
+    let (o, cpu) = b
+        .load(
+            floor.addr,
+            "/reports/base-s",
+            random(1),
+            Expect::Success,
+            &Watch::of(None, null.pid()),
+        )
+        .await;
+    drop(floor);
+    let mut floor_row = measured(
+        NULL,
+        &format!(
+            "bare hyper proxy ({} workers; fencegate's HTTP stack, no fencing)",
+            args.workers
+        ),
+        Kind::Baseline,
+        &o,
+        cpu,
+    );
+    let floor_rps = o.rps();
+    floor_row.ratio = format!("{:.2}× nginx", floor_rps / pp_rps);
+    b.push(floor_row);
 
     b.prime(fg.proxy, "/reports/w1-s", SCOPES, 1).await;
     let before = Scrape::take(fg.admin).await;
@@ -524,9 +552,10 @@ async fn run(args: &Args) -> Result<bool, Error> {
     let (w1_rps, w1_p99) = (o.rps(), w1.p99_ms.unwrap_or(0.0));
     w1.target = "≥ 1.0× nginx proxy_pass req/s; p99 ≤ nginx + 1 ms".into();
     w1.ratio = format!(
-        "{:.2}× nginx; p99 {:+.2} ms",
+        "{:.2}× nginx; p99 {:+.2} ms; {:.2}× bare hyper",
         w1_rps / pp_rps,
-        w1_p99 - pp_p99
+        w1_p99 - pp_p99,
+        w1_rps / floor_rps
     );
     w1.verdict = Verdict::from(w1_rps >= pp_rps && w1_p99 <= pp_p99 + 1.0);
     b.push(w1);

@@ -64,6 +64,8 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// Threads serving the proxy listener, each running its connections start to end.
+    pub workers: usize,
     /// Bound on how long SIGTERM waits for in-flight requests before exiting anyway.
     pub shutdown_timeout: Duration,
     /// Open client connections, in total and per client IP; more are closed at accept.
@@ -228,10 +230,14 @@ impl RouteMatch for Route {
     }
 }
 
+/// More proxy threads than this is a typo, not a machine.
+const MAX_WORKERS: usize = 1024;
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawServer {
     listen: Option<String>,
+    workers: Option<usize>,
     shutdown_timeout: Option<String>,
     max_connections: Option<usize>,
     max_connections_per_ip: Option<usize>,
@@ -446,6 +452,18 @@ impl Config {
                 "server.listen",
                 &mut errors,
             ),
+            workers: match server.workers {
+                Some(n) if n > MAX_WORKERS => {
+                    errors.push("server.workers", format!("must be at most {MAX_WORKERS}"));
+                    1
+                }
+                w => positive(
+                    w,
+                    std::thread::available_parallelism().map_or(1, |n| n.get()),
+                    "server.workers",
+                    &mut errors,
+                ),
+            },
             shutdown_timeout: duration(
                 server.shutdown_timeout.as_deref(),
                 Duration::from_secs(30),

@@ -137,18 +137,23 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         config.server.max_connections,
         config.server.max_connections_per_ip,
     );
-    let proxy_task = tokio::spawn(serve(
+    let proxy_tasks = spawn_workers(
         proxy_listener,
-        stop_rx.clone(),
+        config.server.workers,
+        &stop_rx,
         grace,
-        http_builder(&config.server),
-        Some(limits),
+        &config.server,
+        limits,
         tls.clone(),
         move |req, peer| {
             let app = proxy_app.clone();
             async move { app.proxy.handle(req, peer, https).await }
         },
-    ));
+    )
+    .map_err(|source| StartError::Bind {
+        addr: proxy_addr,
+        source,
+    })?;
     let admin_app = app.clone();
     let admin_task = tokio::spawn(serve(
         admin_listener,
@@ -162,7 +167,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             async move { crate::admin::handle(&app, req).await }
         },
     ));
-    let mut tasks = Vec::new();
+    let mut tasks = proxy_tasks;
     let mut authority_addr = None;
     if let Some(auth) = &config.authority {
         let (addr, task) = crate::authority::serve(auth, &app.store, stop_rx.clone()).await?;
@@ -188,7 +193,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         }
     });
     tracing::info!(%proxy_addr, %admin_addr, "fencegate listening");
-    tasks.extend([proxy_task, admin_task, sweeper]);
+    tasks.extend([admin_task, sweeper]);
     Ok(Running {
         proxy_addr,
         admin_addr,
@@ -272,6 +277,61 @@ fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(Duration::from_secs(20));
     b
+}
+
+/// The proxy listener's workers: each an OS thread with a single-threaded runtime that
+/// accepts from the shared listening socket (whichever worker is free takes the next
+/// connection) and runs its connections start to end — parsing, fencing, the upstream
+/// exchange and the response — without handing a request between threads. Answers one
+/// handle per worker that completes when the worker has drained and stopped.
+#[allow(clippy::too_many_arguments)]
+fn spawn_workers<F, Fut>(
+    listener: TcpListener,
+    workers: usize,
+    stop: &watch::Receiver<bool>,
+    grace: Duration,
+    server: &ServerConfig,
+    limits: Arc<ConnLimits>,
+    tls: Option<Arc<crate::tls::Listener>>,
+    handler: F,
+) -> std::io::Result<Vec<JoinHandle<()>>>
+where
+    F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
+{
+    let listener = listener.into_std()?;
+    let mut handles = Vec::with_capacity(workers);
+    for i in 0..workers {
+        let socket = listener.try_clone()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (stop, builder, limits, tls, handler) = (
+            stop.clone(),
+            http_builder(server),
+            limits.clone(),
+            tls.clone(),
+            handler.clone(),
+        );
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("fencegate-worker-{i}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match TcpListener::from_std(socket) {
+                        Ok(listener) => {
+                            serve(listener, stop, grace, builder, Some(limits), tls, handler).await
+                        }
+                        Err(e) => tracing::error!(error = %e, "worker cannot listen"),
+                    }
+                });
+                let _ = done_tx.send(());
+            })?;
+        handles.push(tokio::spawn(async move {
+            let _ = done_rx.await;
+        }));
+    }
+    Ok(handles)
 }
 
 /// The accept loop of one listener. On stop: close the listener, ask every connection to

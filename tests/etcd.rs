@@ -160,10 +160,7 @@ async fn lock_delay_holds_a_scope_after_an_expiry() {
     let running = authority(&cluster.endpoints(), dir.path(), "2s").await;
     let authority =
         AuthorityClient::new(&format!("http://{}", running.authority_addr.unwrap())).unwrap();
-    let a = authority
-        .acquire("s", "a", Duration::from_secs(1), Duration::ZERO)
-        .await
-        .unwrap();
+    let a = acquire_when_up(&authority, "a").await;
     a.lost().await; // not renewed, not released: it expires (at etcd, within ~2 s)
     // Until the lease and its delay have run out, the scope is busy.
     let started = Instant::now();
@@ -175,6 +172,8 @@ async fn lock_delay_holds_a_scope_after_an_expiry() {
         {
             Ok(b) => break b,
             Err(AcquireError::Busy { .. }) => busy_after_expiry = true,
+            // etcd briefly without a leader (a re-election on a loaded machine).
+            Err(AcquireError::Unavailable { .. }) => {}
             Err(e) => panic!("{e}"),
         }
         assert!(started.elapsed() < BOUND, "never granted after the delay");
@@ -184,11 +183,26 @@ async fn lock_delay_holds_a_scope_after_an_expiry() {
     // Released scopes skip the delay.
     assert!(b.token() > a.token());
     authority.release(&b).await.unwrap();
-    authority
-        .acquire("s", "c", Duration::from_secs(1), Duration::ZERO)
-        .await
-        .unwrap();
+    acquire_when_up(&authority, "c").await;
     running.shutdown().await;
+}
+
+/// Acquires scope `s`, retrying (within the test bound) while the authority answers 503:
+/// a fresh cluster on a loaded machine may re-elect its leader right after start-up.
+async fn acquire_when_up(authority: &AuthorityClient, holder: &str) -> fencegate::client::Lease {
+    let started = Instant::now();
+    loop {
+        match authority
+            .acquire("s", holder, Duration::from_secs(1), Duration::ZERO)
+            .await
+        {
+            Ok(lease) => return lease,
+            Err(AcquireError::Unavailable { .. }) if started.elapsed() < BOUND => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("acquire for {holder}: {e}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -194,7 +194,7 @@ pub struct Fencegate {
     pub store: PathBuf,
     /// Ports of the null and WebDAV backends.
     upstreams: (u16, u16),
-    /// Worker threads of fencegate's runtime (tokio reads `TOKIO_WORKER_THREADS`).
+    /// `server.workers`: the proxy listener's threads.
     workers: usize,
     proc: Option<Guard>,
 }
@@ -236,6 +236,7 @@ impl Fencegate {
                 r#"# Written by benches/load.rs.
 [server]
 listen = "127.0.0.1:{proxy_port}"
+workers = {workers}
 shutdown_timeout = "5s"
 
 [admin]
@@ -272,6 +273,7 @@ scope = "dav/{{report}}"
 upstream = "webdav"
 "#,
                 store = self.store.display(),
+                workers = self.workers,
             ),
         )?;
         self.proxy = SocketAddr::from((Ipv4Addr::LOCALHOST, proxy_port));
@@ -327,7 +329,6 @@ upstream = "webdav"
             .arg("serve")
             .arg("--config")
             .arg(&self.config)
-            .env("TOKIO_WORKER_THREADS", self.workers.to_string())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -22,15 +22,79 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
+pub use crate::proxy::pool::Pool;
+use crate::proxy::pool::{PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
 use crate::tls::UpstreamTls;
 
 pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;
 
-/// A pooled client. Plain-HTTP upstreams share one (`tls` = `None`) for the life of the
-/// process; each https upstream gets its own, built with the routing table from its TLS
-/// settings, so connections made under different CAs or client certificates never share a
-/// pool, and a reload's new settings apply to new connections.
+thread_local! {
+    /// The plain-HTTP upstreams' connections, one pool per thread: a worker's connections
+    /// are registered with its own runtime, and only its own requests drive them.
+    static POOL: Arc<Pool> = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
+}
+
+/// How an upstream exchange failed.
+pub struct UpstreamError {
+    /// Nothing reached the upstream: nothing to settle.
+    pub not_sent: bool,
+    pub detail: String,
+}
+
+/// An upstream's response, from the pool or from an https client.
+pub enum Upstreamed {
+    Pooled(Response<PooledBody>),
+    Tls(Response<Incoming>),
+}
+
+/// Sends a prepared request (absolute URI) through the https upstream's client if it has
+/// one, else through the plain-HTTP pool.
+pub async fn send(
+    tls_client: Option<&Client>,
+    req: Request<Body>,
+) -> Result<Upstreamed, UpstreamError> {
+    match tls_client {
+        Some(c) => c
+            .request(req)
+            .await
+            .map(Upstreamed::Tls)
+            .map_err(|e| UpstreamError {
+                not_sent: e.is_connect(),
+                detail: error_chain(&e),
+            }),
+        None => POOL
+            .with(Arc::clone)
+            .send(req)
+            .await
+            .map(Upstreamed::Pooled)
+            .map_err(|e| match e {
+                SendError::NotSent(detail) => UpstreamError {
+                    not_sent: true,
+                    detail,
+                },
+                SendError::Sent(e) => UpstreamError {
+                    not_sent: false,
+                    detail: error_chain(&e),
+                },
+            }),
+    }
+}
+
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// The client of one https upstream, built with the routing table from its TLS settings,
+/// so connections made under different CAs or client certificates never share a pool,
+/// and a reload's new settings apply to new connections.
 pub fn client(tls: Option<&UpstreamTls>) -> Client {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -208,20 +272,34 @@ impl http_body::Body for LimitedBody {
 
 /// Prepares an upstream response for the client; the guard (if any) stays counted
 /// until the body has been fully read or dropped.
-pub fn client_response(resp: Response<Incoming>, guard: Option<InflightGuard>) -> Response<Body> {
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    let body = GuardedBody { inner: body, guard };
-    Response::from_parts(parts, body.boxed())
+pub fn client_response(resp: Upstreamed, guard: Option<InflightGuard>) -> Response<Body> {
+    fn guarded<B>(resp: Response<B>, guard: Option<InflightGuard>) -> Response<Body>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        let body = GuardedBody { inner: body, guard };
+        Response::from_parts(parts, body.boxed())
+    }
+    match resp {
+        Upstreamed::Pooled(r) => guarded(r, guard),
+        Upstreamed::Tls(r) => guarded(r, guard),
+    }
 }
 
 /// An upstream body that releases its generation's in-flight count when it ends.
-struct GuardedBody {
-    inner: Incoming,
+struct GuardedBody<B> {
+    inner: B,
     guard: Option<InflightGuard>,
 }
 
-impl http_body::Body for GuardedBody {
+impl<B> http_body::Body for GuardedBody<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -235,7 +313,7 @@ impl http_body::Body for GuardedBody {
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.guard = None,
             _ => {}
         }
-        polled.map(|o| o.map(|r| r.map_err(|e| Box::new(e) as BoxError)))
+        polled.map(|o| o.map(|r| r.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -5,6 +5,7 @@
 //! through [`problem::Outcome`], the one place that makes fencegate's own responses.
 
 pub mod forward;
+pub mod pool;
 pub mod problem;
 
 use std::net::SocketAddr;
@@ -84,7 +85,6 @@ impl Proxy {
             table: ArcSwap::from_pointee(table),
             gates,
             forwarder: Forwarder {
-                client: forward::client(None),
                 metrics: metrics.clone(),
             },
             metrics,
@@ -258,7 +258,6 @@ impl Proxy {
 /// The forwarding stage: the upstream client and what it reports to.
 #[derive(Clone)]
 pub(crate) struct Forwarder {
-    client: forward::Client,
     metrics: Arc<Metrics>,
 }
 
@@ -283,9 +282,7 @@ impl Forwarder {
         let max_body = config.routes[route].max_body;
         let upstream_index = config.routes[route].upstream;
         let upstream = &config.upstreams[upstream_index];
-        let client = table.clients[upstream_index]
-            .as_ref()
-            .unwrap_or(&self.client);
+        let tls_client = table.clients[upstream_index].as_ref();
         let fail = |outcome: Outcome| {
             row.count(outcome.result());
             outcome.into_response()
@@ -308,7 +305,7 @@ impl Forwarder {
                 }
             };
         let started = Instant::now();
-        let result = tokio::time::timeout(upstream.timeout, client.request(out)).await;
+        let result = tokio::time::timeout(upstream.timeout, forward::send(tls_client, out)).await;
         self.metrics
             .upstream_seconds
             .observe_duration(started.elapsed());
@@ -335,21 +332,21 @@ impl Forwarder {
                     limit: max_body.unwrap_or(0),
                 })
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(e)) if e.not_sent => {
                 // Never reached the upstream: nothing to settle.
                 if let Some(g) = guard.as_mut() {
                     g.complete();
                 }
                 fail(Outcome::UpstreamUnavailable {
                     scope,
-                    detail: error_chain(&e),
+                    detail: e.detail,
                 })
             }
             // Sent, then reset or timed out: the upstream may still apply it. The guard
             // drops uncompleted, so the scope settles before a newer generation goes.
             Ok(Err(e)) => fail(Outcome::UpstreamTimeout {
                 scope,
-                detail: error_chain(&e),
+                detail: e.detail,
             }),
             Err(_) => fail(Outcome::UpstreamTimeout {
                 scope,
@@ -372,17 +369,6 @@ fn content_length(req: &Request<Incoming>) -> Option<u64> {
         .ok()?
         .parse()
         .ok()
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 /// The request's host without port, for `host =` routes; `Err` if ambiguous.

@@ -1,0 +1,115 @@
+//! The HTTP floor: a bare reverse proxy on the stack fencegate is built on — hyper's
+//! HTTP/1.1 server, fencegate's upstream pool, one single-threaded tokio runtime per
+//! worker thread on a shared listener — with no routing, no fencing, no header policy and
+//! no timeouts. fencegate cannot be faster than this; the gap between the two is
+//! fencegate's own work, and the gap between this and nginx is the stack's.
+//!
+//! Runs on threads of the bench process; the caller's guard stops them.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencegate::proxy::pool::Pool;
+use fencegate::proxy::{Body, BoxError};
+use http::uri::{Authority, PathAndQuery};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
+
+/// The running floor proxy; dropping it stops its workers.
+pub struct Bare {
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for Bare {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+pub fn start(upstream: SocketAddr, workers: usize) -> io::Result<Bare> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let authority: Authority = upstream
+        .to_string()
+        .parse()
+        .map_err(|e| io::Error::other(format!("{e}")))?;
+    let (stop, stopped) = watch::channel(false);
+    for i in 0..workers {
+        let socket = listener.try_clone()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (authority, mut stopped) = (authority.clone(), stopped.clone());
+        std::thread::Builder::new()
+            .name(format!("bare-proxy-{i}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(socket) else {
+                        return;
+                    };
+                    let pool = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
+                    loop {
+                        let stream = tokio::select! {
+                            accepted = listener.accept() => match accepted {
+                                Ok((s, _)) => s,
+                                Err(_) => continue,
+                            },
+                            _ = stopped.changed() => return,
+                        };
+                        let _ = stream.set_nodelay(true);
+                        let (pool, authority) = (pool.clone(), authority.clone());
+                        let svc =
+                            service_fn(move |req| forward(pool.clone(), authority.clone(), req));
+                        tokio::spawn(
+                            hyper::server::conn::http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), svc),
+                        );
+                    }
+                })
+            })?;
+    }
+    Ok(Bare { addr, stop })
+}
+
+async fn forward(
+    pool: Arc<Pool>,
+    authority: Authority,
+    req: hyper::Request<Incoming>,
+) -> Result<hyper::Response<Body>, Infallible> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let uri = http::Uri::builder()
+        .scheme("http")
+        .authority(authority)
+        .path_and_query(path)
+        .build();
+    let Ok(uri) = uri else {
+        return Ok(status(400));
+    };
+    parts.uri = uri;
+    let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
+    Ok(
+        match pool.send(hyper::Request::from_parts(parts, body)).await {
+            Ok(resp) => resp.map(|b| b.boxed()),
+            Err(_) => status(502),
+        },
+    )
+}
+
+fn status(code: u16) -> hyper::Response<Body> {
+    let mut resp = hyper::Response::new(Empty::new().map_err(|e: Infallible| match e {}).boxed());
+    *resp.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    resp
+}

@@ -1,0 +1,314 @@
+//! The upstream connection pool for plain-HTTP upstreams.
+//!
+//! Each pooled connection is a hyper HTTP/1.1 client connection that is *not* given a task
+//! of its own: the request that checks it out drives it — while waiting for the response
+//! head, then from the response body as the downstream connection reads it — and puts it
+//! back once the body has ended. A request's whole way through the proxy thus runs in the
+//! downstream connection's task, as in an event-loop proxy, with no hand-off between tasks
+//! (and threads) per request.
+//!
+//! Safety of reuse: a connection is pooled again only after its response body has ended
+//! cleanly; one closed by the upstream while idle is noticed when it is next driven, and a
+//! request that hyper hands back unsent is tried on another connection, so a stale pooled
+//! connection never turns into an error or a duplicate write.
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery};
+use http::{HeaderValue, Request, Response, Uri, header};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::proxy::{Body, BoxError};
+
+type Conn = http1::Connection<TokioIo<TcpStream>, Body>;
+
+/// How a request to the upstream failed.
+#[derive(Debug)]
+pub enum SendError {
+    /// Nothing reached the upstream (no connection, or the request was handed back unsent).
+    NotSent(String),
+    /// The request was (perhaps partly) sent; the upstream may have acted on it.
+    Sent(hyper::Error),
+}
+
+struct Idle {
+    // Boxed: connections move between the pool and responses by pointer, not by value.
+    #[allow(clippy::vec_box)]
+    by_host: HashMap<Authority, Vec<Box<Pooled>>>,
+    swept: Instant,
+}
+
+/// One connection with its request handle.
+struct Pooled {
+    send: http1::SendRequest<Body>,
+    conn: Conn,
+    /// The connection future has completed (closed or failed); never poll it again.
+    done: bool,
+    idle_since: Instant,
+}
+
+impl Pooled {
+    /// Drives the connection's I/O; returns `true` once it has ended.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.done
+            && let Poll::Ready(result) = Pin::new(&mut self.conn).poll(cx)
+        {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+            self.done = true;
+        }
+        self.done
+    }
+}
+
+pub struct Pool {
+    idle: Mutex<Idle>,
+    max_idle_per_host: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+/// How many times a request handed back unsent by a pooled connection is tried again;
+/// the last try always uses a new connection.
+const MAX_STALE_RETRIES: usize = 3;
+
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+impl Pool {
+    pub fn new(
+        max_idle_per_host: usize,
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Arc<Pool> {
+        Arc::new(Pool {
+            idle: Mutex::new(Idle {
+                by_host: HashMap::new(),
+                swept: Instant::now(),
+            }),
+            max_idle_per_host,
+            idle_timeout,
+            connect_timeout,
+        })
+    }
+
+    /// Sends `req` (absolute URI, `http` scheme) and answers the response, whose body
+    /// drives the connection and returns it to the pool when it ends.
+    pub async fn send(
+        self: &Arc<Pool>,
+        req: Request<Body>,
+    ) -> Result<Response<PooledBody>, SendError> {
+        let (mut parts, body) = req.into_parts();
+        let authority = parts
+            .uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| SendError::NotSent("upstream URI has no authority".into()))?;
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(v) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        // On the wire in origin form.
+        parts.uri = Uri::from(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+        let mut req = Request::from_parts(parts, body);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let taken = if attempt <= MAX_STALE_RETRIES {
+                self.take(&authority)
+            } else {
+                None
+            };
+            let (mut pooled, reused) = match taken {
+                Some(p) => (p, true),
+                None => (self.connect(&authority).await?, false),
+            };
+            // Drive the connection until it takes a request (or turns out closed).
+            let ready = poll_fn(|cx| {
+                if pooled.drive(cx) {
+                    return Poll::Ready(false);
+                }
+                match pooled.send.poll_ready(cx) {
+                    Poll::Ready(r) => Poll::Ready(r.is_ok()),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            if !ready {
+                if reused {
+                    continue;
+                }
+                return Err(SendError::NotSent(
+                    "the upstream closed a new connection".into(),
+                ));
+            }
+            let mut response = std::pin::pin!(pooled.send.try_send_request(req));
+            let result = poll_fn(|cx| {
+                pooled.drive(cx);
+                response.as_mut().poll(cx)
+            })
+            .await;
+            match result {
+                Ok(resp) => {
+                    let pool = Arc::clone(self);
+                    return Ok(resp.map(|inner| PooledBody {
+                        inner,
+                        conn: Some(pooled),
+                        pool,
+                        authority,
+                    }));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(back) if reused => req = back,
+                    Some(_) => {
+                        return Err(SendError::NotSent(e.into_error().to_string()));
+                    }
+                    None => return Err(SendError::Sent(e.into_error())),
+                },
+            }
+        }
+    }
+
+    fn take(&self, authority: &Authority) -> Option<Box<Pooled>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.by_host.get_mut(authority)?;
+        while let Some(p) = list.pop() {
+            if p.idle_since.elapsed() < self.idle_timeout && !p.done && !p.send.is_closed() {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    fn put(&self, authority: Authority, mut pooled: Box<Pooled>) {
+        // Ready: the last exchange is over both ways (a request body still being sent
+        // after an early response would hold up the next user).
+        if pooled.done || !pooled.send.is_ready() {
+            return;
+        }
+        pooled.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        // Now and then, close what has idled too long (its upstream has likely closed
+        // its end), so idle sockets do not linger in CLOSE_WAIT.
+        if idle.swept.elapsed() >= SWEEP_EVERY {
+            idle.swept = Instant::now();
+            let timeout = self.idle_timeout;
+            idle.by_host.retain(|_, list| {
+                list.retain(|p| p.idle_since.elapsed() < timeout);
+                !list.is_empty()
+            });
+        }
+        let list = idle.by_host.entry(authority).or_default();
+        if list.len() < self.max_idle_per_host {
+            list.push(pooled);
+        }
+    }
+
+    async fn connect(&self, authority: &Authority) -> Result<Box<Pooled>, SendError> {
+        let port = authority.port_u16().unwrap_or(80);
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| SendError::NotSent(format!("connect to {authority} timed out")))?
+            .map_err(|e| SendError::NotSent(format!("connect to {authority}: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        let (send, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| SendError::NotSent(format!("connect to {authority}: {e}")))?;
+        Ok(Box::new(Pooled {
+            send,
+            conn,
+            done: false,
+            idle_since: Instant::now(),
+        }))
+    }
+}
+
+/// A response body from a pooled connection: reading it drives the connection, and its
+/// end returns the connection to the pool.
+pub struct PooledBody {
+    inner: Incoming,
+    /// Boxed once per connection: it moves between the pool and responses by pointer.
+    conn: Option<Box<Pooled>>,
+    pool: Arc<Pool>,
+    authority: Authority,
+}
+
+impl PooledBody {
+    fn release(&mut self) {
+        if let Some(p) = self.conn.take() {
+            self.pool.put(self.authority.clone(), p);
+        }
+    }
+}
+
+impl http_body::Body for PooledBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(p) = this.conn.as_mut() {
+            p.drive(cx);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.release();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // The connection is in no state to be reused.
+                this.conn = None;
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.inner.is_end_stream() {
+                    this.release();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // A body never polled to its end is reusable only if it had nothing left to read
+        // (a 204, a HEAD, an empty body).
+        if self.inner.is_end_stream() {
+            self.release();
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The upstream connection pool against a scripted upstream: connections are reused,
+//! and never reused when that would be wrong — closed by the upstream while idle, closed
+//! by `Connection: close`, or left with an unread body by a client that went away.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use fencegate::config::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+use support::BOUND;
+
+/// What the upstream did, in order: (connection number, request path).
+#[derive(Default)]
+struct Log {
+    accepted: usize,
+    requests: Vec<(usize, String)>,
+}
+
+/// An upstream whose answer depends on the path's first segment:
+/// `keep` (200 "ok", keep-alive), `close-after` (200 "ok", then closes the idle
+/// connection and says so), `conn-close` (200 "ok" with `Connection: close`),
+/// `big` (200 with an 8 MiB body).
+struct Upstream {
+    addr: SocketAddr,
+    log: Arc<Mutex<Log>>,
+    closed: Arc<Notify>,
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let log = Arc::new(Mutex::new(Log::default()));
+        let closed = Arc::new(Notify::new());
+        let (l, c) = (log.clone(), closed.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let n = {
+                    let mut log = l.lock().expect("log");
+                    log.accepted += 1;
+                    log.accepted
+                };
+                tokio::spawn(serve(stream, n, l.clone(), c.clone()));
+            }
+        });
+        Upstream { addr, log, closed }
+    }
+
+    fn accepted(&self) -> usize {
+        self.log.lock().expect("log").accepted
+    }
+
+    fn requests(&self) -> Vec<(usize, String)> {
+        self.log.lock().expect("log").requests.clone()
+    }
+}
+
+async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<Notify>) {
+    let mut buf = Vec::new();
+    loop {
+        // One request head (and a Content-Length body, if any).
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        let length: usize = head
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < end + length {
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..end + length);
+        let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+        log.lock().expect("log").requests.push((conn, path.clone()));
+        let kind = path.trim_start_matches('/').split('/').next().unwrap_or("");
+        match kind {
+            "big" => {
+                let body = vec![b'b'; 8 << 20];
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                if s.write_all(head.as_bytes()).await.is_err() || s.write_all(&body).await.is_err()
+                {
+                    return;
+                }
+            }
+            "conn-close" => {
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                    )
+                    .await;
+                return;
+            }
+            _ => {
+                if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                if kind == "close-after" {
+                    let _ = s.shutdown().await;
+                    drop(s);
+                    closed.notify_one();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn config(upstream: SocketAddr, dir: &std::path::Path) -> Config {
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+workers = 1
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+settle = "0s"
+[[upstream]]
+name = "u"
+url = "http://{upstream}"
+timeout = "10s"
+[[route]]
+name = "all"
+path = "/{{kind}}/{{name}}"
+scope = "obj/{{name}}"
+upstream = "u"
+"#
+    );
+    Config::parse(&text, dir).expect("config")
+}
+
+async fn setup() -> (
+    Upstream,
+    fencegate::server::Running,
+    support::Client,
+    tempfile::TempDir,
+) {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let running = support::start(config(upstream.addr, dir.path())).await;
+    let client = support::Client::new(running.proxy_addr);
+    (upstream, running, client, dir)
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_reused() {
+    let (upstream, running, client, _dir) = setup().await;
+    for (i, token) in ["1", "1", "2"].iter().enumerate() {
+        let r = client.put(&format!("/keep/a{i}"), token, "x").await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body, "ok");
+    }
+    assert_eq!(upstream.accepted(), 1, "{:?}", upstream.requests());
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_while_idle_is_not_an_error() {
+    let (upstream, running, client, _dir) = setup().await;
+    let closed = upstream.closed.notified();
+    let r = client.put("/close-after/a", "1", "x").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    tokio::time::timeout(BOUND, closed)
+        .await
+        .expect("the upstream closed its end");
+    // The pooled connection is dead; the request goes out once, on a new connection.
+    let r = client.put("/keep/a", "1", "y").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.result(), "accepted");
+    assert_eq!(
+        upstream.requests(),
+        vec![
+            (1, "/close-after/a".to_string()),
+            (2, "/keep/a".to_string())
+        ]
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn connection_close_is_honoured() {
+    let (upstream, running, client, _dir) = setup().await;
+    let r = client.put("/conn-close/a", "1", "x").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+    let r = client.put("/keep/a", "1", "y").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+    assert_eq!(
+        upstream.requests(),
+        vec![(1, "/conn-close/a".to_string()), (2, "/keep/a".to_string())]
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_with_an_unread_body_is_not_reused() {
+    let (upstream, running, client, _dir) = setup().await;
+    // A client asks for a big body, reads the head and part of the body, and goes away.
+    let mut s = TcpStream::connect(running.proxy_addr)
+        .await
+        .expect("connect");
+    s.write_all(b"GET /big/a HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut got = vec![0u8; 64 << 10];
+    let n = tokio::time::timeout(BOUND, s.read(&mut got))
+        .await
+        .expect("head within bound")
+        .expect("read");
+    assert!(String::from_utf8_lossy(&got[..n]).starts_with("HTTP/1.1 200"));
+    drop(s);
+    // The next request gets its own answer, whole, from a connection in a clean state.
+    for i in 0..3 {
+        let r = client.put(&format!("/keep/b{i}"), "1", "y").await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ok"), "{r:?}");
+    }
+    let requests = upstream.requests();
+    assert_eq!(requests[0], (1, "/big/a".to_string()));
+    assert!(
+        requests[1..].iter().all(|(conn, _)| *conn != 1),
+        "the connection with 8 MiB unread was reused: {requests:?}"
+    );
+    running.shutdown().await;
+}
