@@ -7,7 +7,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -156,7 +156,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     })?;
     let admin_app = app.clone();
     let admin_task = tokio::spawn(serve(
-        admin_listener,
+        Source::Listener(admin_listener),
         stop_rx.clone(),
         grace,
         http_builder(&config.server),
@@ -279,11 +279,100 @@ fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     b
 }
 
-/// The proxy listener's workers: each an OS thread with a single-threaded runtime that
-/// accepts from the shared listening socket (whichever worker is free takes the next
-/// connection) and runs its connections start to end — parsing, fencing, the upstream
-/// exchange and the response — without handing a request between threads. Answers one
-/// handle per worker that completes when the worker has drained and stopped.
+/// A connection on its way to be served, with its admission slot and, when handed to a
+/// worker, that worker's count of open connections.
+struct Accepted {
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    /// Held by the connection's task while it lives.
+    slot: (Option<ConnSlot>, Option<OpenCount>),
+}
+
+/// A connection accepted by the acceptor, on its way to a worker.
+struct Handed {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    slot: Option<ConnSlot>,
+    open: OpenCount,
+}
+
+/// Counts a connection as open on its worker while it lives.
+struct OpenCount(Arc<AtomicUsize>);
+
+impl Drop for OpenCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a serve loop gets its connections.
+enum Source {
+    /// Accepts them itself (admin listener).
+    Listener(TcpListener),
+    /// Gets them from the acceptor (proxy workers); the count is held by the connection.
+    Handed(tokio::sync::mpsc::UnboundedReceiver<Handed>),
+}
+
+impl Source {
+    /// The next connection, `None` once the source is closed.
+    async fn next(&mut self, limits: Option<&Arc<ConnLimits>>) -> Option<Accepted> {
+        match self {
+            Source::Listener(listener) => loop {
+                let (stream, peer) = accept(listener).await;
+                let slot = match limits {
+                    Some(l) => match l.admit(peer.ip()) {
+                        Some(slot) => Some(slot),
+                        None => {
+                            tracing::debug!(%peer, "connection limit reached; closing");
+                            continue;
+                        }
+                    },
+                    None => None,
+                };
+                let _ = stream.set_nodelay(true);
+                return Some(Accepted {
+                    stream,
+                    peer,
+                    slot: (slot, None),
+                });
+            },
+            Source::Handed(rx) => loop {
+                let handed = rx.recv().await?;
+                // Registered with this worker's runtime from here on.
+                match tokio::net::TcpStream::from_std(handed.stream) {
+                    Ok(stream) => {
+                        return Some(Accepted {
+                            stream,
+                            peer: handed.peer,
+                            slot: (handed.slot, Some(handed.open)),
+                        });
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot take over a connection"),
+                }
+            },
+        }
+    }
+}
+
+async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(a) => return a,
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The proxy listener: one acceptor task, and workers — each an OS thread with a
+/// single-threaded runtime that runs its connections start to end (parsing, fencing, the
+/// upstream exchange, the response) without handing a request between threads. The
+/// acceptor admits each connection and gives it to the worker with the fewest open, so
+/// connections spread evenly. Answers the acceptor's handle and one per worker, which
+/// completes when the worker has drained and stopped.
 #[allow(clippy::too_many_arguments)]
 fn spawn_workers<F, Fut>(
     listener: TcpListener,
@@ -299,17 +388,18 @@ where
     F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
-    let listener = listener.into_std()?;
-    let mut handles = Vec::with_capacity(workers);
+    let mut handles = Vec::with_capacity(workers + 1);
+    let mut lanes = Vec::with_capacity(workers);
     for i in 0..workers {
-        let socket = listener.try_clone()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (stop, builder, limits, tls, handler) = (
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let open = Arc::new(AtomicUsize::new(0));
+        lanes.push((tx, open));
+        let (stop, builder, tls, handler) = (
             stop.clone(),
             http_builder(server),
-            limits.clone(),
             tls.clone(),
             handler.clone(),
         );
@@ -317,27 +407,72 @@ where
         std::thread::Builder::new()
             .name(format!("fencegate-worker-{i}"))
             .spawn(move || {
-                runtime.block_on(async move {
-                    match TcpListener::from_std(socket) {
-                        Ok(listener) => {
-                            serve(listener, stop, grace, builder, Some(limits), tls, handler).await
-                        }
-                        Err(e) => tracing::error!(error = %e, "worker cannot listen"),
-                    }
-                });
+                runtime.block_on(serve(
+                    Source::Handed(rx),
+                    stop,
+                    grace,
+                    builder,
+                    None,
+                    tls,
+                    handler,
+                ));
                 let _ = done_tx.send(());
             })?;
         handles.push(tokio::spawn(async move {
             let _ = done_rx.await;
         }));
     }
+    let mut stop = stop.clone();
+    handles.push(tokio::spawn(async move {
+        let mut source = Source::Listener(listener);
+        let mut next_lane = 0;
+        loop {
+            let accepted = tokio::select! {
+                a = source.next(Some(&limits)) => a,
+                _ = stop.changed() => break,
+            };
+            let Some(Accepted {
+                stream,
+                peer,
+                slot: (slot, _),
+            }) = accepted
+            else {
+                break;
+            };
+            let Ok(stream) = stream.into_std() else {
+                continue;
+            };
+            // Fewest open connections wins; ties go round in turn.
+            let n = lanes.len();
+            let Some(lane) = (0..n)
+                .map(|k| (next_lane + k) % n)
+                .filter(|&k| !lanes[k].0.is_closed())
+                .min_by_key(|&k| lanes[k].1.load(Ordering::Relaxed))
+            else {
+                break;
+            };
+            next_lane = (lane + 1) % n;
+            let (tx, open) = &lanes[lane];
+            open.fetch_add(1, Ordering::Relaxed);
+            let handed = Handed {
+                stream,
+                peer,
+                slot,
+                open: OpenCount(open.clone()),
+            };
+            if tx.send(handed).is_err() {
+                tracing::warn!(worker = lane, "worker gone; connection dropped");
+            }
+        }
+        // Dropping the lanes closes the workers' sources: they drain and stop.
+    }));
     Ok(handles)
 }
 
 /// The accept loop of one listener. On stop: close the listener, ask every connection to
 /// finish its in-flight requests, and wait at most `grace` for them.
 async fn serve<F, Fut>(
-    listener: TcpListener,
+    mut source: Source,
     mut stop: watch::Receiver<bool>,
     grace: Duration,
     builder: auto::Builder<TokioExecutor>,
@@ -352,29 +487,13 @@ async fn serve<F, Fut>(
     // Shared with TLS connections' tasks, which build their connection after the handshake.
     let builder = Arc::new(builder);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let next = tokio::select! {
+            next = source.next(limits.as_ref()) => next,
             _ = stop.changed() => break,
         };
-        let slot = match &limits {
-            Some(l) => match l.admit(peer.ip()) {
-                Some(slot) => Some(slot),
-                None => {
-                    tracing::debug!(%peer, "connection limit reached; closing");
-                    continue;
-                }
-            },
-            None => None,
+        let Some(Accepted { stream, peer, slot }) = next else {
+            break;
         };
-        let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let svc = service_fn(move |req| {
             let handler = handler.clone();
@@ -415,7 +534,7 @@ async fn serve<F, Fut>(
             }
         });
     }
-    drop(listener);
+    drop(source);
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()

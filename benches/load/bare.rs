@@ -42,29 +42,24 @@ pub fn start(upstream: SocketAddr, workers: usize) -> io::Result<Bare> {
         .parse()
         .map_err(|e| io::Error::other(format!("{e}")))?;
     let (stop, stopped) = watch::channel(false);
+    // Workers get connections from one acceptor, in turn (as fencegate spreads them).
+    let mut lanes = Vec::with_capacity(workers);
     for i in 0..workers {
-        let socket = listener.try_clone()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (authority, mut stopped) = (authority.clone(), stopped.clone());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<std::net::TcpStream>();
+        lanes.push(tx);
+        let authority = authority.clone();
         std::thread::Builder::new()
             .name(format!("bare-proxy-{i}"))
             .spawn(move || {
                 runtime.block_on(async move {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(socket) else {
-                        return;
-                    };
                     let pool = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
-                    loop {
-                        let stream = tokio::select! {
-                            accepted = listener.accept() => match accepted {
-                                Ok((s, _)) => s,
-                                Err(_) => continue,
-                            },
-                            _ = stopped.changed() => return,
+                    while let Some(stream) = rx.recv().await {
+                        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
+                            continue;
                         };
-                        let _ = stream.set_nodelay(true);
                         let (pool, authority) = (pool.clone(), authority.clone());
                         let svc =
                             service_fn(move |req| forward(pool.clone(), authority.clone(), req));
@@ -76,6 +71,35 @@ pub fn start(upstream: SocketAddr, workers: usize) -> io::Result<Bare> {
                 })
             })?;
     }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut stopped = stopped;
+    std::thread::Builder::new()
+        .name("bare-proxy-accept".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                let mut next = 0;
+                loop {
+                    let stream = tokio::select! {
+                        accepted = listener.accept() => match accepted {
+                            Ok((s, _)) => s,
+                            Err(_) => continue,
+                        },
+                        _ = stopped.changed() => return,
+                    };
+                    let _ = stream.set_nodelay(true);
+                    if let Ok(stream) = stream.into_std() {
+                        let _ = lanes[next % lanes.len()].send(stream);
+                        next += 1;
+                    }
+                }
+                // Returning drops the lanes: the workers stop.
+            })
+        })?;
     Ok(Bare { addr, stop })
 }
 
@@ -85,23 +109,19 @@ async fn forward(
     req: hyper::Request<Incoming>,
 ) -> Result<hyper::Response<Body>, Infallible> {
     let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let uri = http::Uri::builder()
-        .scheme("http")
-        .authority(authority)
-        .path_and_query(path)
-        .build();
-    let Ok(uri) = uri else {
-        return Ok(status(400));
-    };
-    parts.uri = uri;
+    parts.uri = http::Uri::from(
+        parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
     let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
     Ok(
-        match pool.send(hyper::Request::from_parts(parts, body)).await {
+        match pool
+            .send(Some(&authority), hyper::Request::from_parts(parts, body))
+            .await
+        {
             Ok(resp) => resp.map(|b| b.boxed()),
             Err(_) => status(502),
         },

@@ -48,9 +48,10 @@ pub enum Upstreamed {
     Tls(Response<Incoming>),
 }
 
-/// Sends a prepared request (absolute URI) through the https upstream's client if it has
-/// one, else through the plain-HTTP pool.
+/// Sends a prepared request through the https upstream's client if it has one (absolute
+/// URI), else through this thread's plain-HTTP pool (origin form, to `upstream`).
 pub async fn send(
+    upstream: &Upstream,
     tls_client: Option<&Client>,
     req: Request<Body>,
 ) -> Result<Upstreamed, UpstreamError> {
@@ -65,7 +66,7 @@ pub async fn send(
             }),
         None => POOL
             .with(Arc::clone)
-            .send(req)
+            .send(upstream.url.authority(), req)
             .await
             .map(Upstreamed::Pooled)
             .map_err(|e| match e {
@@ -123,12 +124,27 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 /// Removes hop-by-hop headers, including every name listed in `Connection` — read before
 /// `Connection` itself is removed.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names present decides, instead of a
+    // hash lookup per listed name.
+    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        return;
+    }
+    // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
+    // needs a name parsed, so the common `Connection: keep-alive` costs no allocation.
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("keep-alive"))
+        .filter_map(|t| {
+            if t.eq_ignore_ascii_case("close") {
+                Some(HeaderName::from_static("close"))
+            } else {
+                HeaderName::from_bytes(t.as_bytes()).ok()
+            }
+        })
         .collect();
     for name in listed {
         headers.remove(name);
@@ -139,22 +155,55 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Appends to a list header, folding any repeated lines into one list first.
-fn append(headers: &mut HeaderMap, name: &'static str, value: &str) {
+fn append(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
+    if !headers.contains_key(name) {
+        headers.insert(name, value);
+        return;
+    }
     let mut joined: Vec<&str> = headers
         .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .collect();
-    joined.push(value);
+    let Ok(own) = value.to_str() else {
+        return;
+    };
+    joined.push(own);
     if let Ok(v) = HeaderValue::from_str(&joined.join(", ")) {
         headers.insert(name, v);
     }
 }
 
+thread_local! {
+    /// The last client address seen on this thread as a header value: a connection's
+    /// requests (and most of a worker's, behind a load balancer) share it.
+    static PEER_VALUE: std::cell::RefCell<Option<(IpAddr, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `peer` as an `X-Forwarded-For` element.
+fn peer_value(peer: IpAddr) -> HeaderValue {
+    PEER_VALUE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some((ip, v)) = cache.as_ref()
+            && *ip == peer
+        {
+            return v.clone();
+        }
+        let v = HeaderValue::from_str(&peer.to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        *cache = Some((peer, v.clone()));
+        v
+    })
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 /// Headers in which a client could claim another address, host or scheme.
 const FORWARDING: [HeaderName; 6] = [
-    HeaderName::from_static("x-forwarded-for"),
-    HeaderName::from_static("x-forwarded-proto"),
+    X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-port"),
     header::FORWARDED,
@@ -163,8 +212,10 @@ const FORWARDING: [HeaderName; 6] = [
 
 /// Builds the upstream request. The path and query go out byte for byte as received;
 /// Host is preserved (signatures such as SigV4 cover it), or taken from the h2 authority.
-/// Forwarding headers are kept only from a trusted proxy. Answers the request and a flag
-/// that turns true if the body outgrew `max_body` on the way.
+/// Forwarding headers are kept only from a trusted proxy. The URI is in origin form for
+/// the pool, absolute (`absolute`) for an https upstream's client. Answers the request
+/// and a flag that turns true if the body outgrew `max_body` on the way.
+#[allow(clippy::too_many_arguments)]
 pub fn upstream_request(
     req: Request<Body>,
     upstream: &Upstream,
@@ -172,24 +223,27 @@ pub fn upstream_request(
     tls: bool,
     trusted: bool,
     max_body: Option<u64>,
+    absolute: bool,
 ) -> Result<(Request<Body>, Arc<AtomicBool>), http::Error> {
     let (mut parts, body) = req.into_parts();
-    // The path and query move over as they are (no re-parse, byte for byte); scheme and
-    // authority come from the upstream's URL.
-    let mut uri = Uri::builder().path_and_query(
-        parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-    );
-    if let Some(scheme) = upstream.url.scheme() {
-        uri = uri.scheme(scheme.clone());
-    }
-    if let Some(authority) = upstream.url.authority() {
-        uri = uri.authority(authority.clone());
-    }
-    let uri: Uri = uri.build()?;
+    // The path and query move over as they are (no re-parse, byte for byte).
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let uri = if absolute {
+        let mut uri = Uri::builder().path_and_query(path);
+        if let Some(scheme) = upstream.url.scheme() {
+            uri = uri.scheme(scheme.clone());
+        }
+        if let Some(authority) = upstream.url.authority() {
+            uri = uri.authority(authority.clone());
+        }
+        uri.build()?
+    } else {
+        Uri::from(path)
+    };
     if !parts.headers.contains_key(header::HOST)
         && let Some(v) = parts
             .uri
@@ -199,16 +253,16 @@ pub fn upstream_request(
         parts.headers.insert(header::HOST, v);
     }
     strip_hop_by_hop(&mut parts.headers);
-    if !trusted {
+    if !trusted && parts.headers.keys().any(|n| FORWARDING.contains(n)) {
         for name in &FORWARDING {
             parts.headers.remove(name);
         }
     }
-    append(&mut parts.headers, "x-forwarded-for", &peer.to_string());
+    append(&mut parts.headers, &X_FORWARDED_FOR, peer_value(peer));
     // The scheme of this hop is ours to tell, unless a trusted proxy in front said it.
-    if !parts.headers.contains_key("x-forwarded-proto") {
+    if !trusted || !parts.headers.contains_key(&X_FORWARDED_PROTO) {
         parts.headers.insert(
-            "x-forwarded-proto",
+            X_FORWARDED_PROTO,
             HeaderValue::from_static(if tls { "https" } else { "http" }),
         );
     }

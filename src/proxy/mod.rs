@@ -292,20 +292,28 @@ impl Forwarder {
             .trusted_proxies
             .iter()
             .any(|net| net.contains(peer.ip()));
-        let (out, too_large) =
-            match forward::upstream_request(req, upstream, peer.ip(), tls, trusted, max_body) {
-                Ok(r) => r,
-                Err(e) => {
-                    if let Some(g) = guard.as_mut() {
-                        g.complete();
-                    }
-                    return fail(Outcome::InvalidRequest {
-                        detail: format!("cannot forward: {e}"),
-                    });
+        let (out, too_large) = match forward::upstream_request(
+            req,
+            upstream,
+            peer.ip(),
+            tls,
+            trusted,
+            max_body,
+            tls_client.is_some(),
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(g) = guard.as_mut() {
+                    g.complete();
                 }
-            };
+                return fail(Outcome::InvalidRequest {
+                    detail: format!("cannot forward: {e}"),
+                });
+            }
+        };
         let started = Instant::now();
-        let result = tokio::time::timeout(upstream.timeout, forward::send(tls_client, out)).await;
+        let result =
+            tokio::time::timeout(upstream.timeout, forward::send(upstream, tls_client, out)).await;
         self.metrics
             .upstream_seconds
             .observe_duration(started.elapsed());

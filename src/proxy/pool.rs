@@ -12,7 +12,6 @@
 //! request that hyper hands back unsent is tried on another connection, so a stale pooled
 //! connection never turns into an error or a duplicate write.
 
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -20,8 +19,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery};
-use http::{HeaderValue, Request, Response, Uri, header};
+use http::uri::Authority;
+use http::{HeaderValue, Request, Response, header};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
@@ -42,9 +41,10 @@ pub enum SendError {
 }
 
 struct Idle {
-    // Boxed: connections move between the pool and responses by pointer, not by value.
+    /// By upstream authority (a handful: a list beats hashing). Boxed: connections move
+    /// between the pool and responses by pointer, not by value.
     #[allow(clippy::vec_box)]
-    by_host: HashMap<Authority, Vec<Box<Pooled>>>,
+    by_host: Vec<(Authority, Vec<Box<Pooled>>)>,
     swept: Instant,
 }
 
@@ -93,7 +93,7 @@ impl Pool {
     ) -> Arc<Pool> {
         Arc::new(Pool {
             idle: Mutex::new(Idle {
-                by_host: HashMap::new(),
+                by_host: Vec::new(),
                 swept: Instant::now(),
             }),
             max_idle_per_host,
@@ -102,32 +102,21 @@ impl Pool {
         })
     }
 
-    /// Sends `req` (absolute URI, `http` scheme) and answers the response, whose body
+    /// Sends `req` (origin-form URI) to `authority` and answers the response, whose body
     /// drives the connection and returns it to the pool when it ends.
     pub async fn send(
         self: &Arc<Pool>,
-        req: Request<Body>,
+        authority: Option<&Authority>,
+        mut req: Request<Body>,
     ) -> Result<Response<PooledBody>, SendError> {
-        let (mut parts, body) = req.into_parts();
-        let authority = parts
-            .uri
-            .authority()
+        let authority = authority
             .cloned()
-            .ok_or_else(|| SendError::NotSent("upstream URI has no authority".into()))?;
-        if !parts.headers.contains_key(header::HOST)
+            .ok_or_else(|| SendError::NotSent("upstream URL has no authority".into()))?;
+        if !req.headers().contains_key(header::HOST)
             && let Ok(v) = HeaderValue::from_str(authority.as_str())
         {
-            parts.headers.insert(header::HOST, v);
+            req.headers_mut().insert(header::HOST, v);
         }
-        // On the wire in origin form.
-        parts.uri = Uri::from(
-            parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
-        let mut req = Request::from_parts(parts, body);
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -188,7 +177,11 @@ impl Pool {
 
     fn take(&self, authority: &Authority) -> Option<Box<Pooled>> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.by_host.get_mut(authority)?;
+        let list = idle
+            .by_host
+            .iter_mut()
+            .find(|(a, _)| a.as_str() == authority.as_str())
+            .map(|(_, list)| list)?;
         while let Some(p) = list.pop() {
             if p.idle_since.elapsed() < self.idle_timeout && !p.done && !p.send.is_closed() {
                 return Some(p);
@@ -210,12 +203,23 @@ impl Pool {
         if idle.swept.elapsed() >= SWEEP_EVERY {
             idle.swept = Instant::now();
             let timeout = self.idle_timeout;
-            idle.by_host.retain(|_, list| {
+            idle.by_host.retain_mut(|(_, list)| {
                 list.retain(|p| p.idle_since.elapsed() < timeout);
                 !list.is_empty()
             });
         }
-        let list = idle.by_host.entry(authority).or_default();
+        let at = idle
+            .by_host
+            .iter()
+            .position(|(a, _)| a.as_str() == authority.as_str());
+        let list = match at {
+            Some(i) => &mut idle.by_host[i].1,
+            None => {
+                idle.by_host.push((authority, Vec::new()));
+                let last = idle.by_host.len() - 1;
+                &mut idle.by_host[last].1
+            }
+        };
         if list.len() < self.max_idle_per_host {
             list.push(pooled);
         }
