@@ -33,11 +33,13 @@ pub type Body = BoxBody<Bytes, BoxError>;
 
 /// Headers that ask a backend to treat a request as another method: each would let a
 /// fenced write travel as an unfenced GET.
-const METHOD_OVERRIDES: &[&str] = &[
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
+const METHOD_OVERRIDES: [http::HeaderName; 3] = [
+    http::HeaderName::from_static("x-http-method-override"),
+    http::HeaderName::from_static("x-http-method"),
+    http::HeaderName::from_static("x-method-override"),
 ];
+
+const FENCING_SCOPE: http::HeaderName = http::HeaderName::from_static("fencing-scope");
 
 /// The routing table in force: a config and the metric rows of its routes. Swapped as a
 /// whole on reload, so a request sees one table from start to end.
@@ -394,9 +396,17 @@ fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, String> {
 
 /// Method overrides and upgrades would carry a request past the fence; refuse them.
 fn refuse_unfenceable(req: &Request<Incoming>) -> Result<(), String> {
+    // One pass over the names present; most requests carry none of these.
+    let suspect = req
+        .headers()
+        .keys()
+        .any(|k| METHOD_OVERRIDES.contains(k) || k == header::UPGRADE || k == header::CONNECTION);
+    if !suspect {
+        return Ok(());
+    }
     if let Some(h) = METHOD_OVERRIDES
         .iter()
-        .find(|h| req.headers().contains_key(**h))
+        .find(|h| req.headers().contains_key(*h))
     {
         return Err(format!("method-override header {h} on a fenced route"));
     }
@@ -427,7 +437,7 @@ fn read_token(req: &Request<Incoming>, name: &http::HeaderName) -> Result<Option
 }
 
 fn check_scope_header(req: &Request<Incoming>, scope: &str) -> Result<(), ()> {
-    let mut values = req.headers().get_all("fencing-scope").iter();
+    let mut values = req.headers().get_all(&FENCING_SCOPE).iter();
     match (values.next(), values.next()) {
         (None, _) => Ok(()),
         (Some(v), None) if v.as_bytes() == scope.as_bytes() => Ok(()),

@@ -118,19 +118,21 @@ impl Outcome {
         }
     }
 
-    fn title(&self) -> String {
+    fn title(&self) -> std::borrow::Cow<'static, str> {
         match self {
             Outcome::Stale { .. } => {
                 "A newer lock generation reached this scope; discard this work and re-acquire"
                     .into()
             }
             Outcome::MissingToken { .. } => "This method needs a fencing token".into(),
-            Outcome::InvalidToken { detail, .. } => format!("Malformed fencing token: {detail}"),
+            Outcome::InvalidToken { detail, .. } => {
+                format!("Malformed fencing token: {detail}").into()
+            }
             Outcome::ScopeMismatch { .. } => {
                 "Fencing-Scope does not match the scope of this request".into()
             }
-            Outcome::InvalidPath { detail } => format!("Non-canonical or unsafe path: {detail}"),
-            Outcome::InvalidRequest { detail } => format!("Refused: {detail}"),
+            Outcome::InvalidPath { detail } => format!("Non-canonical or unsafe path: {detail}").into(),
+            Outcome::InvalidRequest { detail } => format!("Refused: {detail}").into(),
             Outcome::MethodNotAllowed => "CONNECT is not proxied".into(),
             Outcome::NoRoute => "No route matches this request".into(),
             Outcome::Draining { .. } => {
@@ -141,7 +143,7 @@ impl Outcome {
                 "The fencing mark could not be made durable; retry with the same token".into()
             }
             Outcome::UpstreamUnavailable { detail, .. } => {
-                format!("The upstream could not be reached: {detail}")
+                format!("The upstream could not be reached: {detail}").into()
             }
             Outcome::InProgress { .. } => {
                 "A request with this Idempotency-Key is still in flight; retry later".into()
@@ -151,12 +153,12 @@ impl Outcome {
             }
             Outcome::OutcomeUnknown { .. } => "The first attempt with this Idempotency-Key ended without a response; it may or may not have been applied. Check the resource, then retry with a new key".into(),
             Outcome::PayloadTooLarge { limit } => {
-                format!("The request body is larger than this route allows ({limit} bytes)")
+                format!("The request body is larger than this route allows ({limit} bytes)").into()
             }
             Outcome::UpstreamTimeout { detail, .. } => {
                 format!(
                     "The upstream did not answer; the request may or may not have been applied: {detail}"
-                )
+                ).into()
             }
         }
     }
@@ -194,26 +196,35 @@ impl Outcome {
             }
             _ => (None, None, None),
         };
-        // Written directly, not through a JSON value: a stale storm is answered at the rate
-        // this runs. Strings go through serde_json for escaping.
-        let quote = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".into());
+        // Written directly into one buffer, not through a JSON value: a stale storm is
+        // answered at the rate this runs. Strings go through serde_json for escaping.
+        use std::io::Write as _;
         let result = self.result();
-        let mut body = format!(
-            "{{\"type\":\"urn:fencegate:{result}\",\"title\":{},\"status\":{},\"result\":\"{result}\"",
-            quote(&self.title()),
-            self.status().as_u16(),
+        let mut body: Vec<u8> = Vec::with_capacity(320);
+        let quote = |body: &mut Vec<u8>, v: &str| {
+            if serde_json::to_writer(&mut *body, v).is_err() {
+                body.extend_from_slice(b"\"\"");
+            }
+        };
+        // Writes to a Vec cannot fail.
+        let _ = write!(body, "{{\"type\":\"urn:fencegate:{result}\",\"title\":");
+        quote(&mut body, &self.title());
+        let _ = write!(
+            body,
+            ",\"status\":{},\"result\":\"{result}\"",
+            self.status().as_u16()
         );
         if let Some(scope) = fields.0 {
-            body.push_str(",\"scope\":");
-            body.push_str(&quote(scope));
+            body.extend_from_slice(b",\"scope\":");
+            quote(&mut body, scope);
         }
         if let Some(t) = fields.1 {
-            body.push_str(&format!(",\"token\":\"{t}\""));
+            let _ = write!(body, ",\"token\":\"{t}\"");
         }
         if let Some(h) = fields.2 {
-            body.push_str(&format!(",\"highest_accepted\":\"{h}\""));
+            let _ = write!(body, ",\"highest_accepted\":\"{h}\"");
         }
-        body.push('}');
+        body.push(b'}');
         let bytes = Bytes::from(body);
         let mut resp = Response::new(Full::new(bytes).map_err(|e| match e {}).boxed());
         *resp.status_mut() = self.status();
