@@ -1025,7 +1025,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
         md.push_str(&format!("| {k} | {v} |\n"));
     }
     md.push_str(&format!(
-        "| fencegate runtime | {} worker threads (`TOKIO_WORKER_THREADS`), separate process |\n| load generator | in the bench process, tokio, 2 worker threads |\n\n",
+        "| fencegate | `workers = {}` (proxy threads), separate process |\n| load generator | in the bench process, tokio, 2 worker threads |\n\n",
         args.workers
     ));
     md.push_str(&format!(
@@ -1063,7 +1063,10 @@ async fn run(args: &Args) -> Result<bool, Error> {
          W4: a fresh scope per request until every one was touched once (token 1), then a clean restart, then W1 over \
          10,000 of them chosen at random; then a SIGKILL restart and a check that token 0 is refused on them.\n\
          - Baselines: the same requests straight to the backend and through nginx `proxy_pass` \
-         (keepalive 64 upstream, `worker_processes` = fencegate's worker threads). PostgreSQL: pgbench, 64 clients, \
+         (keepalive 64 upstream, `worker_processes` = fencegate's `workers`); and the floor of fencegate's own \
+         HTTP stack: a bare reverse proxy on hyper's HTTP/1.1 server and fencegate's upstream pool, with the same \
+         worker model and no routing, fencing, header policy, timeouts or metrics (`benches/load/bare.rs`, on \
+         threads of the bench process, so its CPU is not told apart). PostgreSQL: pgbench, 64 clients, \
          2 threads, prepared statements, `synchronous_commit = on`; each transaction is \
          `UPDATE fences SET accepted_fence = :fence WHERE scope = :scope AND accepted_fence <= :fence` with client `c` \
          owning its scopes and raising their fence every time, like W2 (1,000 rows).\n\

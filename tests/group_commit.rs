@@ -54,6 +54,53 @@ async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
     proxy.shutdown().await;
 }
 
+/// A request that goes away while its advance is being committed: the commit lands, and
+/// the gate learns it (no advance left "under way" forever, no second commit needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
+    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::fence::Gates;
+    use fencegate::token::Token;
+    use std::time::Duration;
+
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let gates = Arc::new(Gates::new(
+        store.clone(),
+        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
+        Duration::from_secs(5),
+        Duration::ZERO,
+    ));
+    let token = Token {
+        epoch: 0,
+        counter: 7,
+    };
+    disk.hold();
+    let g = gates.clone();
+    let first = tokio::spawn(async move { g.admit("s", token, Accept).await });
+    // Bounded wait until the writer is inside the held commit.
+    tokio::time::timeout(support::BOUND, async {
+        while !disk.syncing() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the commit reaches the disk");
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    disk.release();
+    let again = tokio::time::timeout(support::BOUND, gates.admit("s", token, Accept))
+        .await
+        .expect("admitted within the bound")
+        .expect("admitted");
+    assert!(
+        !again.advanced,
+        "the abandoned commit was not taken into account"
+    );
+    assert_eq!(gates.mark("s").unwrap(), Some(token));
+    assert_eq!(store.get("s").unwrap(), Some(token));
+}
+
 /// Concurrent writers advance their scopes while the process is killed at an arbitrary
 /// moment. Every advance that was acknowledged (forwarded, 200) must be on disk after the
 /// restart: its token or a higher one is the scope's mark.

@@ -334,7 +334,10 @@ pub fn svg(rows: &[Row], title: &str, subtitle: &str) -> String {
     let ly = top + plot_h + 44.0;
     let mut lx = margin;
     for (k, name) in [
-        (Kind::Baseline, "baseline (direct / nginx proxy_pass)"),
+        (
+            Kind::Baseline,
+            "baseline (direct / nginx proxy_pass / bare hyper)",
+        ),
         (Kind::Fencegate, "fencegate"),
         (Kind::Postgres, "PostgreSQL conditional UPDATE (pgbench)"),
     ] {

@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::config::EqualPolicy;
-use crate::fence::marks::{MarkStore, StoreError};
+use crate::fence::marks::{MarkStore, StoreError, writer_stopped};
 use crate::fence::policy::{Decision, decide};
 use crate::metrics::Metrics;
 use crate::token::Token;
@@ -119,6 +119,60 @@ impl Drop for InflightGuard {
         drop(st);
         self.gate.notify.notify_waiters();
     }
+}
+
+/// An advance queued at the writer; dropping it before the commit landed leaves a task
+/// to finish the gate's bookkeeping when it does.
+struct PendingCommit {
+    rx: Option<oneshot::Receiver<Result<Token, StoreError>>>,
+    gate: Arc<Gate>,
+    token: Token,
+}
+
+impl PendingCommit {
+    async fn wait(mut self) -> Result<Token, StoreError> {
+        let result = match self.rx.as_mut() {
+            Some(rx) => rx.await.unwrap_or_else(|_| Err(writer_stopped())),
+            None => Err(writer_stopped()),
+        };
+        self.rx = None;
+        finish_commit(&self.gate, self.token, &result);
+        result
+    }
+}
+
+impl Drop for PendingCommit {
+    fn drop(&mut self) {
+        let Some(rx) = self.rx.take() else {
+            return;
+        };
+        let (gate, token) = (self.gate.clone(), self.token);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let result = rx.await.unwrap_or_else(|_| Err(writer_stopped()));
+                    finish_commit(&gate, token, &result);
+                });
+            }
+            // No runtime (shutting down): clear the advance without trusting it; memory
+            // stays at or behind disk, and the next request advances again.
+            Err(_) => finish_commit(&gate, token, &Err(writer_stopped())),
+        }
+    }
+}
+
+/// A commit of `token` landed (or failed): the gate takes the stored mark and wakes its
+/// waiters.
+fn finish_commit(gate: &Gate, token: Token, result: &Result<Token, StoreError>) {
+    let mut st = gate.lock();
+    if st.advancing == Some(token) {
+        st.advancing = None;
+    }
+    if let Ok(stored) = result {
+        st.current = st.current.max(Some(*stored));
+    }
+    drop(st);
+    gate.notify.notify_waiters();
 }
 
 /// Called with the shard locked. Only the map holds an evictable gate, so nobody can be
@@ -398,34 +452,31 @@ impl Gates {
         }
     }
 
-    /// Commits an advance in a task of its own, so that a client going away mid-commit
-    /// cannot leave the gate believing an advance is still under way.
+    /// Commits an advance and brings the gate up to date. Cancel-safe: if the request
+    /// goes away mid-commit, a task finishes the bookkeeping when the commit lands, so
+    /// the gate never believes an advance is still under way.
     async fn commit(
         &self,
         key: &Arc<str>,
         gate: &Arc<Gate>,
         token: Token,
     ) -> Result<Token, Refusal> {
-        let store = self.store.clone();
-        let gate = gate.clone();
-        let key = key.clone();
-        let task = tokio::spawn(async move {
-            let result = store.advance(key, token).await;
-            let mut st = gate.lock();
-            if st.advancing == Some(token) {
-                st.advancing = None;
+        let result = match self.store.begin_advance(key.clone(), token) {
+            Ok(rx) => {
+                PendingCommit {
+                    rx: Some(rx),
+                    gate: gate.clone(),
+                    token,
+                }
+                .wait()
+                .await
             }
-            if let Ok(stored) = result {
-                st.current = st.current.max(Some(stored));
+            Err(e) => {
+                finish_commit(gate, token, &Err(e));
+                return Err(Refusal::Unavailable);
             }
-            drop(st);
-            gate.notify.notify_waiters();
-            result
-        });
-        match task.await {
-            Ok(Ok(stored)) => Ok(stored),
-            _ => Err(Refusal::Unavailable),
-        }
+        };
+        result.map_err(|_| Refusal::Unavailable)
     }
 
     /// Raises a scope's mark without forwarding anything (admin API). Never lowers.

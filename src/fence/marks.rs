@@ -51,6 +51,11 @@ fn read_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Read(e.to_string())
 }
 
+/// What a dropped reply channel means: the writer is gone.
+pub fn writer_stopped() -> StoreError {
+    StoreError::Failed("writer stopped".into())
+}
+
 enum Op {
     Advance {
         scope: Arc<str>,
@@ -254,14 +259,25 @@ impl MarkStore {
     /// Durably raises `scope` to at least `token`. Answers the stored mark, which may be
     /// higher than `token` if a higher advance got there first. Never lowers a mark.
     pub async fn advance(&self, scope: Arc<str>, token: Token) -> Result<Token, StoreError> {
+        self.begin_advance(scope, token)?
+            .await
+            .unwrap_or_else(|_| Err(writer_stopped()))
+    }
+
+    /// [`advance`](MarkStore::advance) in two steps: queue it now, read the stored mark
+    /// from the receiver once committed. The commit lands whether or not anyone waits.
+    pub fn begin_advance(
+        &self,
+        scope: Arc<str>,
+        token: Token,
+    ) -> Result<oneshot::Receiver<Result<Token, StoreError>>, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.send(Op::Advance {
             scope,
             token,
             reply,
         })?;
-        rx.await
-            .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+        Ok(rx)
     }
 
     /// Durably raises the epoch floor to at least `epoch`; answers the floor in force.

@@ -1,8 +1,8 @@
 //! An in-memory redb disk that can be told to fail every write and sync: store failures
 //! (full disk, failed fsync) on demand.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use redb::StorageBackend;
 use redb::backends::InMemoryBackend;
@@ -11,6 +11,9 @@ use redb::backends::InMemoryBackend;
 pub struct Disk {
     inner: Arc<InMemoryBackend>,
     broken: Arc<AtomicBool>,
+    /// While true, every sync waits (a commit held mid-way); `syncing` says one does.
+    held: Arc<(Mutex<bool>, Condvar)>,
+    syncing: Arc<AtomicBool>,
 }
 
 impl Disk {
@@ -21,6 +24,24 @@ impl Disk {
     /// From now on every write and sync fails (or succeeds again with `false`).
     pub fn set_broken(&self, broken: bool) {
         self.broken.store(broken, Ordering::SeqCst);
+    }
+
+    /// From now on a sync waits until [`release`](Disk::release): commits stop mid-way.
+    #[allow(dead_code)]
+    pub fn hold(&self) {
+        *self.held.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+
+    #[allow(dead_code)]
+    pub fn release(&self) {
+        *self.held.0.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.held.1.notify_all();
+    }
+
+    /// A sync is waiting in [`hold`](Disk::hold).
+    #[allow(dead_code)]
+    pub fn syncing(&self) -> bool {
+        self.syncing.load(Ordering::SeqCst)
     }
 
     fn check(&self) -> std::io::Result<()> {
@@ -44,6 +65,14 @@ impl StorageBackend for Disk {
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> std::io::Result<()> {
+        let (held, released) = &*self.held;
+        let mut h = held.lock().unwrap_or_else(|p| p.into_inner());
+        while *h {
+            self.syncing.store(true, Ordering::SeqCst);
+            h = released.wait(h).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(h);
+        self.syncing.store(false, Ordering::SeqCst);
         self.check()?;
         self.inner.sync_data()
     }
