@@ -9,7 +9,7 @@
 //! Options: `--smoke` (≈1 s per measurement, W4 with 20,000 scopes, PostgreSQL only if
 //! installed), `--duration SECS` (measured seconds per workload, default 10),
 //! `--out DIR` (default `benches/results`), `--no-postgres`, `--workers N` (fencegate's
-//! worker threads and nginx proxy_pass's worker processes, default 2).
+//! `server.workers` and nginx proxy_pass's worker processes, default 2).
 //!
 //! It starts everything itself on 127.0.0.1: nginx null (`return 204`), nginx WebDAV,
 //! nginx proxy_pass (keepalive upstream, 2 workers) in front of each, fencegate (the
@@ -60,7 +60,7 @@ struct Args {
     warmup: Duration,
     out: PathBuf,
     postgres: bool,
-    /// fencegate's worker threads and nginx proxy_pass's worker processes.
+    /// fencegate's `server.workers` and nginx proxy_pass's worker processes.
     workers: usize,
 }
 
