@@ -407,6 +407,14 @@ where
         std::thread::Builder::new()
             .name(format!("fencegate-worker-{i}"))
             .spawn(move || {
+                // Idle upstream connections close on time even when no request comes.
+                runtime.spawn(async {
+                    let mut tick = tokio::time::interval(crate::proxy::pool::SWEEP_EVERY);
+                    loop {
+                        tick.tick().await;
+                        crate::proxy::forward::sweep_idle();
+                    }
+                });
                 runtime.block_on(serve(
                     Source::Handed(rx),
                     stop,

@@ -245,3 +245,40 @@ async fn a_connection_with_an_unread_body_is_not_reused() {
     );
     running.shutdown().await;
 }
+
+/// The pool on its own: a connection back from a finished exchange waits idle, is reused,
+/// and once past the idle timeout a sweep closes it.
+#[tokio::test]
+async fn idle_connections_past_the_timeout_are_closed() {
+    use fencegate::proxy::pool::Pool;
+    use http_body_util::BodyExt;
+    use std::time::Duration;
+
+    let upstream = Upstream::start().await;
+    let timeout = Duration::from_millis(50);
+    let pool = Pool::new(8, timeout, Duration::from_secs(5));
+    let authority: http::uri::Authority = upstream.addr.to_string().parse().unwrap();
+    for i in 0..2 {
+        let req = http::Request::builder()
+            .uri(format!("/keep/p{i}"))
+            .body(
+                http_body_util::Empty::<bytes::Bytes>::new()
+                    .map_err(|e| match e {})
+                    .boxed(),
+            )
+            .unwrap();
+        let resp = tokio::time::timeout(BOUND, pool.send(Some(&authority), req))
+            .await
+            .expect("answer within bound")
+            .expect("answer");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+        assert_eq!(pool.idle(), 1);
+    }
+    assert_eq!(upstream.accepted(), 1);
+    pool.sweep();
+    assert_eq!(pool.idle(), 1, "not idle for long enough yet");
+    tokio::time::sleep(timeout + Duration::from_millis(10)).await;
+    pool.sweep();
+    assert_eq!(pool.idle(), 0);
+}

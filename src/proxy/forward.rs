@@ -35,6 +35,11 @@ thread_local! {
     static POOL: Arc<Pool> = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
 }
 
+/// Closes this thread's idle upstream connections that are past the idle timeout.
+pub fn sweep_idle() {
+    POOL.with(|pool| pool.sweep());
+}
+
 /// How an upstream exchange failed.
 pub struct UpstreamError {
     /// Nothing reached the upstream: nothing to settle.

@@ -83,7 +83,8 @@ pub struct Pool {
 /// the last try always uses a new connection.
 const MAX_STALE_RETRIES: usize = 3;
 
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often idle connections are looked over.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 impl Pool {
     pub fn new(
@@ -198,15 +199,8 @@ impl Pool {
         }
         pooled.idle_since = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        // Now and then, close what has idled too long (its upstream has likely closed
-        // its end), so idle sockets do not linger in CLOSE_WAIT.
         if idle.swept.elapsed() >= SWEEP_EVERY {
-            idle.swept = Instant::now();
-            let timeout = self.idle_timeout;
-            idle.by_host.retain_mut(|(_, list)| {
-                list.retain(|p| p.idle_since.elapsed() < timeout);
-                !list.is_empty()
-            });
+            self.sweep_locked(&mut idle);
         }
         let at = idle
             .by_host
@@ -223,6 +217,29 @@ impl Pool {
         if list.len() < self.max_idle_per_host {
             list.push(pooled);
         }
+    }
+
+    /// Closes what has idled longer than the idle timeout (its upstream has likely closed
+    /// its end), so idle sockets do not linger in CLOSE_WAIT. Runs now and then as
+    /// connections come back, and from the worker's timer when traffic stops.
+    pub fn sweep(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        self.sweep_locked(&mut idle);
+    }
+
+    /// Connections waiting in the pool.
+    pub fn idle(&self) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.by_host.iter().map(|(_, list)| list.len()).sum()
+    }
+
+    fn sweep_locked(&self, idle: &mut Idle) {
+        idle.swept = Instant::now();
+        let timeout = self.idle_timeout;
+        idle.by_host.retain_mut(|(_, list)| {
+            list.retain(|p| p.idle_since.elapsed() < timeout);
+            !list.is_empty()
+        });
     }
 
     async fn connect(&self, authority: &Authority) -> Result<Box<Pooled>, SendError> {
