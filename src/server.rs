@@ -161,7 +161,6 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         grace,
         http_builder(&config.server),
         None,
-        None,
         move |req, _peer| {
             let app = admin_app.clone();
             async move { crate::admin::handle(&app, req).await }
@@ -420,7 +419,6 @@ where
                     stop,
                     grace,
                     builder,
-                    None,
                     tls,
                     handler,
                 ));
@@ -484,7 +482,6 @@ async fn serve<F, Fut>(
     mut stop: watch::Receiver<bool>,
     grace: Duration,
     builder: auto::Builder<TokioExecutor>,
-    limits: Option<Arc<ConnLimits>>,
     tls: Option<Arc<crate::tls::Listener>>,
     handler: F,
 ) where
@@ -496,7 +493,7 @@ async fn serve<F, Fut>(
     let builder = Arc::new(builder);
     loop {
         let next = tokio::select! {
-            next = source.next(limits.as_ref()) => next,
+            next = source.next(None) => next,
             _ = stop.changed() => break,
         };
         let Some(Accepted { stream, peer, slot }) = next else {

@@ -366,35 +366,16 @@ fn builtin_roots() -> RootCertStore {
     }
 }
 
-/// The connector of an upstream client: TLS per `tls` for an https upstream; plain TCP
-/// for http ones (`tls` is `None`).
-pub fn connector(
-    mut http: HttpConnector,
-    tls: Option<&UpstreamTls>,
-) -> HttpsConnector<HttpConnector> {
+/// The connector of an https upstream's client: TLS per `tls` (plain-HTTP upstreams go
+/// through the pool in `proxy::pool`).
+pub fn connector(mut http: HttpConnector, tls: &UpstreamTls) -> HttpsConnector<HttpConnector> {
     // The TLS layer decides the scheme; the TCP layer must let https URIs through.
     http.enforce_http(false);
-    match tls {
-        Some(tls) => {
-            let resolver: Arc<dyn ResolveServerName + Send + Sync> = match &tls.server_name {
-                Some(name) => Arc::new(FixedServerNameResolver::new(name.clone())),
-                None => Arc::new(DefaultServerNameResolver::default()),
-            };
-            HttpsConnector::new(http, tls.config.clone(), true, resolver)
-        }
-        None => HttpsConnector::new(
-            http,
-            // Never used for https: every https upstream has its own settings. The config is
-            // there only because the connector type needs one.
-            with_http1_alpn(
-                client_builder()
-                    .with_root_certificates(builtin_roots())
-                    .with_no_client_auth(),
-            ),
-            false,
-            Arc::new(DefaultServerNameResolver::default()),
-        ),
-    }
+    let resolver: Arc<dyn ResolveServerName + Send + Sync> = match &tls.server_name {
+        Some(name) => Arc::new(FixedServerNameResolver::new(name.clone())),
+        None => Arc::new(DefaultServerNameResolver::default()),
+    };
+    HttpsConnector::new(http, tls.config.clone(), true, resolver)
 }
 
 /// Keeps a value, or notes its error under `path`.

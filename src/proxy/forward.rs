@@ -22,8 +22,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
-pub use crate::proxy::pool::Pool;
-use crate::proxy::pool::{PooledBody, SendError};
+use crate::proxy::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
 use crate::tls::UpstreamTls;
 
@@ -101,7 +100,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// The client of one https upstream, built with the routing table from its TLS settings,
 /// so connections made under different CAs or client certificates never share a pool,
 /// and a reload's new settings apply to new connections.
-pub fn client(tls: Option<&UpstreamTls>) -> Client {
+pub fn client(tls: &UpstreamTls) -> Client {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));

@@ -99,7 +99,7 @@ impl Proxy {
         let clients = config
             .upstreams
             .iter()
-            .map(|u| u.tls.as_ref().map(|tls| forward::client(Some(tls))))
+            .map(|u| u.tls.as_ref().map(forward::client))
             .collect();
         Table {
             config,
@@ -257,7 +257,8 @@ impl Proxy {
     }
 }
 
-/// The forwarding stage: the upstream client and what it reports to.
+/// The forwarding stage and what it reports to (the upstream connections are the
+/// worker's pool, or the https upstream's client in the routing table).
 #[derive(Clone)]
 pub(crate) struct Forwarder {
     metrics: Arc<Metrics>,

@@ -45,7 +45,6 @@ struct Idle {
     /// between the pool and responses by pointer, not by value.
     #[allow(clippy::vec_box)]
     by_host: Vec<(Authority, Vec<Box<Pooled>>)>,
-    swept: Instant,
 }
 
 /// One connection with its request handle.
@@ -95,7 +94,6 @@ impl Pool {
         Arc::new(Pool {
             idle: Mutex::new(Idle {
                 by_host: Vec::new(),
-                swept: Instant::now(),
             }),
             max_idle_per_host,
             idle_timeout,
@@ -199,9 +197,6 @@ impl Pool {
         }
         pooled.idle_since = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.swept.elapsed() >= SWEEP_EVERY {
-            self.sweep_locked(&mut idle);
-        }
         let at = idle
             .by_host
             .iter()
@@ -220,26 +215,21 @@ impl Pool {
     }
 
     /// Closes what has idled longer than the idle timeout (its upstream has likely closed
-    /// its end), so idle sockets do not linger in CLOSE_WAIT. Runs now and then as
-    /// connections come back, and from the worker's timer when traffic stops.
+    /// its end), so idle sockets do not linger in CLOSE_WAIT. Each proxy worker runs it
+    /// every [`SWEEP_EVERY`].
     pub fn sweep(&self) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        self.sweep_locked(&mut idle);
+        let timeout = self.idle_timeout;
+        idle.by_host.retain_mut(|(_, list)| {
+            list.retain(|p| p.idle_since.elapsed() < timeout);
+            !list.is_empty()
+        });
     }
 
     /// Connections waiting in the pool.
     pub fn idle(&self) -> usize {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         idle.by_host.iter().map(|(_, list)| list.len()).sum()
-    }
-
-    fn sweep_locked(&self, idle: &mut Idle) {
-        idle.swept = Instant::now();
-        let timeout = self.idle_timeout;
-        idle.by_host.retain_mut(|(_, list)| {
-            list.retain(|p| p.idle_since.elapsed() < timeout);
-            !list.is_empty()
-        });
     }
 
     async fn connect(&self, authority: &Authority) -> Result<Box<Pooled>, SendError> {
