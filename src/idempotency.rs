@@ -321,7 +321,7 @@ impl Idempotency {
                     let headers = parts
                         .headers
                         .iter()
-                        .filter(|(n, _)| *n != http::header::DATE && n.as_str() != FENCING_RESULT)
+                        .filter(|(n, _)| *n != http::header::DATE && *n != FENCING_RESULT)
                         .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
                         .collect();
                     let body_stored = rest.is_none() && !broken;

@@ -4,7 +4,7 @@
 //!
 //! Module map, in the order a request meets them:
 //! - [`server`]: listeners, connection and request-head limits, h2 bounds, graceful
-//!   shutdown, SIGHUP reload
+//!   shutdown, SIGHUP reload; [`timer`]: the workers' coarse per-request deadlines
 //! - [`tls`]: HTTPS on the listener (optional client certificates, files re-read on
 //!   SIGHUP) and the client side of https upstreams
 //! - [`route`]: canonical paths, route templates, scope rendering (SPEC §2)
@@ -39,5 +39,6 @@ pub mod metrics;
 pub mod proxy;
 pub mod route;
 pub mod server;
+pub mod timer;
 pub mod tls;
 pub mod token;

@@ -256,16 +256,25 @@ impl ConnLimits {
     }
 }
 
+/// hyper's HTTP/1 header-count limit when none is set.
+const HYPER_MAX_HEADERS: usize = 100;
+
 /// HTTP/1.1 and h2 on one port, with the request-head limits of `[server]`.
 fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        .timer(TokioTimer::new())
+    let mut h1 = b.http1();
+    h1
+        // Per-worker coarse deadlines instead of a tokio timer entry per request.
+        .timer(crate::timer::CoarseTimer)
         // Slowloris: a request head must arrive within this time (also bounds idle
         // keep-alive connections waiting for their next request).
         .header_read_timeout(server.header_read_timeout)
-        .max_buf_size(server.max_header_bytes)
-        .max_headers(server.max_headers);
+        .max_buf_size(server.max_header_bytes);
+    // hyper's own limit is 100 and keeps its header slots inline; an explicit limit makes
+    // it allocate and fill them for every request head.
+    if server.max_headers != HYPER_MAX_HEADERS {
+        h1.max_headers(server.max_headers);
+    }
     b.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
@@ -407,6 +416,7 @@ where
             .name(format!("fencegate-worker-{i}"))
             .spawn(move || {
                 // Idle upstream connections close on time even when no request comes.
+                runtime.spawn(crate::timer::drive());
                 runtime.spawn(async {
                     let mut tick = tokio::time::interval(crate::proxy::pool::SWEEP_EVERY);
                     loop {

@@ -316,7 +316,7 @@ impl Forwarder {
         };
         let started = Instant::now();
         let result =
-            tokio::time::timeout(upstream.timeout, forward::send(upstream, tls_client, out)).await;
+            crate::timer::timeout(upstream.timeout, forward::send(upstream, tls_client, out)).await;
         self.metrics
             .upstream_seconds
             .observe_duration(started.elapsed());

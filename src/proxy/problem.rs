@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Full};
 use crate::proxy::Body;
 use crate::token::Token;
 
-pub const FENCING_RESULT: &str = "fencing-result";
+pub const FENCING_RESULT: http::HeaderName = http::HeaderName::from_static("fencing-result");
 
 /// Everything fencegate can answer by itself.
 #[derive(Debug, Clone, PartialEq, Eq)]

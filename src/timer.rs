@@ -1,0 +1,419 @@
+//! Coarse deadlines for the per-request timeouts of the proxy workers.
+//!
+//! Every request carries two timeouts (the request head must arrive in time, the upstream
+//! must answer in time) that almost never fire. A tokio timer entry per timeout costs a
+//! registration and a removal under the timer driver's lock, a handle lookup and a clock
+//! read at each; at tens of thousands of requests per second that is measurable. Here a
+//! worker thread keeps its armed deadlines in a slab that one task scans every [`TICK`]:
+//! arming is a slab insert, disarming a slab remove, and a deadline fires at most one
+//! tick late — irrelevant for timeouts measured in seconds.
+//!
+//! A deadline armed on a thread without a wheel (the main runtime), or polled on another
+//! thread than the one it was armed on, falls back to a tokio timer, so it is correct
+//! anywhere; only the workers run [`drive`].
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// How often a worker looks for expired deadlines; a deadline fires at most this late.
+pub const TICK: Duration = Duration::from_millis(50);
+
+static NEXT_WHEEL: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static WHEEL: RefCell<Option<Wheel>> = const { RefCell::new(None) };
+}
+
+struct Slot {
+    /// Bumped whenever the slot is freed, so a stale handle cannot touch its successor.
+    generation: u32,
+    armed: Option<(Instant, Waker)>,
+}
+
+struct Wheel {
+    id: u64,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+}
+
+impl Wheel {
+    fn arm(&mut self, at: Instant, waker: Waker) -> (usize, u32) {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    armed: None,
+                });
+                self.slots.len() - 1
+            }
+        };
+        let slot = &mut self.slots[index];
+        slot.armed = Some((at, waker));
+        (index, slot.generation)
+    }
+
+    /// Frees `index` if it still belongs to `generation`.
+    fn disarm(&mut self, index: usize, generation: u32) {
+        if let Some(slot) = self.slots.get_mut(index)
+            && slot.generation == generation
+            && slot.armed.is_some()
+        {
+            slot.armed = None;
+            slot.generation = slot.generation.wrapping_add(1);
+            self.free.push(index);
+        }
+    }
+
+    /// The slot is still armed for this handle (it has not fired).
+    fn armed(&mut self, index: usize, generation: u32) -> Option<&mut Waker> {
+        let slot = self.slots.get_mut(index)?;
+        if slot.generation != generation {
+            return None;
+        }
+        slot.armed.as_mut().map(|(_, w)| w)
+    }
+
+    /// Frees every slot due at `now` and answers their wakers.
+    fn expire(&mut self, now: Instant, woken: &mut Vec<Waker>) {
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            if slot.armed.as_ref().is_some_and(|(at, _)| *at <= now)
+                && let Some((_, waker)) = slot.armed.take()
+            {
+                slot.generation = slot.generation.wrapping_add(1);
+                self.free.push(index);
+                woken.push(waker);
+            }
+        }
+    }
+}
+
+/// Runs this thread's wheel until the runtime stops; deadlines armed on this thread from
+/// now on use it. Only for single-threaded runtimes (a worker), where a task never moves.
+pub async fn drive() {
+    let id = NEXT_WHEEL.fetch_add(1, Ordering::Relaxed);
+    WHEEL.with(|w| {
+        *w.borrow_mut() = Some(Wheel {
+            id,
+            slots: Vec::new(),
+            free: Vec::new(),
+        })
+    });
+    // Disarms the wheel if this task is dropped (runtime shutdown): deadlines then fall
+    // back to tokio timers instead of waiting for a tick that never comes.
+    struct Uninstall;
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            let _ = WHEEL.try_with(|w| {
+                if let Ok(mut w) = w.try_borrow_mut()
+                    && let Some(wheel) = w.take()
+                {
+                    // Wake everything armed: each re-polls and moves to a tokio timer.
+                    for slot in wheel.slots {
+                        if let Some((_, waker)) = slot.armed {
+                            waker.wake();
+                        }
+                    }
+                }
+            });
+        }
+    }
+    let _uninstall = Uninstall;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut woken = Vec::new();
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        WHEEL.with(|w| {
+            if let Some(wheel) = w.borrow_mut().as_mut() {
+                wheel.expire(now, &mut woken);
+            }
+        });
+        // Outside the borrow: a waker may be for a task that arms a deadline when polled.
+        for waker in woken.drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+enum Registration {
+    None,
+    Wheel {
+        wheel: u64,
+        index: usize,
+        generation: u32,
+    },
+    Tokio(Pin<Box<tokio::time::Sleep>>),
+}
+
+/// A point in time that a future can wait for; see the module docs.
+pub struct Deadline {
+    at: Instant,
+    registration: Registration,
+}
+
+impl Deadline {
+    pub fn at(at: Instant) -> Deadline {
+        Deadline {
+            at,
+            registration: Registration::None,
+        }
+    }
+
+    pub fn after(duration: Duration) -> Deadline {
+        let now = Instant::now();
+        Deadline::at(
+            now.checked_add(duration)
+                .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+        )
+    }
+
+    /// Moves the deadline (hyper re-arms its head timeout for each request).
+    pub fn reset(&mut self, at: Instant) {
+        self.disarm();
+        self.at = at;
+    }
+
+    fn disarm(&mut self) {
+        if let Registration::Wheel {
+            wheel,
+            index,
+            generation,
+        } = std::mem::replace(&mut self.registration, Registration::None)
+        {
+            let _ = WHEEL.try_with(|w| {
+                if let Ok(mut w) = w.try_borrow_mut()
+                    && let Some(current) = w.as_mut()
+                    && current.id == wheel
+                {
+                    current.disarm(index, generation);
+                }
+            });
+        }
+        // Slots of a wheel on another thread free themselves when they expire.
+    }
+
+    /// Registers with this thread's wheel, or answers `false` if it has none.
+    fn arm_on_wheel(&mut self, waker: &Waker) -> bool {
+        WHEEL
+            .try_with(|w| {
+                let Ok(mut w) = w.try_borrow_mut() else {
+                    return false;
+                };
+                let Some(wheel) = w.as_mut() else {
+                    return false;
+                };
+                let (index, generation) = wheel.arm(self.at, waker.clone());
+                self.registration = Registration::Wheel {
+                    wheel: wheel.id,
+                    index,
+                    generation,
+                };
+                true
+            })
+            .unwrap_or(false)
+    }
+}
+
+impl Future for Deadline {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        match &mut this.registration {
+            Registration::Tokio(sleep) => return sleep.as_mut().poll(cx),
+            Registration::Wheel {
+                wheel,
+                index,
+                generation,
+            } => {
+                let (wheel, index, generation) = (*wheel, *index, *generation);
+                let state = WHEEL
+                    .try_with(|w| {
+                        let mut w = w.try_borrow_mut().ok()?;
+                        let current = w.as_mut().filter(|c| c.id == wheel)?;
+                        Some(match current.armed(index, generation) {
+                            Some(armed) => {
+                                if !armed.will_wake(cx.waker()) {
+                                    *armed = cx.waker().clone();
+                                }
+                                Poll::Pending
+                            }
+                            // Freed by the wheel: it fired.
+                            None => Poll::Ready(()),
+                        })
+                    })
+                    .ok()
+                    .flatten();
+                match state {
+                    Some(Poll::Pending) => return Poll::Pending,
+                    Some(Poll::Ready(())) => {
+                        this.registration = Registration::None;
+                        return Poll::Ready(());
+                    }
+                    // Polled away from its wheel (or the wheel is gone): a tokio timer
+                    // from here on.
+                    None => this.registration = Registration::None,
+                }
+            }
+            Registration::None => {}
+        }
+        if Instant::now() >= this.at {
+            return Poll::Ready(());
+        }
+        if this.arm_on_wheel(cx.waker()) {
+            return Poll::Pending;
+        }
+        let mut sleep = Box::pin(tokio::time::sleep_until(this.at.into()));
+        let poll = sleep.as_mut().poll(cx);
+        this.registration = Registration::Tokio(sleep);
+        poll
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
+
+/// The future did not finish before its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+/// `fut`, unless `duration` passes first.
+pub async fn timeout<F: Future>(duration: Duration, fut: F) -> Result<F::Output, Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    let mut deadline = Deadline::after(duration);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        Pin::new(&mut deadline).poll(cx).map(|()| Err(Elapsed))
+    })
+    .await
+}
+
+/// hyper's timer for the HTTP/1 head timeout, on [`Deadline`]s.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CoarseTimer;
+
+impl hyper::rt::Sleep for Deadline {}
+
+impl hyper::rt::Timer for CoarseTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(Deadline::after(duration))
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(Deadline::at(deadline))
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
+        match sleep.as_mut().downcast_mut_pin::<Deadline>() {
+            Some(d) => d.get_mut().reset(new_deadline),
+            None => *sleep = self.sleep_until(new_deadline),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn a_deadline_on_a_wheel_fires_within_a_tick() {
+        let rt = worker();
+        rt.block_on(async {
+            tokio::spawn(drive());
+            tokio::task::yield_now().await;
+            let started = Instant::now();
+            Deadline::after(Duration::from_millis(120)).await;
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(120), "{took:?}");
+            assert!(took < Duration::from_secs(10), "{took:?}");
+            // Everything that fired is freed.
+            WHEEL.with(|w| {
+                let w = w.borrow();
+                let wheel = w.as_ref().expect("wheel");
+                assert!(wheel.slots.iter().all(|s| s.armed.is_none()));
+            });
+        });
+    }
+
+    #[test]
+    fn timeout_answers_the_future_or_elapsed() {
+        let rt = worker();
+        rt.block_on(async {
+            tokio::spawn(drive());
+            tokio::task::yield_now().await;
+            assert_eq!(timeout(Duration::from_secs(5), async { 7 }).await, Ok(7));
+            let never = std::future::pending::<()>();
+            assert_eq!(
+                timeout(Duration::from_millis(60), never).await,
+                Err(Elapsed)
+            );
+            // A finished timeout leaves no armed slot behind.
+            let quick = tokio::time::sleep(Duration::from_millis(5));
+            assert_eq!(timeout(Duration::from_secs(30), quick).await, Ok(()));
+            WHEEL.with(|w| {
+                let w = w.borrow();
+                let wheel = w.as_ref().expect("wheel");
+                assert!(wheel.slots.iter().all(|s| s.armed.is_none()));
+                assert_eq!(wheel.free.len(), wheel.slots.len());
+            });
+        });
+    }
+
+    #[test]
+    fn without_a_wheel_a_tokio_timer_is_used() {
+        let rt = worker();
+        rt.block_on(async {
+            let started = Instant::now();
+            Deadline::after(Duration::from_millis(30)).await;
+            assert!(started.elapsed() >= Duration::from_millis(30));
+            let never = std::future::pending::<()>();
+            assert_eq!(
+                timeout(Duration::from_millis(30), never).await,
+                Err(Elapsed)
+            );
+        });
+    }
+
+    #[test]
+    fn reset_moves_an_armed_deadline() {
+        let rt = worker();
+        rt.block_on(async {
+            tokio::spawn(drive());
+            tokio::task::yield_now().await;
+            let timer = CoarseTimer;
+            let mut sleep = hyper::rt::Timer::sleep(&timer, Duration::from_secs(3600));
+            // Armed by a first poll, then moved close.
+            let waker = futures_noop_waker();
+            let mut cx = Context::from_waker(&waker);
+            assert!(sleep.as_mut().poll(&mut cx).is_pending());
+            let started = Instant::now();
+            hyper::rt::Timer::reset(&timer, &mut sleep, started + Duration::from_millis(60));
+            sleep.await;
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(60), "{took:?}");
+            assert!(took < Duration::from_secs(10), "{took:?}");
+        });
+    }
+
+    fn futures_noop_waker() -> Waker {
+        Waker::noop().clone()
+    }
+}
