@@ -2,61 +2,96 @@
 //! (scopes are unbounded; a label per scope would be a memory leak in every scraper).
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::fence::marks::StoreStats;
 
-/// A fixed-bucket histogram; buckets are upper bounds in the unit of the caller.
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
+/// Counter shards: each thread adds to its own (on its own cache line), so the proxy
+/// workers do not pass counter cache lines back and forth on every request; a scrape
+/// sums them.
+const SHARDS: usize = 8;
+/// Most buckets a histogram may have.
+const MAX_BUCKETS: usize = 20;
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS;
+}
+
+fn shard() -> usize {
+    SHARD.try_with(|s| *s).unwrap_or(0)
+}
+
+/// One cache line (two, against adjacent-line prefetch) per shard.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+#[derive(Debug, Default)]
+struct HistogramShard {
+    counts: [AtomicU64; MAX_BUCKETS],
     sum_micros: AtomicU64,
     count: AtomicU64,
 }
 
+/// A fixed-bucket histogram; buckets are upper bounds in the unit of the caller.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    shards: Box<[Padded<HistogramShard>]>,
+}
+
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Histogram {
+        assert!(bounds.len() <= MAX_BUCKETS, "too many histogram buckets");
         Histogram {
             bounds,
-            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            sum_micros: AtomicU64::new(0),
-            count: AtomicU64::new(0),
+            shards: (0..SHARDS).map(|_| Padded::default()).collect(),
         }
     }
 
     pub fn observe(&self, value: f64) {
+        let shard = &self.shards[shard()].0;
         if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
-            self.counts[i].fetch_add(1, Relaxed);
+            shard.counts[i].fetch_add(1, Relaxed);
         }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add((value * 1e6) as u64, Relaxed);
+        shard.count.fetch_add(1, Relaxed);
+        shard.sum_micros.fetch_add((value * 1e6) as u64, Relaxed);
     }
 
     pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
+        self.shards.iter().map(|s| s.0.count.load(Relaxed)).sum()
     }
 
     pub fn observe_duration(&self, d: Duration) {
         self.observe(d.as_secs_f64());
     }
 
+    fn bucket(&self, i: usize) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.0.counts[i].load(Relaxed))
+            .sum()
+    }
+
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cumulative = 0;
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            cumulative += c.load(Relaxed);
+        for (i, b) in self.bounds.iter().enumerate() {
+            cumulative += self.bucket(i);
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
         }
-        let count = self.count.load(Relaxed);
+        let count = self.count();
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.sum_micros.load(Relaxed) as f64 / 1e6
-        );
+        let sum_micros: u64 = self
+            .shards
+            .iter()
+            .map(|s| s.0.sum_micros.load(Relaxed))
+            .sum();
+        let _ = writeln!(out, "{name}_sum {}", sum_micros as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {count}");
     }
 }
@@ -99,22 +134,23 @@ pub fn result_index(result: &str) -> usize {
 /// atomic add; rows are kept by name, so counts survive a config reload.
 #[derive(Debug)]
 pub struct RouteRow {
-    counts: Vec<AtomicU64>,
+    shards: Box<[Padded<[AtomicU64; RESULTS.len()]>]>,
 }
 
 impl RouteRow {
     fn new() -> RouteRow {
         RouteRow {
-            counts: RESULTS.iter().map(|_| AtomicU64::new(0)).collect(),
+            shards: (0..SHARDS).map(|_| Padded::default()).collect(),
         }
     }
 
     pub fn count(&self, result: &str) {
-        self.counts[result_index(result)].fetch_add(1, Relaxed);
+        self.shards[shard()].0[result_index(result)].fetch_add(1, Relaxed);
     }
 
     pub fn get(&self, result: &str) -> u64 {
-        self.counts[result_index(result)].load(Relaxed)
+        let i = result_index(result);
+        self.shards.iter().map(|s| s.0[i].load(Relaxed)).sum()
     }
 }
 
@@ -169,8 +205,8 @@ impl Metrics {
         out.push_str("# TYPE fencegate_requests_total counter\n");
         let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for (route, row) in &rows {
-            for (result, c) in RESULTS.iter().zip(&row.counts) {
-                let v = c.load(Relaxed);
+            for result in RESULTS {
+                let v = row.get(result);
                 if v > 0 {
                     let _ = writeln!(
                         out,

@@ -6,6 +6,7 @@
 //! embedded `/` or `\`, controls, bad UTF-8, bad escapes) is refused. So two spellings of
 //! one backend object can never land in two scopes.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// Why a request target was refused with 400 `invalid_path`.
@@ -29,7 +30,7 @@ pub enum PathError {
 ///
 /// `/` is the empty list. One trailing slash is ignored (`/a/` and `/a` share a scope,
 /// which is the safe direction: a WebDAV collection and its name cannot be fenced apart).
-pub fn canonicalize(path: &str) -> Result<Vec<String>, PathError> {
+pub fn canonicalize(path: &str) -> Result<Vec<Cow<'_, str>>, PathError> {
     let rest = path.strip_prefix('/').ok_or(PathError::NotOriginForm)?;
     if rest.is_empty() {
         return Ok(Vec::new());
@@ -38,11 +39,21 @@ pub fn canonicalize(path: &str) -> Result<Vec<String>, PathError> {
     rest.split('/').map(decode_segment).collect()
 }
 
-fn decode_segment(raw: &str) -> Result<String, PathError> {
+fn decode_segment(raw: &str) -> Result<Cow<'_, str>, PathError> {
     if raw.is_empty() {
         return Err(PathError::EmptySegment);
     }
     let bytes = raw.as_bytes();
+    // Most segments are plain printable ASCII: the same checks, without a copy.
+    if bytes.iter().all(|b| matches!(b, 0x20..=0x7e) && *b != b'%') {
+        if bytes.contains(&b'\\') {
+            return Err(PathError::ForbiddenCharacter);
+        }
+        if raw == "." || raw == ".." {
+            return Err(PathError::DotSegment);
+        }
+        return Ok(Cow::Borrowed(raw));
+    }
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -73,7 +84,7 @@ fn decode_segment(raw: &str) -> Result<String, PathError> {
     if text.chars().any(char::is_control) {
         return Err(PathError::ForbiddenCharacter);
     }
-    Ok(text)
+    Ok(Cow::Owned(text))
 }
 
 /// One segment of a path template.
@@ -136,16 +147,16 @@ impl PathTemplate {
     }
 
     /// Matches decoded segments; returns the captured values in template order.
-    pub fn matches<'a>(&self, path: &'a [String]) -> Option<Vec<Capture<'a>>> {
+    pub fn matches<'a>(&self, path: &'a [Cow<'a, str>]) -> Option<Vec<Capture<'a>>> {
         let mut caps = Vec::new();
         for (i, seg) in self.segments.iter().enumerate() {
             match seg {
                 Segment::Literal(lit) => {
-                    if path.get(i)? != lit {
+                    if path.get(i)?.as_ref() != lit.as_str() {
                         return None;
                     }
                 }
-                Segment::Param(_) => caps.push(Capture::One(path.get(i)?)),
+                Segment::Param(_) => caps.push(Capture::One(path.get(i)?.as_ref())),
                 Segment::CatchAll(_) => {
                     let rest = path.get(i..).filter(|r| !r.is_empty())?;
                     caps.push(Capture::Rest(rest));
@@ -208,7 +219,7 @@ fn parse_template_segment(part: &str, last: bool) -> Result<Segment, String> {
         ));
     }
     match decode_segment(part) {
-        Ok(text) => Ok(Segment::Literal(text)),
+        Ok(text) => Ok(Segment::Literal(text.into_owned())),
         Err(e) => Err(format!("segment `{part}`: {e}")),
     }
 }
@@ -216,8 +227,8 @@ fn parse_template_segment(part: &str, last: bool) -> Result<Segment, String> {
 /// A captured value: one segment, or the rest of the path.
 #[derive(Debug, Clone, Copy)]
 pub enum Capture<'a> {
-    One(&'a String),
-    Rest(&'a [String]),
+    One(&'a str),
+    Rest(&'a [Cow<'a, str>]),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,7 +324,7 @@ pub trait RouteMatch {
 pub fn find<'r, 'p, R: RouteMatch>(
     routes: &'r [R],
     host: Option<&str>,
-    path: &'p [String],
+    path: &'p [Cow<'p, str>],
 ) -> Option<(usize, &'r R, Vec<Capture<'p>>)> {
     routes.iter().enumerate().find_map(|(i, r)| {
         if let Some(want) = r.host()

@@ -70,6 +70,31 @@ impl std::str::FromStr for Token {
 
 /// Prints the canonical spelling: a bare counter for epoch 0, so parse(print(t)) == t
 /// and print(parse(s)) == s for every valid s that is already canonical.
+impl Token {
+    /// Appends the token as [`Display`](fmt::Display) writes it, without `fmt`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        if self.epoch != 0 {
+            push_decimal(out, self.epoch);
+            out.push(b':');
+        }
+        push_decimal(out, self.counter);
+    }
+}
+
+fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.epoch == 0 {
@@ -151,6 +176,14 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn write_to_matches_display(epoch: u64, counter: u64) {
+            let t = Token::new(epoch, counter);
+            let mut out = Vec::new();
+            t.write_to(&mut out);
+            prop_assert_eq!(String::from_utf8(out).unwrap(), t.to_string());
+        }
+
         #[test]
         fn print_parse_round_trips(epoch: u64, counter: u64) {
             let t = Token::new(epoch, counter);

@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
-use crate::config::{Config, Route};
+use crate::config::Config;
 use crate::fence::{Gates, InflightGuard, Refusal};
 use crate::idempotency::{self, Idempotency};
 use crate::metrics::{Metrics, RouteRow};
@@ -214,7 +214,10 @@ impl Proxy {
                 token,
             })
         })?;
-        let admission = self.admit(route, &scope, token).await.map_err(at)?;
+        let admission = match self.gates.admit(&scope, token, route.equal).await {
+            Ok(a) => a,
+            Err(refusal) => return Err(at(refused(refusal, scope, token))),
+        };
         Ok(Plan {
             route: idx,
             guard: Some(admission.guard),
@@ -228,32 +231,22 @@ impl Proxy {
             },
         })
     }
+}
 
-    async fn admit(
-        &self,
-        route: &Route,
-        scope: &str,
-        token: Token,
-    ) -> Result<crate::fence::Admission, Outcome> {
-        self.gates
-            .admit(scope, token, route.equal)
-            .await
-            .map_err(|refusal| match refusal {
-                Refusal::Stale { highest } => Outcome::Stale {
-                    scope: scope.to_string(),
-                    token,
-                    highest,
-                },
-                Refusal::Draining { highest } => Outcome::Draining {
-                    scope: scope.to_string(),
-                    token,
-                    highest,
-                },
-                Refusal::Unavailable => Outcome::Unavailable {
-                    scope: scope.to_string(),
-                    token,
-                },
-            })
+/// The answer to a request the gate did not admit.
+fn refused(refusal: Refusal, scope: String, token: Token) -> Outcome {
+    match refusal {
+        Refusal::Stale { highest } => Outcome::Stale {
+            scope,
+            token,
+            highest,
+        },
+        Refusal::Draining { highest } => Outcome::Draining {
+            scope,
+            token,
+            highest,
+        },
+        Refusal::Unavailable => Outcome::Unavailable { scope, token },
     }
 }
 

@@ -196,33 +196,32 @@ impl Outcome {
             }
             _ => (None, None, None),
         };
-        // Written directly into one buffer, not through a JSON value: a stale storm is
-        // answered at the rate this runs. Strings go through serde_json for escaping.
-        use std::io::Write as _;
+        // Written directly into one buffer, not through a JSON value or `fmt`: a stale
+        // storm is answered at the rate this runs.
         let result = self.result();
         let mut body: Vec<u8> = Vec::with_capacity(320);
-        let quote = |body: &mut Vec<u8>, v: &str| {
-            if serde_json::to_writer(&mut *body, v).is_err() {
-                body.extend_from_slice(b"\"\"");
-            }
-        };
-        // Writes to a Vec cannot fail.
-        let _ = write!(body, "{{\"type\":\"urn:fencegate:{result}\",\"title\":");
-        quote(&mut body, &self.title());
-        let _ = write!(
-            body,
-            ",\"status\":{},\"result\":\"{result}\"",
-            self.status().as_u16()
-        );
+        body.extend_from_slice(b"{\"type\":\"urn:fencegate:");
+        body.extend_from_slice(result.as_bytes());
+        body.extend_from_slice(b"\",\"title\":");
+        json_string(&mut body, &self.title());
+        body.extend_from_slice(b",\"status\":");
+        body.extend_from_slice(self.status().as_str().as_bytes());
+        body.extend_from_slice(b",\"result\":\"");
+        body.extend_from_slice(result.as_bytes());
+        body.push(b'"');
         if let Some(scope) = fields.0 {
             body.extend_from_slice(b",\"scope\":");
-            quote(&mut body, scope);
+            json_string(&mut body, scope);
         }
         if let Some(t) = fields.1 {
-            let _ = write!(body, ",\"token\":\"{t}\"");
+            body.extend_from_slice(b",\"token\":\"");
+            t.write_to(&mut body);
+            body.push(b'"');
         }
         if let Some(h) = fields.2 {
-            let _ = write!(body, ",\"highest_accepted\":\"{h}\"");
+            body.extend_from_slice(b",\"highest_accepted\":\"");
+            h.write_to(&mut body);
+            body.push(b'"');
         }
         body.push(b'}');
         let bytes = Bytes::from(body);
@@ -239,5 +238,54 @@ impl Outcome {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
+    }
+}
+
+/// `v` as a JSON string. Text without quotes, backslashes or control characters (every
+/// title, almost every scope) is copied as it is; the rest goes through serde_json.
+fn json_string(out: &mut Vec<u8>, v: &str) {
+    if v.bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f)
+    {
+        out.push(b'"');
+        out.extend_from_slice(v.as_bytes());
+        out.push(b'"');
+    } else if serde_json::to_writer(&mut *out, v).is_err() {
+        out.extend_from_slice(b"\"\"");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_of(outcome: Outcome) -> serde_json::Value {
+        let resp = outcome.into_response();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        serde_json::from_slice(&bytes).expect("problem+json parses")
+    }
+
+    #[tokio::test]
+    async fn bodies_are_json_whatever_the_scope_holds() {
+        for scope in ["report/july", "a\"b\\c", "ctl\u{1}\u{7f}x", "é/ü 中"] {
+            let v = body_of(Outcome::Stale {
+                scope: scope.into(),
+                token: Token::new(3, 7),
+                highest: Some(Token::new(0, 12_345_678_901)),
+            })
+            .await;
+            assert_eq!(v["scope"], scope);
+            assert_eq!(v["token"], "3:7");
+            assert_eq!(v["highest_accepted"], "12345678901");
+            assert_eq!(v["status"], 409);
+            assert_eq!(v["result"], "stale_fence");
+            assert_eq!(v["type"], "urn:fencegate:stale_fence");
+        }
+        let v = body_of(Outcome::InvalidPath {
+            detail: "bad \"escape\"".into(),
+        })
+        .await;
+        assert_eq!(v["title"], "Non-canonical or unsafe path: bad \"escape\"");
+        assert!(v.get("scope").is_none());
     }
 }
