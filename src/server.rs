@@ -415,8 +415,9 @@ where
         std::thread::Builder::new()
             .name(format!("fencegate-worker-{i}"))
             .spawn(move || {
-                // Idle upstream connections close on time even when no request comes.
+                // This worker's request deadlines (head and upstream timeouts).
                 runtime.spawn(crate::timer::drive());
+                // Idle upstream connections close on time even when no request comes.
                 runtime.spawn(async {
                     let mut tick = tokio::time::interval(crate::proxy::pool::SWEEP_EVERY);
                     loop {

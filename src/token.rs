@@ -68,8 +68,6 @@ impl std::str::FromStr for Token {
     }
 }
 
-/// Prints the canonical spelling: a bare counter for epoch 0, so parse(print(t)) == t
-/// and print(parse(s)) == s for every valid s that is already canonical.
 impl Token {
     /// Appends the token as [`Display`](fmt::Display) writes it, without `fmt`.
     pub fn write_to(&self, out: &mut Vec<u8>) {
@@ -95,6 +93,8 @@ fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
     out.extend_from_slice(&digits[i..]);
 }
 
+/// Prints the canonical spelling: a bare counter for epoch 0, so parse(print(t)) == t
+/// and print(parse(s)) == s for every valid s that is already canonical.
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.epoch == 0 {
