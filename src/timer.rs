@@ -333,12 +333,18 @@ mod tests {
             .expect("runtime")
     }
 
-    #[test]
-    fn a_deadline_on_a_wheel_fires_within_a_tick() {
-        let rt = worker();
-        rt.block_on(async {
+    /// Runs `test` on a single-threaded runtime whose wheel is installed, like a worker's.
+    fn on_worker<F: Future<Output = ()>>(test: F) {
+        worker().block_on(async {
             tokio::spawn(drive());
             tokio::task::yield_now().await;
+            test.await
+        })
+    }
+
+    #[test]
+    fn a_deadline_on_a_wheel_fires_within_a_tick() {
+        on_worker(async {
             let started = Instant::now();
             Deadline::after(Duration::from_millis(120)).await;
             let took = started.elapsed();
@@ -355,10 +361,7 @@ mod tests {
 
     #[test]
     fn timeout_answers_the_future_or_elapsed() {
-        let rt = worker();
-        rt.block_on(async {
-            tokio::spawn(drive());
-            tokio::task::yield_now().await;
+        on_worker(async {
             assert_eq!(timeout(Duration::from_secs(5), async { 7 }).await, Ok(7));
             let never = std::future::pending::<()>();
             assert_eq!(
@@ -394,10 +397,7 @@ mod tests {
 
     #[test]
     fn reset_moves_an_armed_deadline() {
-        let rt = worker();
-        rt.block_on(async {
-            tokio::spawn(drive());
-            tokio::task::yield_now().await;
+        on_worker(async {
             let timer = CoarseTimer;
             let mut sleep = hyper::rt::Timer::sleep(&timer, Duration::from_secs(3600));
             // Armed by a first poll, then moved close.
