@@ -343,7 +343,7 @@ mod tests {
     }
 
     #[test]
-    fn a_deadline_on_a_wheel_fires_within_a_tick() {
+    fn a_deadline_on_a_wheel_fires_not_before_it_is_due_and_frees_its_slot() {
         on_worker(async {
             let started = Instant::now();
             Deadline::after(Duration::from_millis(120)).await;
