@@ -116,7 +116,9 @@ async fn one_gib_each_way_is_streamed() {
         .unwrap();
     // The connection takes the next request only once it has finished the last one:
     // a request sent before that is refused with "connection was not ready".
-    send.ready().await.expect("connection kept alive for the next request");
+    send.ready()
+        .await
+        .expect("connection kept alive for the next request");
     let resp = send.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
