@@ -333,6 +333,14 @@ mod tests {
             .expect("runtime")
     }
 
+    /// Awaits `f` for at most 10 s (a tokio timer, not the wheel under test): a broken
+    /// deadline fails the test instead of hanging it.
+    async fn bounded<F: Future>(f: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(10), f)
+            .await
+            .expect("finished within 10 s")
+    }
+
     /// Runs `test` on a single-threaded runtime whose wheel is installed, like a worker's.
     fn on_worker<F: Future<Output = ()>>(test: F) {
         worker().block_on(async {
@@ -346,7 +354,7 @@ mod tests {
     fn a_deadline_on_a_wheel_fires_not_before_it_is_due_and_frees_its_slot() {
         on_worker(async {
             let started = Instant::now();
-            Deadline::after(Duration::from_millis(120)).await;
+            bounded(Deadline::after(Duration::from_millis(120))).await;
             let took = started.elapsed();
             assert!(took >= Duration::from_millis(120), "{took:?}");
             assert!(took < Duration::from_secs(10), "{took:?}");
@@ -362,15 +370,21 @@ mod tests {
     #[test]
     fn timeout_answers_the_future_or_elapsed() {
         on_worker(async {
-            assert_eq!(timeout(Duration::from_secs(5), async { 7 }).await, Ok(7));
+            assert_eq!(
+                bounded(timeout(Duration::from_secs(5), async { 7 })).await,
+                Ok(7)
+            );
             let never = std::future::pending::<()>();
             assert_eq!(
-                timeout(Duration::from_millis(60), never).await,
+                bounded(timeout(Duration::from_millis(60), never)).await,
                 Err(Elapsed)
             );
             // A finished timeout leaves no armed slot behind.
             let quick = tokio::time::sleep(Duration::from_millis(5));
-            assert_eq!(timeout(Duration::from_secs(30), quick).await, Ok(()));
+            assert_eq!(
+                bounded(timeout(Duration::from_secs(30), quick)).await,
+                Ok(())
+            );
             WHEEL.with(|w| {
                 let w = w.borrow();
                 let wheel = w.as_ref().expect("wheel");
@@ -385,11 +399,11 @@ mod tests {
         let rt = worker();
         rt.block_on(async {
             let started = Instant::now();
-            Deadline::after(Duration::from_millis(30)).await;
+            bounded(Deadline::after(Duration::from_millis(30))).await;
             assert!(started.elapsed() >= Duration::from_millis(30));
             let never = std::future::pending::<()>();
             assert_eq!(
-                timeout(Duration::from_millis(30), never).await,
+                bounded(timeout(Duration::from_millis(30), never)).await,
                 Err(Elapsed)
             );
         });
@@ -401,19 +415,14 @@ mod tests {
             let timer = CoarseTimer;
             let mut sleep = hyper::rt::Timer::sleep(&timer, Duration::from_secs(3600));
             // Armed by a first poll, then moved close.
-            let waker = futures_noop_waker();
-            let mut cx = Context::from_waker(&waker);
+            let mut cx = Context::from_waker(Waker::noop());
             assert!(sleep.as_mut().poll(&mut cx).is_pending());
             let started = Instant::now();
             hyper::rt::Timer::reset(&timer, &mut sleep, started + Duration::from_millis(60));
-            sleep.await;
+            bounded(sleep).await;
             let took = started.elapsed();
             assert!(took >= Duration::from_millis(60), "{took:?}");
             assert!(took < Duration::from_secs(10), "{took:?}");
         });
-    }
-
-    fn futures_noop_waker() -> Waker {
-        Waker::noop().clone()
     }
 }
