@@ -269,7 +269,12 @@ fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         // Slowloris: a request head must arrive within this time (also bounds idle
         // keep-alive connections waiting for their next request).
         .header_read_timeout(server.header_read_timeout)
-        .max_buf_size(server.max_header_bytes);
+        .max_buf_size(server.max_header_bytes)
+        // One buffer, one write(2) per response head and its first body bytes, instead of
+        // a writev(2) over hyper's queue of buffers (measured: less CPU per request on
+        // small answers; a body chunk is copied, and the buffer stays bounded by
+        // max_buf_size plus one chunk).
+        .writev(false);
     // hyper's own limit is 100 and keeps its header slots inline; an explicit limit makes
     // it allocate and fill them for every request head.
     if server.max_headers != HYPER_MAX_HEADERS {

@@ -64,7 +64,9 @@ pub fn start(upstream: SocketAddr, workers: usize) -> io::Result<Bare> {
                         let svc =
                             service_fn(move |req| forward(pool.clone(), authority.clone(), req));
                         tokio::spawn(
+                            // fencegate's setting (`server::http_builder`).
                             hyper::server::conn::http1::Builder::new()
+                                .writev(false)
                                 .serve_connection(TokioIo::new(stream), svc),
                         );
                     }

@@ -243,7 +243,10 @@ impl Pool {
             .map_err(|_| SendError::NotSent(format!("connect to {authority} timed out")))?
             .map_err(|e| SendError::NotSent(format!("connect to {authority}: {e}")))?;
         let _ = stream.set_nodelay(true);
-        let (send, conn) = http1::handshake(TokioIo::new(stream))
+        // Flattened writes, as on the listener (`server::http_builder`).
+        let (send, conn) = http1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| SendError::NotSent(format!("connect to {authority}: {e}")))?;
         Ok(Box::new(Pooled {
