@@ -11,8 +11,8 @@
 //! `--out DIR` (default `benches/results`), `--no-postgres`, `--workers N` (fencegate's
 //! `server.workers` and nginx proxy_pass's worker processes, default 2), `--rounds N`
 //! (rounds of the null-backend workloads and their baselines, default 3, smoke 1: each
-//! round measures direct, bare hyper, nginx proxy_pass, W1, W3, W2 and PostgreSQL in a
-//! row, and every ratio is the median of its per-round ratios).
+//! round measures direct, bare hyper, nginx proxy_pass, W1, W3, the bare 409 server, W2
+//! and PostgreSQL in a row, and every ratio is the median of its per-round ratios).
 //!
 //! It starts everything itself on 127.0.0.1: nginx null (`return 204`), nginx WebDAV,
 //! nginx proxy_pass (keepalive upstream, 2 workers) in front of each, fencegate (the
@@ -604,7 +604,13 @@ async fn run(args: &Args) -> Result<bool, Error> {
     };
     // The floor of fencegate's own HTTP stack, without fencegate (runs in this process,
     // so its CPU is not told apart from the load generator's).
-    let floor = bare::start(null.addr(), args.workers)?;
+    let floor = bare::start(Some(null.addr()), args.workers)?;
+    // W3's floor: the same stack answering every request with W3's refusal.
+    let refuser = bare::start(None, args.workers)?;
+    let refuser_name = format!(
+        "bare hyper server answering 409 ({} workers; W3's floor, no fencing)",
+        args.workers
+    );
     let floor_name = format!(
         "bare hyper proxy ({} workers; fencegate's HTTP stack, no fencing)",
         args.workers
@@ -620,6 +626,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
         mut pp,
         mut w1,
         mut w3,
+        mut refuser_s,
         mut w2,
         mut pg_s,
     ] = std::array::from_fn(|_| Series::default());
@@ -628,7 +635,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
     for round in 1..=args.rounds {
         step(&format!(
             "null backend, round {round} of {}: direct, bare hyper, nginx proxy_pass, \
-             fencegate W1 W3 W2, PostgreSQL",
+             fencegate W1 W3, bare 409 server, fencegate W2, PostgreSQL",
             args.rounds
         ));
         let null_only = Watch::of(None, null.pid());
@@ -680,6 +687,16 @@ async fn run(args: &Args) -> Result<bool, Error> {
             .load(fg.proxy, "/reports/w3-s", random(1), Expect::Stale, &fenced)
             .await;
         w3.push(measured(NULL, W3_NAME, Kind::Fencegate, &o, cpu));
+        let (o, cpu) = b
+            .load(
+                refuser.addr,
+                "/reports/w3-s",
+                random(1),
+                Expect::Stale,
+                &null_only,
+            )
+            .await;
+        refuser_s.push(measured(NULL, &refuser_name, Kind::Baseline, &o, cpu));
 
         // Fresh scopes each round, so every request of every round is an advance.
         let before = Scrape::take(fg.admin).await;
@@ -754,13 +771,15 @@ async fn run(args: &Args) -> Result<bool, Error> {
     let (w1_p99, w1_p99_each) = rounds(w1.over(&pp, |a, b| a.p99 - b.p99), " ms");
     let (w1_floor, _) = rounds(w1.over(&floor_s, |a, b| a.rps / b.rps), "");
     let (w3_ratio, w3_each) = rounds(w3.over(&pp, |a, b| a.rps / b.rps), "");
+    let (refuser_ratio, refuser_each) = rounds(refuser_s.over(&pp, |a, b| a.rps / b.rps), "");
+    let (w3_refuser, _) = rounds(w3.over(&refuser_s, |a, b| a.rps / b.rps), "");
     let (w2_own, w2_own_each) = rounds(w2.over(&w1, |a, b| a.rps / b.rps), "");
     let (w2_pg, w2_pg_each) = rounds(w2.over(&pg_s, |a, b| a.rps / b.rps), "");
     if args.rounds > 1 {
         b.notes.push(format!(
             "Per-round ratios, rounds 1 to {} (the table shows their medians): \
              bare hyper / nginx {floor_each}; W1 / nginx {w1_each}; \
-             W1 p99 − nginx p99 {w1_p99_each}; W3 / nginx {w3_each}; \
+             W1 p99 − nginx p99 {w1_p99_each}; W3 / nginx {w3_each}; bare 409 server / nginx {refuser_each}; \
              W2 / own W1 {w2_own_each}; W2 / PostgreSQL {}",
             args.rounds,
             if pg_s.is_empty() {
@@ -799,9 +818,12 @@ async fn run(args: &Args) -> Result<bool, Error> {
     b.push(w2_row);
     let mut w3_row = w3.median_row();
     w3_row.target = "≥ 1.5× nginx proxy_pass req/s".into();
-    w3_row.ratio = format!("{w3_ratio:.2}× nginx");
+    w3_row.ratio = format!("{w3_ratio:.2}× nginx; {w3_refuser:.2}× bare 409 server");
     w3_row.verdict = Verdict::from(w3_ratio >= 1.5);
     b.push(w3_row);
+    let mut refuser_row = refuser_s.median_row();
+    refuser_row.ratio = format!("{refuser_ratio:.2}× nginx");
+    b.push(refuser_row);
     remember("fencegate after W1, W2, W3", &fg);
 
     // ---- WebDAV backend: a real store ------------------------------------------------
@@ -1172,7 +1194,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
          latency per request from send to the last body byte, percentiles by nearest rank over every measured request. \
          Requests in the warm-up are checked but not measured.\n\
          - Rounds: the null-backend workloads and their baselines run in {} round(s), each measuring direct, bare hyper, \
-         nginx proxy_pass, W1, W3, W2 and PostgreSQL in a row; a ratio is the median of its per-round ratios and a \
+         nginx proxy_pass, W1, W3, the bare 409 server, W2 and PostgreSQL in a row; a ratio is the median of its per-round ratios and a \
          row shows its workload's median round (errors: every round's). WebDAV and W4 run once.\n",
         client::BODY.len(),
         args.rounds
@@ -1192,7 +1214,8 @@ async fn run(args: &Args) -> Result<bool, Error> {
          (keepalive 64 upstream, `worker_processes` = fencegate's `workers`); and the floor of fencegate's own \
          HTTP stack: a bare reverse proxy on hyper's HTTP/1.1 server and fencegate's upstream pool, with the same \
          worker model and no routing, fencing, header policy, timeouts or metrics (`benches/load/bare.rs`, on \
-         threads of the bench process, so its CPU is not told apart). PostgreSQL: pgbench, 64 clients, \
+         threads of the bench process, so its CPU is not told apart); and W3's floor, the same server answering \
+         every request with W3's 409 (same headers, same body size) without deciding anything. PostgreSQL: pgbench, 64 clients, \
          2 threads, prepared statements, `synchronous_commit = on`; each transaction is \
          `UPDATE fences SET accepted_fence = :fence WHERE scope = :scope AND accepted_fence <= :fence` with client `c` \
          owning its scopes and raising their fence every time, like W2 (1,000 rows).\n\

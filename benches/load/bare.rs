@@ -4,6 +4,10 @@
 //! no timeouts. fencegate cannot be faster than this; the gap between the two is
 //! fencegate's own work, and the gap between this and nginx is the stack's.
 //!
+//! Without an upstream it is W3's floor instead: the same server answering every request
+//! with fencegate's stale-fence refusal (a 409 with the same headers and a problem+json
+//! body of the same size), decided by nothing.
+//!
 //! Runs on threads of the bench process; the caller's guard stops them.
 
 use std::convert::Infallible;
@@ -12,10 +16,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use fencegate::proxy::pool::Pool;
 use fencegate::proxy::{Body, BoxError};
+use http::HeaderValue;
 use http::uri::{Authority, PathAndQuery};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -33,13 +39,17 @@ impl Drop for Bare {
     }
 }
 
-pub fn start(upstream: SocketAddr, workers: usize) -> io::Result<Bare> {
+/// What fencegate answers a stale request in W3 (scope `report/w3-s0`, token 1).
+const REFUSAL: &str = r#"{"type":"urn:fencegate:stale_fence","title":"A newer lock generation reached this scope; discard this work and re-acquire","status":409,"result":"stale_fence","scope":"report/w3-s0","token":"1","highest_accepted":"1000000"}"#;
+
+/// Starts the floor: a bare proxy to `upstream`, or with `None` the bare refuser.
+pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    let authority: Authority = upstream
-        .to_string()
-        .parse()
+    let authority: Option<Authority> = upstream
+        .map(|u| u.to_string().parse())
+        .transpose()
         .map_err(|e| io::Error::other(format!("{e}")))?;
     let (stop, stopped) = watch::channel(false);
     // Workers get connections from one acceptor, in turn (as fencegate spreads them).
@@ -61,8 +71,15 @@ pub fn start(upstream: SocketAddr, workers: usize) -> io::Result<Bare> {
                             continue;
                         };
                         let (pool, authority) = (pool.clone(), authority.clone());
-                        let svc =
-                            service_fn(move |req| forward(pool.clone(), authority.clone(), req));
+                        let svc = service_fn(move |req| {
+                            let (pool, authority) = (pool.clone(), authority.clone());
+                            async move {
+                                Ok::<_, Infallible>(match authority {
+                                    Some(authority) => forward(pool, authority, req).await,
+                                    None => refuse(),
+                                })
+                            }
+                        });
                         tokio::spawn(
                             // fencegate's setting (`server::http_builder`).
                             hyper::server::conn::http1::Builder::new()
@@ -105,11 +122,30 @@ pub fn start(upstream: SocketAddr, workers: usize) -> io::Result<Bare> {
     Ok(Bare { addr, stop })
 }
 
+fn refuse() -> hyper::Response<Body> {
+    let body = Full::new(Bytes::from_static(REFUSAL.as_bytes()))
+        .map_err(|e: Infallible| match e {})
+        .boxed();
+    let mut resp = hyper::Response::new(body);
+    *resp.status_mut() = http::StatusCode::CONFLICT;
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    h.insert("fencing-result", HeaderValue::from_static("stale_fence"));
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
 async fn forward(
     pool: Arc<Pool>,
     authority: Authority,
     req: hyper::Request<Incoming>,
-) -> Result<hyper::Response<Body>, Infallible> {
+) -> hyper::Response<Body> {
     let (mut parts, body) = req.into_parts();
     parts.uri = http::Uri::from(
         parts
@@ -119,15 +155,13 @@ async fn forward(
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
     );
     let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
-    Ok(
-        match pool
-            .send(Some(&authority), hyper::Request::from_parts(parts, body))
-            .await
-        {
-            Ok(resp) => resp.map(|b| b.boxed()),
-            Err(_) => status(502),
-        },
-    )
+    match pool
+        .send(Some(&authority), hyper::Request::from_parts(parts, body))
+        .await
+    {
+        Ok(resp) => resp.map(|b| b.boxed()),
+        Err(_) => status(502),
+    }
 }
 
 fn status(code: u16) -> hyper::Response<Body> {
