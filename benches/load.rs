@@ -48,6 +48,11 @@ use report::{CpuUse, Kind, Row, Verdict};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+// The allocator fencegate's binary uses (`src/main.rs`), so the floors this binary serves
+// (`--serve-floor`) run on the same stack as fencegate.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const CONNS: usize = 64;
 const SCOPES: u32 = 1000;
 const W4_SCOPES_FULL: u32 = 1_000_000;
@@ -145,7 +150,51 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
+/// `--serve-floor UPSTREAM|none --workers N`: runs one floor (`bare.rs`) until killed,
+/// after printing `listening ADDR` (see `procs::floor_process`).
+fn serve_floor() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let upstream = match args.get(2).map(String::as_str) {
+        Some("none") => None,
+        Some(a) => match a.parse() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                eprintln!("--serve-floor {a}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => {
+            eprintln!("--serve-floor needs an upstream address or none");
+            return ExitCode::from(2);
+        }
+    };
+    let workers = match (args.get(3).map(String::as_str), args.get(4)) {
+        (Some("--workers"), Some(n)) => n.parse().ok().filter(|w| (1..=64).contains(w)),
+        _ => None,
+    };
+    let Some(workers) = workers else {
+        eprintln!("--serve-floor needs --workers N (1..=64)");
+        return ExitCode::from(2);
+    };
+    match bare::start(upstream, workers) {
+        Ok(floor) => {
+            println!("listening {}", floor.addr);
+            // The parent stops this process with a signal; until then the floor serves.
+            loop {
+                std::thread::park();
+            }
+        }
+        Err(e) => {
+            eprintln!("floor: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("--serve-floor") {
+        return serve_floor();
+    }
     if invoked_by_cargo_test() {
         println!(
             "load bench: skipped under `cargo test` (run `cargo bench --bench load`, \
@@ -602,11 +651,10 @@ async fn run(args: &Args) -> Result<bool, Error> {
             Some(pg)
         }
     };
-    // The floor of fencegate's own HTTP stack, without fencegate (runs in this process,
-    // so its CPU is not told apart from the load generator's).
-    let floor = bare::start(Some(null.addr()), args.workers)?;
+    // The floor of fencegate's own HTTP stack, without fencegate, in a process of its own.
+    let (floor, floor_addr) = procs::floor_process(Some(null.addr()), args.workers)?;
     // W3's floor: the same stack answering every request with W3's refusal.
-    let refuser = bare::start(None, args.workers)?;
+    let (refuser, refuser_addr) = procs::floor_process(None, args.workers)?;
     let refuser_name = format!(
         "bare hyper server answering 409 ({} workers; W3's floor, no fencing)",
         args.workers
@@ -651,11 +699,11 @@ async fn run(args: &Args) -> Result<bool, Error> {
         direct.push(measured(NULL, "direct to backend", Kind::Baseline, &o, cpu));
         let (o, cpu) = b
             .load(
-                floor.addr,
+                floor_addr,
                 "/reports/base-s",
                 random(1),
                 Expect::Success,
-                &null_only,
+                &Watch::of(Some(floor.pid()), null.pid()),
             )
             .await;
         floor_s.push(measured(NULL, &floor_name, Kind::Baseline, &o, cpu));
@@ -689,11 +737,11 @@ async fn run(args: &Args) -> Result<bool, Error> {
         w3.push(measured(NULL, W3_NAME, Kind::Fencegate, &o, cpu));
         let (o, cpu) = b
             .load(
-                refuser.addr,
+                refuser_addr,
                 "/reports/w3-s",
                 random(1),
                 Expect::Stale,
-                &null_only,
+                &Watch::of(Some(refuser.pid()), null.pid()),
             )
             .await;
         refuser_s.push(measured(NULL, &refuser_name, Kind::Baseline, &o, cpu));
@@ -1236,8 +1284,8 @@ async fn run(args: &Args) -> Result<bool, Error> {
          - Baselines: the same requests straight to the backend and through nginx `proxy_pass` \
          (keepalive 64 upstream, `worker_processes` = fencegate's `workers`); and the floor of fencegate's own \
          HTTP stack: a bare reverse proxy on hyper's HTTP/1.1 server and fencegate's upstream pool, with the same \
-         worker model and no routing, fencing, header policy, timeouts or metrics (`benches/load/bare.rs`, on \
-         threads of the bench process, so its CPU is not told apart); and W3's floor, the same server answering \
+         worker model and no routing, fencing, header policy, timeouts or metrics (`benches/load/bare.rs`, in a \
+         process of its own); and W3's floor, the same server answering \
          every request with W3's 409 (same headers, same body size) without deciding anything. PostgreSQL: pgbench, 64 clients, \
          2 threads, prepared statements, `synchronous_commit = on`; each transaction is \
          `UPDATE fences SET accepted_fence = :fence WHERE scope = :scope AND accepted_fence <= :fence` with client `c` \

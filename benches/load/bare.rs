@@ -8,7 +8,8 @@
 //! with fencegate's stale-fence refusal (a 409 with the same headers and a problem+json
 //! body of the same size), decided by nothing.
 //!
-//! Runs on threads of the bench process; the caller's guard stops them.
+//! The bench runs it as a process of its own (`--serve-floor`, `procs::floor_process`);
+//! dropping [`Bare`] stops its acceptor.
 
 use std::convert::Infallible;
 use std::io;

@@ -85,6 +85,41 @@ impl Drop for Guard {
     }
 }
 
+/// One of the bench's floors (`bare.rs`) in a process of its own (this bench binary with
+/// `--serve-floor`), so that its CPU is counted apart from the load generator's and it
+/// does not share a scheduler with it; answers the guard and the floor's address.
+pub fn floor_process(
+    upstream: Option<std::net::SocketAddr>,
+    workers: usize,
+) -> io::Result<(Guard, std::net::SocketAddr)> {
+    use std::io::BufRead;
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("--serve-floor")
+        .arg(upstream.map_or_else(|| "none".to_string(), |u| u.to_string()))
+        .arg("--workers")
+        .arg(workers.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take();
+    let guard = Guard {
+        child,
+        stop_signal: "TERM",
+    };
+    // The first line is the address; a floor that dies first closes stdout (EOF).
+    let mut line = String::new();
+    if let Some(out) = stdout {
+        io::BufReader::new(out).read_line(&mut line)?;
+    }
+    let addr = line
+        .trim()
+        .strip_prefix("listening ")
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("floor process did not start: {line:?}")))?;
+    Ok((guard, addr))
+}
+
 fn free_port() -> io::Result<(TcpListener, u16)> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     let port = l.local_addr()?.port();
