@@ -6,7 +6,7 @@
 //! then waits until every older in-flight request has finished and the scope has settled.
 //! Gates of idle scopes are dropped; the mark store stays the truth.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,14 +42,52 @@ struct GateState {
     current: Option<Token>,
     /// The highest advance being committed right now, if any.
     advancing: Option<Token>,
-    /// Requests forwarded and not yet finished, per generation.
-    inflight: BTreeMap<Token, usize>,
+    /// Requests forwarded and not yet finished, per generation, oldest first. Rarely more
+    /// than one generation: a vector keeps its buffer when it empties, where a map would
+    /// allocate and free a node for every request.
+    inflight: Inflight,
     /// (generation, until): a request of this generation was abandoned; nothing higher
     /// is forwarded before `until`.
     settle: Option<(Token, Instant)>,
     last_used: Option<Instant>,
     /// Requests waiting at this gate.
     waiters: usize,
+}
+
+/// In-flight counts per generation, sorted by token, no zero counts.
+#[derive(Debug, Default)]
+struct Inflight(Vec<(Token, usize)>);
+
+impl Inflight {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn older_than(&self, token: Token) -> bool {
+        self.0.first().is_some_and(|(t, _)| *t < token)
+    }
+
+    fn count(&self, token: Token) -> usize {
+        self.0
+            .binary_search_by(|(t, _)| t.cmp(&token))
+            .map_or(0, |i| self.0[i].1)
+    }
+
+    fn add(&mut self, token: Token) {
+        match self.0.binary_search_by(|(t, _)| t.cmp(&token)) {
+            Ok(i) => self.0[i].1 += 1,
+            Err(i) => self.0.insert(i, (token, 1)),
+        }
+    }
+
+    fn remove(&mut self, token: Token) {
+        if let Ok(i) = self.0.binary_search_by(|(t, _)| t.cmp(&token)) {
+            self.0[i].1 -= 1;
+            if self.0[i].1 == 0 {
+                self.0.remove(i);
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -101,12 +139,7 @@ impl InflightGuard {
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         let mut st = self.gate.lock();
-        if let Some(n) = st.inflight.get_mut(&self.token) {
-            *n -= 1;
-            if *n == 0 {
-                st.inflight.remove(&self.token);
-            }
-        }
+        st.inflight.remove(self.token);
         let now = Instant::now();
         if !self.completed {
             let until = now + self.settle;
@@ -323,12 +356,16 @@ impl Gates {
         let (key, gate) = self.gate(scope).map_err(|_| Refusal::Unavailable)?;
         let mut advanced = false;
         let mut waiting = None;
+        let mut looked = false;
         loop {
+            // The first look is a moment after arrival; later ones follow a wait or a commit.
+            let now = if looked { Instant::now() } else { arrived };
+            looked = true;
             // Fast path: most requests are decided by one look under the lock, without
             // registering as a waiter.
             let step = {
                 let mut st = gate.lock();
-                self.step(&mut st, &gate, token, equal, advanced, arrived)
+                self.step(&mut st, &gate, token, equal, advanced, arrived, now)
             };
             let notified = gate.notify.notified();
             tokio::pin!(notified);
@@ -338,7 +375,7 @@ impl Gates {
                     // registration would otherwise be lost.
                     notified.as_mut().enable();
                     let mut st = gate.lock();
-                    self.step(&mut st, &gate, token, equal, advanced, arrived)
+                    self.step(&mut st, &gate, token, equal, advanced, arrived, now)
                 }
                 decided => decided,
             };
@@ -387,7 +424,8 @@ impl Gates {
         }
     }
 
-    /// One look at the gate under its lock: what this request does next.
+    /// One look at the gate under its lock, at `now`: what this request does next.
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
         st: &mut GateState,
@@ -396,6 +434,7 @@ impl Gates {
         equal: EqualPolicy,
         advanced: bool,
         arrived: Instant,
+        now: Instant,
     ) -> Step {
         let deadline = arrived + self.drain_timeout;
         let floor = self.store.floor();
@@ -417,8 +456,7 @@ impl Gates {
                 Step::Commit
             }
             Decision::Accept => {
-                let now = Instant::now();
-                let older_in_flight = st.inflight.range(..token).next().is_some();
+                let older_in_flight = st.inflight.older_than(token);
                 let settling = st
                     .settle
                     .filter(|(g, until)| token > *g && now < *until)
@@ -426,16 +464,12 @@ impl Gates {
                 if older_in_flight || settling.is_some() {
                     return Step::Wait(settling.map_or(deadline, |s| s.min(deadline)));
                 }
-                if st
-                    .inflight
-                    .get(&token)
-                    .is_some_and(|n| *n >= self.max_inflight)
-                {
+                if st.inflight.count(token) >= self.max_inflight {
                     return Step::Refuse(Refusal::Draining {
                         highest: st.current,
                     });
                 }
-                *st.inflight.entry(token).or_insert(0) += 1;
+                st.inflight.add(token);
                 st.last_used = Some(now);
                 let waited = now - arrived;
                 Step::Admit(Admission {
@@ -534,5 +568,30 @@ impl Gates {
                     .is_some_and(|t| now.duration_since(t) < IDLE_TTL)
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inflight_counts_per_generation_and_knows_the_oldest() {
+        let (t1, t2, t3) = (Token::new(0, 1), Token::new(0, 2), Token::new(1, 0));
+        let mut f = Inflight::default();
+        assert!(f.is_empty() && !f.older_than(t1));
+        f.add(t3);
+        f.add(t1);
+        f.add(t3);
+        assert_eq!((f.count(t1), f.count(t2), f.count(t3)), (1, 0, 2));
+        assert!(f.older_than(t2) && !f.older_than(t1));
+        f.remove(t1);
+        assert!(!f.older_than(t2) && f.older_than(Token::new(1, 1)));
+        // Removing a generation with nothing in flight changes nothing.
+        f.remove(t2);
+        f.remove(t3);
+        assert_eq!(f.count(t3), 1);
+        f.remove(t3);
+        assert!(f.is_empty());
     }
 }
