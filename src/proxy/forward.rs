@@ -113,7 +113,7 @@ pub fn client(tls: &UpstreamTls) -> Client {
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
 /// Constant names: removing by `&str` would parse the name again on every request.
-const HOP_BY_HOP: [HeaderName; 9] = [
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -128,9 +128,15 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 /// Removes hop-by-hop headers, including every name listed in `Connection` — read before
 /// `Connection` itself is removed.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one pass over the names present decides, instead of a
-    // hash lookup per listed name.
-    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+    // One pass over the names present decides which to remove (most messages carry none,
+    // or only `Connection`), instead of a hash lookup per listed name.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
     // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
@@ -153,7 +159,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in listed {
         headers.remove(name);
     }
-    for name in &HOP_BY_HOP {
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         headers.remove(name);
     }
 }
@@ -205,7 +211,7 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Headers in which a client could claim another address, host or scheme.
-const FORWARDING: [HeaderName; 6] = [
+static FORWARDING: [HeaderName; 6] = [
     X_FORWARDED_FOR,
     X_FORWARDED_PROTO,
     HeaderName::from_static("x-forwarded-host"),

@@ -33,7 +33,7 @@ pub type Body = BoxBody<Bytes, BoxError>;
 
 /// Headers that ask a backend to treat a request as another method: each would let a
 /// fenced write travel as an unfenced GET.
-const METHOD_OVERRIDES: [http::HeaderName; 3] = [
+static METHOD_OVERRIDES: [http::HeaderName; 3] = [
     http::HeaderName::from_static("x-http-method-override"),
     http::HeaderName::from_static("x-http-method"),
     http::HeaderName::from_static("x-method-override"),
