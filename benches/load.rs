@@ -150,8 +150,8 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
-/// `--serve-floor UPSTREAM|none --workers N`: runs one floor (`bare.rs`) until killed,
-/// after printing `listening ADDR` (see `procs::floor_process`).
+/// `--serve-floor UPSTREAM|none --workers N`: runs one floor (`bare.rs`) until stopped or
+/// until its stdin ends, after printing `listening ADDR` (see `procs::floor_process`).
 fn serve_floor() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let upstream = match args.get(2).map(String::as_str) {
@@ -179,10 +179,10 @@ fn serve_floor() -> ExitCode {
     match bare::start(upstream, workers) {
         Ok(floor) => {
             println!("listening {}", floor.addr);
-            // The parent stops this process with a signal; until then the floor serves.
-            loop {
-                std::thread::park();
-            }
+            // The parent stops this process with a signal, and holds its stdin open: if
+            // the parent dies without stopping it (SIGKILL), stdin ends and so does this.
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("floor: {e}");

@@ -98,7 +98,8 @@ pub fn floor_process(
         .arg(upstream.map_or_else(|| "none".to_string(), |u| u.to_string()))
         .arg("--workers")
         .arg(workers.to_string())
-        .stdin(Stdio::null())
+        // Held open by the guard's `Child`: closed when this process goes, however it goes.
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
