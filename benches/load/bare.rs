@@ -5,8 +5,8 @@
 //! fencegate's own work, and the gap between this and nginx is the stack's.
 //!
 //! Without an upstream it is W3's floor instead: the same server answering every request
-//! with fencegate's stale-fence refusal (a 409 with the same headers and a problem+json
-//! body of the same size), decided by nothing.
+//! with fencegate's stale-fence refusal (rendered once by fencegate's own code, then
+//! copied: the same status, headers and problem+json body), decided by nothing.
 //!
 //! The bench runs it as a process of its own (`--serve-floor`, `procs::floor_process`);
 //! dropping [`Bare`] stops its acceptor.
@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fencegate::proxy::pool::Pool;
-use fencegate::proxy::{Body, BoxError};
-use http::HeaderValue;
+use fencegate::proxy::{Body, BoxError, Outcome};
+use fencegate::token::Token;
 use http::uri::{Authority, PathAndQuery};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -40,8 +40,46 @@ impl Drop for Bare {
     }
 }
 
-/// What fencegate answers a stale request in W3 (scope `report/w3-s0`, token 1).
-const REFUSAL: &str = r#"{"type":"urn:fencegate:stale_fence","title":"A newer lock generation reached this scope; discard this work and re-acquire","status":409,"result":"stale_fence","scope":"report/w3-s0","token":"1","highest_accepted":"1000000"}"#;
+/// What fencegate answers a stale request in W3 (scope `report/w3-s0`, token 1), rendered
+/// once by fencegate's own code; the refuser sends copies of it.
+#[derive(Clone)]
+struct Refusal {
+    status: http::StatusCode,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+impl Refusal {
+    fn render() -> io::Result<Refusal> {
+        let resp = Outcome::Stale {
+            scope: "report/w3-s0".into(),
+            token: Token::new(0, 1),
+            highest: Some(Token::new(0, 1_000_000)),
+        }
+        .into_response();
+        let (parts, body) = resp.into_parts();
+        let body = tokio::runtime::Builder::new_current_thread()
+            .build()?
+            .block_on(body.collect())
+            .map_err(|e| io::Error::other(e.to_string()))?
+            .to_bytes();
+        Ok(Refusal {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    fn response(&self) -> hyper::Response<Body> {
+        let body = Full::new(self.body.clone())
+            .map_err(|e: Infallible| match e {})
+            .boxed();
+        let mut resp = hyper::Response::new(body);
+        *resp.status_mut() = self.status;
+        *resp.headers_mut() = self.headers.clone();
+        resp
+    }
+}
 
 /// Starts the floor: a bare proxy to `upstream`, or with `None` the bare refuser.
 pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
@@ -52,6 +90,7 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
         .map(|u| u.to_string().parse())
         .transpose()
         .map_err(|e| io::Error::other(format!("{e}")))?;
+    let refusal = Refusal::render()?;
     let (stop, stopped) = watch::channel(false);
     // Workers get connections from one acceptor, in turn (as fencegate spreads them).
     let mut lanes = Vec::with_capacity(workers);
@@ -61,7 +100,8 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
             .build()?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<std::net::TcpStream>();
         lanes.push(tx);
-        let authority = authority.clone();
+        // Each worker its own copy, so no reference count is shared between threads.
+        let (authority, refusal) = (authority.clone(), Arc::new(refusal.clone()));
         std::thread::Builder::new()
             .name(format!("bare-proxy-{i}"))
             .spawn(move || {
@@ -71,13 +111,15 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
                         let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
                             continue;
                         };
-                        let (pool, authority) = (pool.clone(), authority.clone());
+                        let (pool, authority, refusal) =
+                            (pool.clone(), authority.clone(), refusal.clone());
                         let svc = service_fn(move |req| {
-                            let (pool, authority) = (pool.clone(), authority.clone());
+                            let (pool, authority, refusal) =
+                                (pool.clone(), authority.clone(), refusal.clone());
                             async move {
                                 Ok::<_, Infallible>(match authority {
                                     Some(authority) => forward(pool, authority, req).await,
-                                    None => refuse(),
+                                    None => refusal.response(),
                                 })
                             }
                         });
@@ -121,25 +163,6 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
             })
         })?;
     Ok(Bare { addr, stop })
-}
-
-fn refuse() -> hyper::Response<Body> {
-    let body = Full::new(Bytes::from_static(REFUSAL.as_bytes()))
-        .map_err(|e: Infallible| match e {})
-        .boxed();
-    let mut resp = hyper::Response::new(body);
-    *resp.status_mut() = http::StatusCode::CONFLICT;
-    let h = resp.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    h.insert("fencing-result", HeaderValue::from_static("stale_fence"));
-    h.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-store"),
-    );
-    resp
 }
 
 async fn forward(
