@@ -1286,7 +1286,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
          HTTP stack: a bare reverse proxy on hyper's HTTP/1.1 server and fencegate's upstream pool, with the same \
          worker model and no routing, fencing, header policy, timeouts or metrics (`benches/load/bare.rs`, in a \
          process of its own); and W3's floor, the same server answering \
-         every request with W3's 409 (same headers, same body size) without deciding anything. PostgreSQL: pgbench, 64 clients, \
+         every request with W3's 409 (fencegate's own rendering of it, made once at start) without deciding anything. PostgreSQL: pgbench, 64 clients, \
          2 threads, prepared statements, `synchronous_commit = on`; each transaction is \
          `UPDATE fences SET accepted_fence = :fence WHERE scope = :scope AND accepted_fence <= :fence` with client `c` \
          owning its scopes and raising their fence every time, like W2 (1,000 rows).\n\
