@@ -6,7 +6,6 @@
 //! failed commit fails the store closed: redb says a failed commit may still be durable,
 //! so nothing in memory may be trusted to match the disk until a restart reopens it.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -594,9 +593,10 @@ impl Writer {
                             }));
                         }
                         Op::Advance { scope, reply, .. } => {
-                            let stored = marks.get(&scope).copied().ok_or_else(|| {
-                                StoreError::Failed("scope missing from batch".into())
-                            });
+                            let stored = marks
+                                .binary_search_by(|(s, _)| s.cmp(&scope))
+                                .map(|i| marks[i].1)
+                                .map_err(|_| StoreError::Failed("scope missing from batch".into()));
                             let _ = reply.send(stored);
                         }
                         Op::Floor { reply, .. } => {
@@ -616,26 +616,27 @@ impl Writer {
         }
     }
 
-    /// One transaction for the whole batch; answers the stored mark per scope and the floor.
+    /// One transaction for the whole batch; answers the stored mark per scope (sorted by
+    /// scope, one entry each) and the floor.
     #[allow(clippy::type_complexity)]
     fn apply(
         &self,
         batch: &[Op],
-    ) -> Result<(HashMap<Arc<str>, Token>, u64, Vec<Answer>, bool), redb::Error> {
-        let mut wanted: HashMap<Arc<str>, Token> = HashMap::new();
+    ) -> Result<(Vec<(Arc<str>, Token)>, u64, Vec<Answer>, bool), redb::Error> {
+        let mut wanted: Vec<(Arc<str>, Token)> = Vec::with_capacity(batch.len());
         let mut floor_wanted = None;
         for op in batch {
             match op {
-                Op::Advance { scope, token, .. } => {
-                    let e = wanted.entry(scope.clone()).or_insert(*token);
-                    *e = (*e).max(*token);
-                }
+                Op::Advance { scope, token, .. } => wanted.push((scope.clone(), *token)),
                 Op::Floor { epoch, .. } => {
                     floor_wanted = floor_wanted.max(Some(*epoch));
                 }
                 _ => {}
             }
         }
+        // Scope order (the tree's order), highest token first within a scope; keep that one.
+        wanted.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        wanted.dedup_by(|later, kept| later.0 == kept.0);
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)
             .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
@@ -644,16 +645,22 @@ impl Writer {
         {
             let mut marks = txn.open_table(MARKS)?;
             for (scope, token) in wanted.iter_mut() {
-                let current = marks.get(&**scope)?.map(|g| {
-                    let (e, c) = g.value();
-                    Token::new(e, c)
-                });
-                match current {
-                    Some(c) if c >= *token => *token = c,
-                    _ => {
-                        marks.insert(&**scope, (token.epoch, token.counter))?;
-                        changed = true;
+                // One walk down the tree: write, and look at what was there. A mark is never
+                // lowered: a higher one found is put back (rare: the gates queue only
+                // advances above what they hold, and they hold what is on disk).
+                let before = marks
+                    .insert(&**scope, (token.epoch, token.counter))?
+                    .map(|g| {
+                        let (e, c) = g.value();
+                        Token::new(e, c)
+                    });
+                match before {
+                    Some(b) if b > *token => {
+                        marks.insert(&**scope, (b.epoch, b.counter))?;
+                        *token = b;
                     }
+                    Some(b) if b == *token => {}
+                    _ => changed = true,
                 }
             }
             if let Some(epoch) = floor_wanted.filter(|e| *e > floor) {
@@ -771,4 +778,64 @@ fn record_expiry(value: &[u8]) -> u64 {
         .get(..8)
         .and_then(|b| <[u8; 8]>::try_from(b).ok())
         .map_or(0, u64::from_be_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn advance(scope: &str, token: u64) -> (Op, oneshot::Receiver<Result<Token, StoreError>>) {
+        let (reply, rx) = oneshot::channel();
+        let op = Op::Advance {
+            scope: Arc::from(scope),
+            token: Token::new(1, token),
+            reply,
+        };
+        (op, rx)
+    }
+
+    fn answer(mut rx: oneshot::Receiver<Result<Token, StoreError>>) -> Option<u64> {
+        rx.try_recv().ok()?.ok().map(|t| t.counter)
+    }
+
+    /// One batch: the highest token per scope wins whatever the order, every member reads
+    /// what was stored, a lower advance never lowers a mark, and a batch that changes
+    /// nothing commits nothing.
+    #[test]
+    fn a_batch_stores_the_highest_token_per_scope_and_never_lowers_one() {
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("open");
+        let Commits::Inline(writer) = &store.inner.commits else {
+            panic!("inline store expected");
+        };
+        let (a5, ra5) = advance("a", 5);
+        let (b2, rb2) = advance("b", 2);
+        let (a7, ra7) = advance("a", 7);
+        let (a6, ra6) = advance("a", 6);
+        writer.commit(vec![a5, b2, a7, a6]);
+        assert_eq!(
+            [answer(ra5), answer(rb2), answer(ra7), answer(ra6)],
+            [Some(7), Some(2), Some(7), Some(7)]
+        );
+        assert_eq!(store.get("a").expect("read"), Some(Token::new(1, 7)));
+        assert_eq!(store.get("b").expect("read"), Some(Token::new(1, 2)));
+        assert_eq!(store.stats().commit_batch_size_count(), 1);
+
+        // Lower and equal advances answer the stored marks, leave them, and need no commit.
+        let (a3, ra3) = advance("a", 3);
+        let (b2, rb2) = advance("b", 2);
+        writer.commit(vec![a3, b2]);
+        assert_eq!([answer(ra3), answer(rb2)], [Some(7), Some(2)]);
+        assert_eq!(store.get("a").expect("read"), Some(Token::new(1, 7)));
+        assert_eq!(store.stats().commit_batch_size_count(), 1);
+
+        // A lower advance in a batch that changes something else is put back, not lowered.
+        let (a4, ra4) = advance("a", 4);
+        let (c9, rc9) = advance("c", 9);
+        writer.commit(vec![a4, c9]);
+        assert_eq!([answer(ra4), answer(rc9)], [Some(7), Some(9)]);
+        assert_eq!(store.get("a").expect("read"), Some(Token::new(1, 7)));
+        assert_eq!(store.get("c").expect("read"), Some(Token::new(1, 9)));
+        assert_eq!(store.stats().commit_batch_size_count(), 2);
+    }
 }
