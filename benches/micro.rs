@@ -12,9 +12,8 @@
 //! - `gate`: `Gates::admit` on the equal-token path (a hot scope, no disk, no wait),
 //!   including dropping the in-flight guard, on a current-thread runtime.
 //! - `marks`: one group commit of N concurrent advances (N = 1, 64, 512) through the
-//!   writer thread to a redb file on disk: the fsync-bound cost of W2; once on a file
-//!   opened as fencegate opens it (shared with readers in other processes), once on an
-//!   exclusively opened file, to show what the sharing costs per commit.
+//!   writer thread to a redb file on disk, opened as fencegate opens it: the
+//!   fsync-bound cost of W2, and how it grows with the batch.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -250,66 +249,50 @@ fn gate(c: &mut Criterion) {
     rt.block_on(gates.store().close());
 }
 
-/// One group commit of N concurrent advances, on a store opened like fencegate opens it
-/// (`MarkStore::open`: redb `ConcurrencyMode::SingleWriter`, so that the CLI can read the
-/// file while the server runs) and, for comparison, on the same kind of file opened
-/// through `open_with_backend` (redb `ConcurrencyMode::ExclusiveWriter`). The difference
-/// is what sharing the file with other processes costs per commit: redb always commits in
-/// two phases (two fdatasyncs) and takes byte-range locks in the shared modes.
+/// One group commit of N concurrent advances, on a store opened as fencegate opens it
+/// (`MarkStore::open`: redb `ConcurrencyMode::ExclusiveWriter`, one fsync per commit).
 fn marks(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let shared = MarkStore::open(&dir.path().join("shared.redb")).expect("store");
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(dir.path().join("exclusive.redb"))
-        .expect("file");
-    let exclusive =
-        MarkStore::open_with_backend(redb::backends::FileBackend::new(file).expect("backend"))
-            .expect("store");
+    let store = MarkStore::open(&dir.path().join("marks.redb")).expect("store");
     let scopes: Vec<Arc<str>> = (0..512)
         .map(|i| Arc::from(format!("report/s{i}")))
         .collect();
     let counter = AtomicU64::new(1);
     let mut g = c.benchmark_group("marks");
-    // Each iteration is at least one fsync (milliseconds): few, short samples.
+    // Each iteration is at least one fsync (~130 µs on the bench machine, often more):
+    // few, short samples.
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    for (mode, store) in [("shared_file", &shared), ("exclusive_file", &exclusive)] {
-        for n in [1usize, 64, 512] {
-            g.throughput(Throughput::Elements(n as u64));
-            let id = BenchmarkId::new(format!("commit_batch/{mode}"), n);
-            g.bench_with_input(id, &n, |b, &n| {
-                b.iter(|| {
-                    // A fresh, higher token per iteration: every advance really writes.
-                    let t = Token::new(0, counter.fetch_add(1, Ordering::Relaxed));
-                    rt.block_on(async {
-                        let tasks: Vec<_> = scopes[..n]
-                            .iter()
-                            .map(|s| {
-                                let store = store.clone();
-                                let s = s.clone();
-                                tokio::spawn(async move { store.advance(s, t).await })
-                            })
-                            .collect();
-                        for task in tasks {
-                            task.await.expect("task").expect("advance");
-                        }
-                    })
+    for n in [1usize, 64, 512] {
+        g.throughput(Throughput::Elements(n as u64));
+        let id = BenchmarkId::new("commit_batch", n);
+        g.bench_with_input(id, &n, |b, &n| {
+            b.iter(|| {
+                // A fresh, higher token per iteration: every advance really writes.
+                let t = Token::new(0, counter.fetch_add(1, Ordering::Relaxed));
+                rt.block_on(async {
+                    let tasks: Vec<_> = scopes[..n]
+                        .iter()
+                        .map(|s| {
+                            let store = store.clone();
+                            let s = s.clone();
+                            tokio::spawn(async move { store.advance(s, t).await })
+                        })
+                        .collect();
+                    for task in tasks {
+                        task.await.expect("task").expect("advance");
+                    }
                 })
-            });
-        }
+            })
+        });
     }
     g.finish();
-    rt.block_on(shared.close());
-    rt.block_on(exclusive.close());
+    rt.block_on(store.close());
 }
 
 criterion_group!(benches, token, routing, policy, gate, marks);
