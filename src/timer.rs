@@ -287,16 +287,34 @@ impl Drop for Deadline {
 pub struct Elapsed;
 
 /// `fut`, unless `duration` passes first.
-pub async fn timeout<F: Future>(duration: Duration, fut: F) -> Result<F::Output, Elapsed> {
-    let mut fut = std::pin::pin!(fut);
-    let mut deadline = Deadline::after(duration);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+pub fn timeout<F: Future>(duration: Duration, fut: F) -> Timeout<F> {
+    Timeout {
+        fut,
+        deadline: Deadline::after(duration),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`timeout`]'s future. A type of its own rather than an `async fn`, whose state would
+    /// hold `fut` twice (the argument and its pinned copy): this one is on every forwarded
+    /// request, inside the request's future, which is moved whole as hyper sets it up.
+    pub struct Timeout<F> {
+        #[pin]
+        fut: F,
+        deadline: Deadline,
+    }
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(v) = this.fut.poll(cx) {
             return Poll::Ready(Ok(v));
         }
-        Pin::new(&mut deadline).poll(cx).map(|()| Err(Elapsed))
-    })
-    .await
+        Pin::new(this.deadline).poll(cx).map(|()| Err(Elapsed))
+    }
 }
 
 /// hyper's timer for the HTTP/1 head timeout, on [`Deadline`]s.

@@ -143,10 +143,17 @@ impl Proxy {
         let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
         let route = &table.config.routes[plan.route];
         if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
-            return self
-                .idempotency
-                .handle(&self.forwarder, table.clone(), req, plan, peer, tls)
-                .await;
+            // Boxed: its future is larger than the rest of this one's, and would make every
+            // request's future (moved whole as hyper sets it up) that large.
+            return Box::pin(self.idempotency.handle(
+                &self.forwarder,
+                table.clone(),
+                req,
+                plan,
+                peer,
+                tls,
+            ))
+            .await;
         }
         self.forwarder.forward(&table, req, plan, peer, tls).await
     }
