@@ -298,6 +298,7 @@ pin_project_lite::pin_project! {
     /// [`timeout`]'s future. A type of its own rather than an `async fn`, whose state would
     /// hold `fut` twice (the argument and its pinned copy): this one is on every forwarded
     /// request, inside the request's future, which is moved whole as hyper sets it up.
+    #[must_use = "futures do nothing unless polled"]
     pub struct Timeout<F> {
         #[pin]
         fut: F,
