@@ -33,6 +33,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod demo;
+mod drain;
 pub mod fence;
 pub mod idempotency;
 pub mod metrics;

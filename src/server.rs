@@ -14,7 +14,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -504,7 +503,7 @@ async fn serve<F, Fut>(
     F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
-    let graceful = GracefulShutdown::new();
+    let graceful = crate::drain::Drain::new();
     // Shared with TLS connections' tasks, which build their connection after the handshake.
     let builder = Arc::new(builder);
     loop {

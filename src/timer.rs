@@ -263,9 +263,8 @@ impl Future for Deadline {
             }
             Registration::None => {}
         }
-        if Instant::now() >= this.at {
-            return Poll::Ready(());
-        }
+        // No clock read here: the wheel fires a deadline already past at its next tick
+        // (within the one tick of slack every deadline has), and a tokio timer at once.
         if this.arm_on_wheel(cx.waker()) {
             return Poll::Pending;
         }
@@ -291,6 +290,18 @@ pub fn timeout<F: Future>(duration: Duration, fut: F) -> Timeout<F> {
     Timeout {
         fut,
         deadline: Deadline::after(duration),
+    }
+}
+
+/// `fut`, unless `duration` after `from` passes first (for a caller that has just read
+/// the clock anyway).
+pub fn timeout_from<F: Future>(from: Instant, duration: Duration, fut: F) -> Timeout<F> {
+    Timeout {
+        fut,
+        deadline: Deadline::at(
+            from.checked_add(duration)
+                .unwrap_or(from + Duration::from_secs(86_400 * 365)),
+        ),
     }
 }
 

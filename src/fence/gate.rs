@@ -140,15 +140,18 @@ impl Drop for InflightGuard {
     fn drop(&mut self) {
         let mut st = self.gate.lock();
         st.inflight.remove(self.token);
-        let now = Instant::now();
+        // A completed request leaves `last_used` at its admission (no clock read on the
+        // common path): a gate idle for `IDLE_TTL` since then, with nothing in flight, may
+        // be swept; its mark is on disk.
         if !self.completed {
+            let now = Instant::now();
             let until = now + self.settle;
             st.settle = Some(match st.settle {
                 Some((g, u)) => (g.max(self.token), u.max(until)),
                 None => (self.token, until),
             });
+            st.last_used = Some(now);
         }
-        st.last_used = Some(now);
         drop(st);
         self.gate.notify.notify_waiters();
     }

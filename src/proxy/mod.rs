@@ -315,8 +315,12 @@ impl Forwarder {
             }
         };
         let started = Instant::now();
-        let result =
-            crate::timer::timeout(upstream.timeout, forward::send(upstream, tls_client, out)).await;
+        let result = crate::timer::timeout_from(
+            started,
+            upstream.timeout,
+            forward::send(upstream, tls_client, out),
+        )
+        .await;
         self.metrics
             .upstream_seconds
             .observe_duration(started.elapsed());
