@@ -44,11 +44,12 @@ fn decode_segment(raw: &str) -> Result<Cow<'_, str>, PathError> {
         return Err(PathError::EmptySegment);
     }
     let bytes = raw.as_bytes();
-    // Most segments are plain printable ASCII: the same checks, without a copy.
-    if bytes.iter().all(|b| matches!(b, 0x20..=0x7e) && *b != b'%') {
-        if bytes.contains(&b'\\') {
-            return Err(PathError::ForbiddenCharacter);
-        }
+    // Most segments are plain printable ASCII without escapes or backslashes: one pass, no
+    // copy. Anything else takes the decoding path below, which refuses a backslash too.
+    if bytes
+        .iter()
+        .all(|b| matches!(b, 0x20..=0x7e) && *b != b'%' && *b != b'\\')
+    {
         if raw == "." || raw == ".." {
             return Err(PathError::DotSegment);
         }

@@ -677,6 +677,28 @@ async fn aliases_share_one_scope_and_reach_the_upstream_verbatim() {
     env.stop().await;
 }
 
+/// Two `Host` headers leave the host ambiguous (`host =` routes and the upstream's `Host`
+/// depend on it): refused before routing, even when both say the same.
+#[tokio::test]
+async fn two_host_headers_are_invalid_request() {
+    let env = Env::start().await;
+    for second in ["files.example", "other.example"] {
+        let request = format!(
+            "PUT /reports/h2/x HTTP/1.1\r\nHost: files.example\r\nHost: {second}\r\n\
+             Fencing-Token: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let problem = env.refused_raw(&request, 400, "invalid_request").await;
+        assert!(
+            problem.to_string().contains("more than one Host header"),
+            "{problem}"
+        );
+    }
+    // One Host header is fine.
+    env.accepted("PUT", "/reports/h2/x", &[("fencing-token", "1")])
+        .await;
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn method_overrides_and_upgrades_are_invalid_request_on_fenced_routes() {
     let env = Env::start().await;

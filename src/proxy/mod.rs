@@ -39,8 +39,6 @@ static METHOD_OVERRIDES: [http::HeaderName; 3] = [
     http::HeaderName::from_static("x-method-override"),
 ];
 
-const FENCING_SCOPE: http::HeaderName = http::HeaderName::from_static("fencing-scope");
-
 /// The routing table in force: a config and the metric rows of its routes. Swapped as a
 /// whole on reload, so a request sees one table from start to end.
 pub struct Table {
@@ -184,8 +182,9 @@ impl Proxy {
                 },
             )
         })?;
-        let host =
-            request_host(req).map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
+        let head = HeadScan::of(req.headers(), &config.fencing.header);
+        let host = request_host(req, head.host)
+            .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
         let (idx, route, caps) =
             route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
         let at = |o: Outcome| (Some(idx), o);
@@ -204,9 +203,11 @@ impl Proxy {
         if !route.fenced {
             return Ok(unfenced());
         }
-        refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+        if head.suspect {
+            refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+        }
         let scope = route.scope.render(&caps);
-        let token = match read_token(req, &config.fencing.header) {
+        let token = match read_token(head.token, &config.fencing.header) {
             Ok(Some(t)) => t,
             Ok(None) if route.fences_method(req.method()) => {
                 return Err(at(Outcome::MissingToken { scope }));
@@ -215,7 +216,7 @@ impl Proxy {
             Ok(None) => return Ok(unfenced()),
             Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
         };
-        check_scope_header(req, &scope).map_err(|_| {
+        check_scope_header(head.scope, &scope).map_err(|_| {
             at(Outcome::ScopeMismatch {
                 scope: scope.clone(),
                 token,
@@ -386,13 +387,69 @@ fn content_length(req: &Request<Incoming>) -> Option<u64> {
         .ok()
 }
 
+/// Where a request head's policy headers are: `None`, one value, or more than one.
+#[derive(Clone, Copy, Default)]
+enum Seen<'a> {
+    #[default]
+    None,
+    One(&'a HeaderValue),
+    Many,
+}
+
+impl<'a> Seen<'a> {
+    fn add(&mut self, v: &'a HeaderValue) {
+        *self = match self {
+            Seen::None => Seen::One(v),
+            _ => Seen::Many,
+        };
+    }
+}
+
+/// The headers the fence looks at, found in one pass over the head (a name compared by
+/// its text) instead of a hash lookup each.
+struct HeadScan<'a> {
+    host: Seen<'a>,
+    token: Seen<'a>,
+    scope: Seen<'a>,
+    /// A method override, `Upgrade` or `Connection` is present (see
+    /// [`refuse_unfenceable`]).
+    suspect: bool,
+}
+
+impl<'a> HeadScan<'a> {
+    fn of(headers: &'a http::HeaderMap, token_name: &http::HeaderName) -> HeadScan<'a> {
+        let token_name = token_name.as_str();
+        let mut scan = HeadScan {
+            host: Seen::None,
+            token: Seen::None,
+            scope: Seen::None,
+            suspect: false,
+        };
+        for (name, value) in headers {
+            let name = name.as_str();
+            // Not `else`: a configured token header named like one below counts for both,
+            // as separate lookups would.
+            if name == token_name {
+                scan.token.add(value);
+            }
+            match name {
+                "host" => scan.host.add(value),
+                "fencing-scope" => scan.scope.add(value),
+                "connection" | "upgrade" => scan.suspect = true,
+                n if METHOD_OVERRIDES.iter().any(|m| m.as_str() == n) => scan.suspect = true,
+                _ => {}
+            }
+        }
+        scan
+    }
+}
+
 /// The request's host without port, for `host =` routes; `Err` if ambiguous.
-fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, String> {
-    let mut hosts = req.headers().get_all(header::HOST).iter();
-    let header = match (hosts.next(), hosts.next()) {
-        (Some(_), Some(_)) => return Err("more than one Host header".into()),
-        (Some(v), None) => Some(v.to_str().map_err(|_| "Host is not ASCII".to_string())?),
-        (None, _) => None,
+fn request_host<'a>(req: &'a Request<Incoming>, host: Seen<'a>) -> Result<Option<&'a str>, String> {
+    let header = match host {
+        Seen::Many => return Err("more than one Host header".into()),
+        Seen::One(v) => Some(v.to_str().map_err(|_| "Host is not ASCII".to_string())?),
+        Seen::None => None,
     };
     Ok(header
         .or_else(|| req.uri().authority().map(|a| a.as_str()))
@@ -400,15 +457,8 @@ fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, String> {
 }
 
 /// Method overrides and upgrades would carry a request past the fence; refuse them.
+/// Called only when [`HeadScan`] saw one of the names it looks for.
 fn refuse_unfenceable(req: &Request<Incoming>) -> Result<(), String> {
-    // One pass over the names present; most requests carry none of these.
-    let suspect = req
-        .headers()
-        .keys()
-        .any(|k| METHOD_OVERRIDES.contains(k) || k == header::UPGRADE || k == header::CONNECTION);
-    if !suspect {
-        return Ok(());
-    }
     if let Some(h) = METHOD_OVERRIDES
         .iter()
         .find(|h| req.headers().contains_key(*h))
@@ -430,22 +480,20 @@ fn refuse_unfenceable(req: &Request<Incoming>) -> Result<(), String> {
 }
 
 /// `Ok(None)`: no token. More than one header, or any malformed value, is an error.
-fn read_token(req: &Request<Incoming>, name: &http::HeaderName) -> Result<Option<Token>, String> {
-    let mut values = req.headers().get_all(name).iter();
-    match (values.next(), values.next()) {
-        (None, _) => Ok(None),
-        (Some(_), Some(_)) => Err(format!("more than one {name} header")),
-        (Some(v), None) => Token::parse(v.as_bytes())
+fn read_token(seen: Seen<'_>, name: &http::HeaderName) -> Result<Option<Token>, String> {
+    match seen {
+        Seen::None => Ok(None),
+        Seen::Many => Err(format!("more than one {name} header")),
+        Seen::One(v) => Token::parse(v.as_bytes())
             .map(Some)
             .map_err(|e| e.to_string()),
     }
 }
 
-fn check_scope_header(req: &Request<Incoming>, scope: &str) -> Result<(), ()> {
-    let mut values = req.headers().get_all(&FENCING_SCOPE).iter();
-    match (values.next(), values.next()) {
-        (None, _) => Ok(()),
-        (Some(v), None) if v.as_bytes() == scope.as_bytes() => Ok(()),
+fn check_scope_header(seen: Seen<'_>, scope: &str) -> Result<(), ()> {
+    match seen {
+        Seen::None => Ok(()),
+        Seen::One(v) if v.as_bytes() == scope.as_bytes() => Ok(()),
         _ => Err(()),
     }
 }
