@@ -261,16 +261,7 @@ mod tests {
         assert!(futures_poll_once(shutdown.as_mut()).await.is_pending());
 
         // Its request finishes: the connection ends and so does the shutdown.
-        busy_done.store(true, Ordering::Release);
-        // The fake does not register its waker; a new poll comes from the task's wake-up
-        // by the drain, so wake it the way its I/O would.
-        bounded(async {
-            while !busy.is_finished() {
-                tokio::task::yield_now().await;
-                busy_wake(&drain);
-            }
-        })
-        .await;
+        finish(&drain, &busy, &busy_done).await;
         bounded(shutdown).await;
         assert_eq!(busy_told.load(Ordering::Relaxed), 1, "told once");
     }
@@ -287,14 +278,7 @@ mod tests {
         let (late, late_told, _) = fake(false);
         bounded(drain.watch(late)).await;
         assert_eq!(late_told.load(Ordering::Relaxed), 1);
-        held_done.store(true, Ordering::Release);
-        bounded(async {
-            while !held.is_finished() {
-                tokio::task::yield_now().await;
-                busy_wake(&drain);
-            }
-        })
-        .await;
+        finish(&drain, &held, &held_done).await;
         bounded(shutdown).await;
     }
 
@@ -322,8 +306,22 @@ mod tests {
         assert_eq!(drain.shared.lock().live, 0);
     }
 
+    /// Ends the in-flight request of a busy fake and waits until its task has finished.
+    /// The fake registers no waker of its own, so its task is woken the way its socket
+    /// would wake it.
+    async fn finish(drain: &Drain, task: &tokio::task::JoinHandle<()>, done: &AtomicBool) {
+        done.store(true, Ordering::Release);
+        bounded(async {
+            while !task.is_finished() {
+                tokio::task::yield_now().await;
+                wake_all(drain);
+            }
+        })
+        .await;
+    }
+
     /// Wakes every registered connection task (standing in for their sockets' readiness).
-    fn busy_wake(drain: &Drain) {
+    fn wake_all(drain: &Drain) {
         let wakers: Vec<Waker> = drain
             .shared
             .lock()

@@ -388,9 +388,8 @@ fn content_length(req: &Request<Incoming>) -> Option<u64> {
 }
 
 /// Where a request head's policy headers are: `None`, one value, or more than one.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 enum Seen<'a> {
-    #[default]
     None,
     One(&'a HeaderValue),
     Many,
