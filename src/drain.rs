@@ -47,6 +47,14 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Watched> {
         self.watched.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Wakes every watched connection's task (outside the lock: a task may run at once).
+    fn wake_all(&self) {
+        let wakers: Vec<Waker> = self.lock().wakers.iter().flatten().cloned().collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
 }
 
 /// One worker's set of watched connections.
@@ -91,17 +99,7 @@ impl Drain {
     /// with a request in flight ends only when that request does.
     pub async fn shutdown(&self) {
         self.shared.closing.store(true, Ordering::Release);
-        let wakers: Vec<Waker> = self
-            .shared
-            .lock()
-            .wakers
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
-        for w in wakers {
-            w.wake();
-        }
+        self.shared.wake_all();
         loop {
             let ended = self.shared.ended.notified();
             tokio::pin!(ended);
@@ -314,25 +312,11 @@ mod tests {
         bounded(async {
             while !task.is_finished() {
                 tokio::task::yield_now().await;
-                wake_all(drain);
+                // Standing in for the sockets' readiness.
+                drain.shared.wake_all();
             }
         })
         .await;
-    }
-
-    /// Wakes every registered connection task (standing in for their sockets' readiness).
-    fn wake_all(drain: &Drain) {
-        let wakers: Vec<Waker> = drain
-            .shared
-            .lock()
-            .wakers
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
-        for w in wakers {
-            w.wake();
-        }
     }
 
     /// Polls `f` once, answering whether it finished.
