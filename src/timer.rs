@@ -166,10 +166,14 @@ impl Deadline {
     }
 
     pub fn after(duration: Duration) -> Deadline {
-        let now = Instant::now();
+        Deadline::after_from(Instant::now(), duration)
+    }
+
+    /// `duration` after `from` (a year on if that overflows).
+    pub fn after_from(from: Instant, duration: Duration) -> Deadline {
         Deadline::at(
-            now.checked_add(duration)
-                .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+            from.checked_add(duration)
+                .unwrap_or(from + Duration::from_secs(86_400 * 365)),
         )
     }
 
@@ -285,28 +289,17 @@ impl Drop for Deadline {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Elapsed;
 
-/// `fut`, unless `duration` passes first.
-pub fn timeout<F: Future>(duration: Duration, fut: F) -> Timeout<F> {
-    Timeout {
-        fut,
-        deadline: Deadline::after(duration),
-    }
-}
-
-/// `fut`, unless `duration` after `from` passes first (for a caller that has just read
-/// the clock anyway).
+/// `fut`, unless `duration` after `from` passes first. The caller passes the time it
+/// started (on the request path it has just read the clock anyway).
 pub fn timeout_from<F: Future>(from: Instant, duration: Duration, fut: F) -> Timeout<F> {
     Timeout {
         fut,
-        deadline: Deadline::at(
-            from.checked_add(duration)
-                .unwrap_or(from + Duration::from_secs(86_400 * 365)),
-        ),
+        deadline: Deadline::after_from(from, duration),
     }
 }
 
 pin_project_lite::pin_project! {
-    /// [`timeout`]'s future. A type of its own rather than an `async fn`, whose state would
+    /// [`timeout_from`]'s future. A type of its own rather than an `async fn`, whose state would
     /// hold `fut` twice (the argument and its pinned copy): this one is on every forwarded
     /// request, inside the request's future, which is moved whole as hyper sets it up.
     #[must_use = "futures do nothing unless polled"]
@@ -401,18 +394,28 @@ mod tests {
     fn timeout_answers_the_future_or_elapsed() {
         on_worker(async {
             assert_eq!(
-                bounded(timeout(Duration::from_secs(5), async { 7 })).await,
+                bounded(timeout_from(
+                    Instant::now(),
+                    Duration::from_secs(5),
+                    async { 7 }
+                ))
+                .await,
                 Ok(7)
             );
             let never = std::future::pending::<()>();
             assert_eq!(
-                bounded(timeout(Duration::from_millis(60), never)).await,
+                bounded(timeout_from(
+                    Instant::now(),
+                    Duration::from_millis(60),
+                    never
+                ))
+                .await,
                 Err(Elapsed)
             );
             // A finished timeout leaves no armed slot behind.
             let quick = tokio::time::sleep(Duration::from_millis(5));
             assert_eq!(
-                bounded(timeout(Duration::from_secs(30), quick)).await,
+                bounded(timeout_from(Instant::now(), Duration::from_secs(30), quick)).await,
                 Ok(())
             );
             WHEEL.with(|w| {
@@ -433,7 +436,12 @@ mod tests {
             assert!(started.elapsed() >= Duration::from_millis(30));
             let never = std::future::pending::<()>();
             assert_eq!(
-                bounded(timeout(Duration::from_millis(30), never)).await,
+                bounded(timeout_from(
+                    Instant::now(),
+                    Duration::from_millis(30),
+                    never
+                ))
+                .await,
                 Err(Elapsed)
             );
         });
