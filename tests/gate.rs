@@ -131,15 +131,20 @@ async fn after_restart_scopes_settle_once() {
         let mut a = g.admit("s", t(41), Accept).await.unwrap();
         a.guard.complete();
     }
-    // A new process on the same disk: a request of 41 may still be in the network.
+    // A new process on the same disk: a request older than the mark may still be in the
+    // network, so even the mark's own generation waits out the settle, once.
     let g = gates_on(&disk, SETTLE);
     let start = Instant::now();
-    g.admit("s", t(41), Accept)
-        .await
-        .expect("same generation passes");
-    assert_eq!(start.elapsed(), Duration::ZERO);
-    g.admit("s", t(42), Accept).await.expect("42 after settle");
+    let mut a = g.admit("s", t(41), Accept).await.expect("41 after settle");
     assert_eq!(start.elapsed(), SETTLE);
+    assert_eq!(a.waited, SETTLE);
+    a.guard.complete();
+    drop(a);
+    let mut again = g.admit("s", t(41), Accept).await.expect("41 again");
+    again.guard.complete();
+    drop(again);
+    g.admit("s", t(42), Accept).await.expect("42");
+    assert_eq!(start.elapsed(), SETTLE, "settled: no more waiting");
     // A scope with no mark had nothing in flight: no wait.
     let start = Instant::now();
     g.admit("fresh", t(1), Accept).await.unwrap();
@@ -150,6 +155,36 @@ async fn after_restart_scopes_settle_once() {
     let start = Instant::now();
     g.admit("s", t(43), Accept).await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+/// A mark is made durable before the older generation drains. If the process dies in
+/// between, the older requests may still reach the backend after a restart, so the mark's
+/// own generation must not be forwarded before the start-up settle has passed.
+#[tokio::test(start_paused = true)]
+async fn a_mark_committed_before_its_drain_waits_out_a_restart() {
+    let disk = Disk::new();
+    {
+        let g = Arc::new(gates_on(&disk, SETTLE));
+        let mut held = g
+            .admit("s", t(41), Accept)
+            .await
+            .expect("41 at the backend");
+        let g2 = g.clone();
+        let newer = tokio::spawn(async move { g2.admit("s", t(42), Accept).await });
+        while g.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(g.mark("s").unwrap(), Some(t(42)), "durable, draining 41");
+        // The process dies: 42 was never forwarded; 41 is still on its way.
+        newer.abort();
+        held.guard.complete();
+    }
+    let g = gates_on(&disk, SETTLE);
+    let start = Instant::now();
+    // The client retries 42 with the same token, as a `draining` answer tells it to.
+    let adm = g.admit("s", t(42), Accept).await.expect("42 once settled");
+    assert_eq!(start.elapsed(), SETTLE);
+    assert!(!adm.advanced, "the mark was already 42");
 }
 
 #[tokio::test(start_paused = true)]

@@ -235,9 +235,26 @@ enum Step {
     Wait(Instant),
 }
 
+/// The hot gates of the scopes that hash to one shard.
+#[derive(Default)]
+struct Shard {
+    gates: HashMap<Arc<str>, Arc<Gate>>,
+    /// Gates evicted from this shard so far (see [`Gates::gate`]).
+    evicted: u64,
+}
+
+impl Shard {
+    /// Drops the gates `keep` refuses, counting them as evicted.
+    fn evict(&mut self, mut keep: impl FnMut(&Arc<Gate>) -> bool) {
+        let before = self.gates.len();
+        self.gates.retain(|_, g| keep(g));
+        self.evicted += (before - self.gates.len()) as u64;
+    }
+}
+
 /// All gates of one process.
 pub struct Gates {
-    shards: Vec<Mutex<HashMap<Arc<str>, Arc<Gate>>>>,
+    shards: Vec<Mutex<Shard>>,
     /// Seeds the shard choice (see [`Gates::shard`]).
     shard_seed: u64,
     store: MarkStore,
@@ -277,7 +294,7 @@ impl Gates {
         settle: Duration,
     ) -> Gates {
         Gates {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             shard_seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
             store,
             metrics,
@@ -309,32 +326,57 @@ impl Gates {
         &self.store
     }
 
-    fn shard(&self, scope: &str) -> MutexGuard<'_, HashMap<Arc<str>, Arc<Gate>>> {
+    fn shard(&self, scope: &str) -> MutexGuard<'_, Shard> {
         self.shards[shard_index(self.shard_seed, scope)]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
 
     fn gate(&self, scope: &str) -> Result<(Arc<str>, Arc<Gate>), StoreError> {
-        if let Some((k, g)) = self.shard(scope).get_key_value(scope) {
-            return Ok((k.clone(), g.clone()));
-        }
-        // Read outside the shard lock; every advance goes through a gate, so the mark
-        // cannot move between this read and the insert unless another gate was created,
-        // in which case that one wins below.
+        let evicted = {
+            let shard = self.shard(scope);
+            if let Some((k, g)) = shard.gates.get_key_value(scope) {
+                return Ok((k.clone(), g.clone()));
+            }
+            shard.evicted
+        };
+        // Read outside the shard lock: a read may wait for the disk.
         let mark = self.store.get(scope)?;
+        self.insert(scope, mark, evicted)
+    }
+
+    /// Makes the gate of `scope` from `mark`, read from disk when the shard had evicted
+    /// `evicted` gates; or answers the gate another request made meanwhile.
+    fn insert(
+        &self,
+        scope: &str,
+        mut mark: Option<Token>,
+        evicted: u64,
+    ) -> Result<(Arc<str>, Arc<Gate>), StoreError> {
         let settle_until = self.started + self.settle;
         let mut shard = self.shard(scope);
-        if let Some((k, g)) = shard.get_key_value(scope) {
+        if let Some((k, g)) = shard.gates.get_key_value(scope) {
             return Ok((k.clone(), g.clone()));
         }
-        if shard.len() >= self.shard_capacity {
-            let now = Instant::now();
-            shard.retain(|_, g| !evictable(g, now, Duration::ZERO));
+        // Every advance goes through a gate, so the mark read cannot have moved since,
+        // unless a gate of this scope was made, advanced and evicted in the meantime (a
+        // gate made stale would accept the old mark's token, now stale): read it again,
+        // with the lock keeping new gates out. Rare: it takes an eviction in this shard.
+        if shard.evicted != evicted {
+            mark = self.store.get(scope)?;
         }
+        if shard.gates.len() >= self.shard_capacity {
+            let now = Instant::now();
+            shard.evict(|g| !evictable(g, now, Duration::ZERO));
+        }
+        // Which generation was at the backend when the process stopped is unknown: an
+        // advance is made durable before older requests drain, so requests older than
+        // the mark may still be in flight. Every generation therefore waits out the
+        // start-up settle, the mark's own included (a lower token is stale anyway);
+        // 0:0, the lowest token, as the settling generation says so.
         let settle = mark
             .filter(|_| Instant::now() < settle_until)
-            .map(|m| (m, settle_until));
+            .map(|_| (Token::new(0, 0), settle_until));
         let key: Arc<str> = Arc::from(scope);
         let gate = Arc::new(Gate {
             state: Mutex::new(GateState {
@@ -344,7 +386,7 @@ impl Gates {
             }),
             notify: Notify::new(),
         });
-        shard.insert(key.clone(), gate.clone());
+        shard.gates.insert(key.clone(), gate.clone());
         Ok((key, gate))
     }
 
@@ -530,7 +572,7 @@ impl Gates {
 
     /// The mark as the gates see it (memory if hot, else disk).
     pub fn mark(&self, scope: &str) -> Result<Option<Token>, StoreError> {
-        if let Some(g) = self.shard(scope).get(scope) {
+        if let Some(g) = self.shard(scope).gates.get(scope) {
             return Ok(g.lock().current);
         }
         self.store.get(scope)
@@ -545,7 +587,7 @@ impl Gates {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).gates.len())
             .sum()
     }
 
@@ -559,7 +601,7 @@ impl Gates {
         let now = Instant::now();
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-            shard.retain(|_, gate| {
+            shard.evict(|gate| {
                 // Only the map holds it: nobody can be waiting or about to use it.
                 if Arc::strong_count(gate) > 1 {
                     return true;
@@ -615,6 +657,53 @@ mod tests {
                 "seed {seed:#x}: {min:?}..{max:?}"
             );
         }
+    }
+
+    /// A request that found no gate reads the mark from disk, then inserts a gate. If,
+    /// in between, another request made the scope's gate, advanced the mark and the gate
+    /// was evicted, the mark read is stale: the inserted gate must hold the newer one.
+    #[tokio::test(start_paused = true)]
+    async fn a_mark_read_before_an_eviction_is_read_again() {
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("store");
+        let metrics = Arc::new(Metrics::new(Vec::new()));
+        let g = Gates::new(store, metrics, Duration::from_secs(30), Duration::ZERO);
+        let (t5, t6) = (Token::new(0, 5), Token::new(0, 6));
+        let idle_out = |g: &Gates| {
+            g.sweep();
+            assert_eq!(g.len(), 0, "every gate evicted");
+        };
+        let mut a = g.admit("s", t5, EqualPolicy::Accept).await.expect("5");
+        a.guard.complete();
+        drop(a);
+        tokio::time::advance(IDLE_TTL).await;
+        idle_out(&g);
+        // Request A: no gate for "s"; it reads mark 5 and is held up before inserting.
+        let evicted = g.shard("s").evicted;
+        let read = g.store.get("s").expect("read");
+        assert_eq!(read, Some(t5));
+        // Meanwhile B makes the gate, advances to 6, finishes, and the gate is evicted.
+        let mut b = g.admit("s", t6, EqualPolicy::Accept).await.expect("6");
+        b.guard.complete();
+        drop(b);
+        tokio::time::advance(IDLE_TTL).await;
+        idle_out(&g);
+        // A goes on with what it read.
+        let (_, gate) = g.insert("s", read, evicted).expect("insert");
+        assert_eq!(
+            gate.lock().current,
+            Some(t6),
+            "the gate holds the disk's mark"
+        );
+        drop(gate);
+        assert_eq!(
+            g.admit("s", t5, EqualPolicy::Accept).await.unwrap_err(),
+            Refusal::Stale { highest: Some(t6) }
+        );
+        // Without an eviction in between, the read is used as it is (no second read).
+        let evicted = g.shard("t").evicted;
+        let (_, gate) = g.insert("t", Some(t5), evicted).expect("insert");
+        assert_eq!(gate.lock().current, Some(t5));
     }
 
     #[test]
