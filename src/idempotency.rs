@@ -238,59 +238,69 @@ impl Idempotency {
             },
             &[],
         );
-        let mut replace_if = None;
-        loop {
-            let claimed = self
-                .store
-                .claim(record_key.clone(), mine.clone(), replace_if.take(), now)
-                .await;
-            let existing = match claimed {
-                Ok(None) => break,
-                Ok(Some(existing)) => existing,
-                Err(_) => {
-                    return refuse(&mut plan, Outcome::Unavailable { scope, token });
-                }
-            };
-            let Some((meta, stored_body)) = decode(&existing) else {
-                return refuse(&mut plan, Outcome::Unavailable { scope, token });
-            };
-            if meta.fingerprint != fingerprint {
-                return refuse(&mut plan, Outcome::KeyReused { scope, token });
-            }
-            let retry_unknown = match meta.state {
-                State::InFlight if meta.boot == self.boot => {
-                    return refuse(&mut plan, Outcome::InProgress { scope, token });
-                }
-                State::Completed {
-                    status,
-                    headers,
-                    body_stored,
-                } => {
-                    if let Some(g) = plan.guard.as_mut() {
-                        g.complete();
-                    }
-                    table.count(route_idx, "duplicate");
-                    return replay(status, headers, body_stored, stored_body);
-                }
-                State::Released => true,
-                State::InFlight | State::Unknown => route.idempotency_unknown == OnUnknown::Forward,
-            };
-            if !retry_unknown {
-                return refuse(&mut plan, Outcome::OutcomeUnknown { scope, token });
-            }
-            // Take the key over only if nobody else did in between (compare and swap);
-            // if someone did, the next look sees their record.
-            replace_if = Some(existing);
-        }
-
-        // Forward in a task of its own: if the client goes away, the upstream's answer is
-        // still recorded, so the client's retry is answered from the record.
-        let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
+        // The claim, the forward and the record run in a task of their own. A claim is
+        // committed whether or not anyone awaits it: made for a client that went away
+        // meanwhile and never finished, it would answer every retry 409 `in_progress`
+        // until it expired. And once forwarded, the upstream's answer is recorded even if
+        // the client is gone, so the client's retry is answered from the record.
+        let forward_unknown = route.idempotency_unknown == OnUnknown::Forward;
         let store = self.store.clone();
         let fwd = fwd.clone();
         let boot = self.boot;
         let cap = settings.max_response_body;
         let task = tokio::spawn(async move {
+            let refuse = |plan: &mut Plan, outcome: Outcome| {
+                // Nothing was forwarded under this admission.
+                if let Some(g) = plan.guard.as_mut() {
+                    g.complete();
+                }
+                fwd.refuse(&table, route_idx, outcome)
+            };
+            let mut replace_if = None;
+            loop {
+                let claimed = store
+                    .claim(record_key.clone(), mine.clone(), replace_if.take(), now)
+                    .await;
+                let existing = match claimed {
+                    Ok(None) => break,
+                    Ok(Some(existing)) => existing,
+                    Err(_) => {
+                        return refuse(&mut plan, Outcome::Unavailable { scope, token });
+                    }
+                };
+                let Some((meta, stored_body)) = decode(&existing) else {
+                    return refuse(&mut plan, Outcome::Unavailable { scope, token });
+                };
+                if meta.fingerprint != fingerprint {
+                    return refuse(&mut plan, Outcome::KeyReused { scope, token });
+                }
+                let retry_unknown = match meta.state {
+                    State::InFlight if meta.boot == boot => {
+                        return refuse(&mut plan, Outcome::InProgress { scope, token });
+                    }
+                    State::Completed {
+                        status,
+                        headers,
+                        body_stored,
+                    } => {
+                        if let Some(g) = plan.guard.as_mut() {
+                            g.complete();
+                        }
+                        table.count(route_idx, "duplicate");
+                        return replay(status, headers, body_stored, stored_body);
+                    }
+                    State::Released => true,
+                    State::InFlight | State::Unknown => forward_unknown,
+                };
+                if !retry_unknown {
+                    return refuse(&mut plan, Outcome::OutcomeUnknown { scope, token });
+                }
+                // Take the key over only if nobody else did in between (compare and swap);
+                // if someone did, the next look sees their record.
+                replace_if = Some(existing);
+            }
+
+            let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
             let resp = fwd.forward(&table, req, plan, peer, tls).await;
             let result = resp
                 .headers()

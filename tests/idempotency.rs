@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use fencegate::fence::MarkStore;
+use support::disk::Disk;
 use support::{BOUND, Client, Double, spawn, write_config};
 
 const KEY: (&str, &str) = ("idempotency-key", "\"order-1\"");
@@ -85,6 +86,67 @@ async fn a_retry_after_a_lost_response_applies_once() {
         .send("PUT", "/idem/a", &[("fencing-token", "1"), KEY], "pay 10")
         .await;
     assert_eq!((stale.status, stale.result()), (409, "stale_fence"));
+    proxy.shutdown().await;
+}
+
+/// A client that goes away while its key's claim is being committed: the claim lands
+/// anyway (the writer commits it whether or not anyone waits), so the request must still
+/// be forwarded and recorded. Otherwise the key would stay `in_progress` to every retry
+/// until the record expired.
+#[tokio::test]
+async fn a_client_gone_during_its_claim_leaves_no_stuck_key() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).expect("store");
+    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .expect("start proxy");
+    let client = Client::new(proxy.proxy_addr);
+    // The mark first, so that the claim is the one commit the disk holds below.
+    let r = client.put("/idem/c", "4", "no key").await;
+    assert_eq!((r.status, r.result()), (200, "accepted"));
+
+    disk.hold();
+    let mut conn = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .expect("connect");
+    conn.write_all(
+        b"PUT /idem/c HTTP/1.1\r\nHost: x\r\nFencing-Token: 4\r\n\
+          Idempotency-Key: \"order-1\"\r\nContent-Length: 5\r\n\r\npay 5",
+    )
+    .await
+    .expect("write");
+    tokio::time::timeout(BOUND, async {
+        while !disk.syncing() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the claim reaches the disk");
+    // The client goes away; the proxy closing the connection shows it dropped the request.
+    conn.shutdown().await.expect("shutdown");
+    let mut rest = Vec::new();
+    tokio::time::timeout(BOUND, conn.read_to_end(&mut rest))
+        .await
+        .expect("the proxy closes the connection")
+        .expect("read");
+    assert!(rest.is_empty(), "no answer was sent: {rest:?}");
+    disk.release();
+
+    let retry = settled(&client, "/idem/c", &[("fencing-token", "4"), KEY], "pay 5").await;
+    assert_eq!((retry.status, retry.result()), (200, "duplicate"));
+    assert_eq!(
+        double
+            .seen()
+            .iter()
+            .filter(|s| s.target == "/idem/c" && s.body == "pay 5")
+            .count(),
+        1,
+        "forwarded once"
+    );
     proxy.shutdown().await;
 }
 
