@@ -1009,6 +1009,26 @@ async fn hop_by_hop_headers_stay_at_the_proxy() {
     assert_eq!(up.header("x-forwarded-proto"), Some("http"));
     let host = env.addr().to_string();
     assert_eq!(up.header("host"), Some(host.as_str()));
+
+    // `Connection` may name end-to-end headers too. Host chose the route (and so the
+    // scope): it reaches the upstream as received. A forwarding header listed there is
+    // gone, and the proxy's own `X-Forwarded-Proto` takes its place.
+    let request = "PUT /reports/h/z HTTP/1.1\r\n\
+                   Host: files.example:8080\r\n\
+                   Fencing-Token: 1\r\n\
+                   Connection: close, host, x-forwarded-proto, x-forwarded-for\r\n\
+                   X-Forwarded-Proto: https\r\n\
+                   X-Forwarded-For: 10.0.0.1\r\n\
+                   Content-Length: 0\r\n\r\n";
+    let resp = raw(env.addr(), request).await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let seen = env.seen();
+    let up = seen.last().expect("forwarded");
+    assert_eq!(up.target, "/reports/h/z");
+    assert_eq!(up.header("host"), Some("files.example:8080"));
+    assert_eq!(up.header("x-forwarded-proto"), Some("http"));
+    assert_eq!(up.header("x-forwarded-for"), Some("127.0.0.1"));
+    assert!(!up.headers.contains_key("connection"));
     env.stop().await;
 }
 

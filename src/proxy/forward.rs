@@ -127,8 +127,8 @@ static HOP_BY_HOP: [HeaderName; 9] = [
 
 /// The position of `name` in [`HOP_BY_HOP`]: one match on the name's text (a length
 /// check, then at most a few byte comparisons) instead of comparing it with every entry.
-fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    match name.as_str() {
+fn hop_by_hop_index(name: &str) -> Option<usize> {
+    match name {
         "connection" => Some(0),
         "keep-alive" => Some(1),
         "proxy-connection" => Some(2),
@@ -149,41 +149,89 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // or only `Connection`), instead of a hash lookup per listed name.
     let mut present = [false; HOP_BY_HOP.len()];
     for name in headers.keys() {
-        if let Some(i) = hop_by_hop_index(name) {
+        if let Some(i) = hop_by_hop_index(name.as_str()) {
             present[i] = true;
         }
     }
-    if !present.contains(&true) {
-        return;
-    }
-    // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
-    // needs a name parsed, so the common `Connection: keep-alive` costs no allocation.
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.eq_ignore_ascii_case("keep-alive"))
-        .filter_map(|t| {
-            if t.eq_ignore_ascii_case("close") {
-                Some(HeaderName::from_static("close"))
-            } else {
-                HeaderName::from_bytes(t.as_bytes()).ok()
-            }
-        })
-        .collect();
-    for name in listed {
-        headers.remove(name);
+    strip_present(headers, present);
+}
+
+/// [`strip_hop_by_hop`] once the hop-by-hop names present are known (`present`, indexed
+/// like [`HOP_BY_HOP`]). Answers whether it removed a name listed in `Connection`, which
+/// may be any header at all.
+fn strip_present(headers: &mut HeaderMap, present: [bool; HOP_BY_HOP.len()]) -> bool {
+    let mut listed_any = false;
+    if present[0] {
+        // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
+        // needs a name parsed, so the common `Connection: keep-alive` costs no allocation.
+        let listed: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            // Host chose the route and so the scope: the upstream must see the same one
+            // (an upstream that fell back to its own authority could read the path as
+            // another resource, under another scope).
+            .filter(|n| *n != header::HOST)
+            .collect();
+        for name in listed {
+            listed_any |= headers.remove(name).is_some();
+        }
     }
     for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         headers.remove(name);
     }
+    listed_any
 }
 
-/// Appends to a list header, folding any repeated lines into one list first.
-fn append(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
-    if !headers.contains_key(name) {
+/// The names [`upstream_request`] acts on, found in one pass over a request's headers
+/// (each name compared by its text) instead of a hash lookup each.
+#[derive(Default)]
+struct Names {
+    /// Hop-by-hop names present, indexed like [`HOP_BY_HOP`].
+    hop_by_hop: [bool; HOP_BY_HOP.len()],
+    host: bool,
+    /// Any of [`FORWARDING`].
+    forwarding: bool,
+    forwarded_for: bool,
+    forwarded_proto: bool,
+}
+
+impl Names {
+    fn of(headers: &HeaderMap) -> Names {
+        let mut names = Names::default();
+        for name in headers.keys() {
+            match name.as_str() {
+                "host" => names.host = true,
+                "x-forwarded-for" => {
+                    names.forwarding = true;
+                    names.forwarded_for = true;
+                }
+                "x-forwarded-proto" => {
+                    names.forwarding = true;
+                    names.forwarded_proto = true;
+                }
+                "x-forwarded-host" | "x-forwarded-port" | "forwarded" | "x-real-ip" => {
+                    names.forwarding = true;
+                }
+                other => {
+                    if let Some(i) = hop_by_hop_index(other) {
+                        names.hop_by_hop[i] = true;
+                    }
+                }
+            }
+        }
+        names
+    }
+}
+
+/// Appends to a list header (`present`: the map holds it already), folding any repeated
+/// lines into one list first.
+fn append(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue, present: bool) {
+    if !present {
         headers.insert(name, value);
         return;
     }
@@ -271,7 +319,8 @@ pub fn upstream_request(
     } else {
         Uri::from(path)
     };
-    if !parts.headers.contains_key(header::HOST)
+    let mut names = Names::of(&parts.headers);
+    if !names.host
         && let Some(v) = parts
             .uri
             .authority()
@@ -279,15 +328,25 @@ pub fn upstream_request(
     {
         parts.headers.insert(header::HOST, v);
     }
-    strip_hop_by_hop(&mut parts.headers);
-    if !trusted && parts.headers.keys().any(|n| FORWARDING.contains(n)) {
+    if strip_present(&mut parts.headers, names.hop_by_hop) {
+        // `Connection` listed other names, forwarding headers among them perhaps.
+        names = Names::of(&parts.headers);
+    }
+    if !trusted && names.forwarding {
         for name in &FORWARDING {
             parts.headers.remove(name);
         }
+        names.forwarded_for = false;
+        names.forwarded_proto = false;
     }
-    append(&mut parts.headers, &X_FORWARDED_FOR, peer_value(peer));
+    append(
+        &mut parts.headers,
+        &X_FORWARDED_FOR,
+        peer_value(peer),
+        names.forwarded_for,
+    );
     // The scheme of this hop is ours to tell, unless a trusted proxy in front said it.
-    if !trusted || !parts.headers.contains_key(&X_FORWARDED_PROTO) {
+    if !trusted || !names.forwarded_proto {
         parts.headers.insert(
             X_FORWARDED_PROTO,
             HeaderValue::from_static(if tls { "https" } else { "http" }),
@@ -413,7 +472,7 @@ mod tests {
     #[test]
     fn the_hop_by_hop_match_agrees_with_the_list() {
         for (i, name) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+            assert_eq!(hop_by_hop_index(name.as_str()), Some(i), "{name}");
         }
         for name in [
             header::HOST,
@@ -423,7 +482,7 @@ mod tests {
             HeaderName::from_static("x-connection"),
             HeaderName::from_static("tes"),
         ] {
-            assert_eq!(hop_by_hop_index(&name), None, "{name}");
+            assert_eq!(hop_by_hop_index(name.as_str()), None, "{name}");
         }
     }
 
