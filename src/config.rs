@@ -324,16 +324,30 @@ fn section<T: for<'de> Deserialize<'de>>(
     }
 }
 
+/// The longest duration a setting takes: deadlines are instants plus a setting, and an
+/// instant a few hundred billion years out does not exist.
+const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The largest count a setting takes (connections, in-flight requests, waiters, ...).
+const MAX_COUNT: usize = 1 << 32;
+
 fn duration(raw: Option<&str>, default: Duration, path: &str, errors: &mut Errors) -> Duration {
     match raw {
         None => default,
-        Some(s) => humantime::parse_duration(s).unwrap_or_else(|e| {
-            errors.push(
-                path,
-                format!("`{s}` is not a duration (e.g. 500ms, 30s): {e}"),
-            );
-            default
-        }),
+        Some(s) => match humantime::parse_duration(s) {
+            Ok(d) if d > MAX_DURATION => {
+                errors.push(path, format!("`{s}` is longer than the maximum, 366d"));
+                default
+            }
+            Ok(d) => d,
+            Err(e) => {
+                errors.push(
+                    path,
+                    format!("`{s}` is not a duration (e.g. 500ms, 30s): {e}"),
+                );
+                default
+            }
+        },
     }
 }
 
@@ -440,6 +454,10 @@ impl Config {
         let positive = |v: Option<usize>, default: usize, path: &str, errors: &mut Errors| match v {
             Some(0) => {
                 errors.push(path, "must be at least 1");
+                default
+            }
+            Some(n) if n > MAX_COUNT => {
+                errors.push(path, format!("must be at most {MAX_COUNT}"));
                 default
             }
             Some(n) => n,
@@ -980,6 +998,41 @@ colour = "red"
             assert!(paths.contains(&want), "missing {want} in {paths:?}");
         }
         assert!(errs.iter().any(|e| e.message.contains("colour")));
+    }
+
+    /// Values so large that a deadline or a semaphore built from them would panic at run
+    /// time are refused when the file is loaded (and so by `check-config`).
+    #[test]
+    fn durations_and_counts_are_bounded() {
+        let huge = GOOD
+            .replace(
+                "drain_timeout = \"2s\"",
+                "drain_timeout = \"2s\"\nsettle = \"18446744073709551615s\"\nmax_waiters_per_scope = 4294967297",
+            )
+            .replace(
+                "listen = \"127.0.0.1:8080\"",
+                "listen = \"127.0.0.1:8080\"\nmax_connections = 4611686018427387904\nshutdown_timeout = \"367d\"",
+            );
+        let errs = Config::parse(&huge, Path::new(".")).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for want in [
+            "fencing.settle",
+            "fencing.max_waiters_per_scope",
+            "server.max_connections",
+            "server.shutdown_timeout",
+        ] {
+            assert!(paths.contains(&want), "missing {want} in {errs:?}");
+        }
+        let edge = GOOD.replace(
+            "drain_timeout = \"2s\"",
+            "drain_timeout = \"366d\"\nmax_waiters_per_scope = 4294967296",
+        );
+        let c = Config::parse(&edge, Path::new(".")).expect("the largest values load");
+        assert_eq!(
+            c.fencing.drain_timeout,
+            Duration::from_secs(366 * 24 * 3600)
+        );
+        assert_eq!(c.fencing.max_waiters_per_scope, 1 << 32);
     }
 
     #[test]
