@@ -326,7 +326,7 @@ fn section<T: for<'de> Deserialize<'de>>(
 
 /// The longest duration a setting takes: deadlines are instants plus a setting, and an
 /// instant a few hundred billion years out does not exist.
-const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The largest count a setting takes (connections, in-flight requests, waiters, ...).
 const MAX_COUNT: usize = 1 << 32;
@@ -1023,6 +1023,12 @@ colour = "red"
         ] {
             assert!(paths.contains(&want), "missing {want} in {errs:?}");
         }
+        let authority = format!("{GOOD}\n[authority]\nmax_ttl = \"400000000000y\"\n");
+        let errs = Config::parse(&authority, Path::new(".")).unwrap_err().0;
+        assert!(
+            errs.iter().any(|e| e.path == "authority.max_ttl"),
+            "{errs:?}"
+        );
         let edge = GOOD.replace(
             "drain_timeout = \"2s\"",
             "drain_timeout = \"366d\"\nmax_waiters_per_scope = 4294967296",

@@ -35,6 +35,7 @@ pub mod config;
 pub mod demo;
 mod drain;
 pub mod fence;
+mod first_bytes;
 pub mod idempotency;
 pub mod metrics;
 pub mod proxy;

@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, ServerConfig};
 use crate::fence::{Gates, MarkStore};
+use crate::first_bytes::FirstBytes;
 use crate::metrics::Metrics;
 use crate::proxy::{Body, Proxy};
 
@@ -158,6 +159,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         Source::Listener(admin_listener),
         stop_rx.clone(),
         grace,
+        config.server.header_read_timeout,
         http_builder(&config.server),
         None,
         move |req, _peer| {
@@ -168,7 +170,8 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let mut tasks = proxy_tasks;
     let mut authority_addr = None;
     if let Some(auth) = &config.authority {
-        let (addr, task) = crate::authority::serve(auth, &app.store, stop_rx.clone()).await?;
+        let (addr, task) =
+            crate::authority::serve(auth, &config.server, &app.store, stop_rx.clone()).await?;
         authority_addr = Some(addr);
         tasks.push(task);
     }
@@ -212,7 +215,7 @@ pub struct ConnLimits {
 }
 
 /// Held by a connection's task; gives its slots back when the connection ends.
-struct ConnSlot {
+pub(crate) struct ConnSlot {
     _permit: OwnedSemaphorePermit,
     limits: Arc<ConnLimits>,
     ip: IpAddr,
@@ -239,7 +242,7 @@ impl ConnLimits {
         })
     }
 
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
         let permit = self.total.clone().try_acquire_owned().ok()?;
         let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
@@ -415,6 +418,7 @@ where
             tls.clone(),
             handler.clone(),
         );
+        let first_bytes = server.header_read_timeout;
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
             .name(format!("fencegate-worker-{i}"))
@@ -433,6 +437,7 @@ where
                     Source::Handed(rx),
                     stop,
                     grace,
+                    first_bytes,
                     builder,
                     tls,
                     handler,
@@ -491,11 +496,15 @@ where
 }
 
 /// The accept loop of one listener. On stop: close the listener, ask every connection to
-/// finish its in-flight requests, and wait at most `grace` for them.
+/// finish its in-flight requests, and wait at most `grace` for them. A connection whose
+/// first bytes do not tell its protocol within `first_bytes` (after the TLS handshake, if
+/// any) is closed.
+#[allow(clippy::too_many_arguments)]
 async fn serve<F, Fut>(
     mut source: Source,
     mut stop: watch::Receiver<bool>,
     grace: Duration,
+    first_bytes: Duration,
     builder: auto::Builder<TokioExecutor>,
     tls: Option<Arc<crate::tls::Listener>>,
     handler: F,
@@ -534,6 +543,7 @@ async fn serve<F, Fut>(
                         return;
                     }
                 };
+                let stream = FirstBytes::new(stream, first_bytes);
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), svc)
                     .into_owned();
@@ -543,6 +553,7 @@ async fn serve<F, Fut>(
             });
             continue;
         }
+        let stream = FirstBytes::new(stream, first_bytes);
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();

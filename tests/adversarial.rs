@@ -116,6 +116,17 @@ async fn hostile_clients_get_clear_errors_and_nothing_unfenced_passes() {
     let mut buf = Vec::new();
     let closed = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
     assert!(closed.is_ok(), "a slow head must be cut off");
+    // Before a head even begins: a connection that sends nothing, or part of the HTTP/2
+    // preface and then nothing, leaves the protocol undecided. It is cut off too (it
+    // would hold its connection slot for good).
+    for first in [&b""[..], b"PRI * HTTP/2.0\r\n"] {
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        silent.write_all(first).await.unwrap();
+        let mut buf = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut buf)).await;
+        assert!(closed.is_ok(), "{first:?} and silence must be cut off");
+    }
 
     // HTTP/2 rapid reset: streams opened and cancelled at once, many times.
     let tcp = TcpStream::connect(addr).await.unwrap();

@@ -216,6 +216,59 @@ async fn bad_requests_are_400_problems() {
     running.shutdown().await;
 }
 
+/// The authority's listener has the proxy listener's bounds: a connection that sends
+/// nothing, or a head that never completes, is cut off after `header_read_timeout`, and
+/// connections per client IP are capped.
+#[tokio::test]
+async fn slow_and_silent_clients_are_cut_off_and_connections_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = authority_text("10s", "0s", 0, 0, 0).replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"1s\"\nmax_connections_per_ip = 4\n",
+    );
+    let config = Config::parse(&text, dir.path()).expect("config");
+    let running = support::start(config).await;
+    let addr = running.authority_addr.expect("authority address");
+    for first in [
+        &b""[..],
+        b"PRI * HT",
+        b"POST /v1/locks/acquire HTTP/1.1\r\nHost: a\r\n",
+    ] {
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(first).await.unwrap();
+        let mut buf = Vec::new();
+        let closed = tokio::time::timeout(BOUND, slow.read_to_end(&mut buf)).await;
+        assert!(closed.is_ok(), "{first:?} then silence must be cut off");
+    }
+    // Four open connections from 127.0.0.1: a fifth is closed at once, unanswered.
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /v1/locks?scope=s HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        conn.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        open.push(conn);
+    }
+    let mut fifth = TcpStream::connect(addr).await.unwrap();
+    let _ = fifth
+        .write_all(b"GET /v1/locks?scope=s HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(BOUND, fifth.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "closed without an answer: {read:?} {buf:?}"
+    );
+    drop(open);
+    running.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_waiting_acquire_is_granted_when_the_holder_releases() {
     let dir = tempfile::tempdir().unwrap();

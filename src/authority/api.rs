@@ -11,7 +11,7 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use percent_encoding::percent_decode_str;
@@ -20,7 +20,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::{AcquireRequest, Engine, LockStatus, MAX_WAIT, Outcome};
+use crate::first_bytes::FirstBytes;
 use crate::proxy::Body;
+use crate::server::ConnLimits;
 use crate::token::Token;
 
 const MAX_BODY: usize = 16 * 1024;
@@ -29,15 +31,37 @@ const MAX_NAME: usize = 1024;
 /// How long shutdown waits for in-flight calls (waiting acquires answer at once on stop).
 const GRACE: Duration = Duration::from_secs(10);
 
+/// Bounds on the authority's clients, from `[server]`.
+pub(super) struct Limits {
+    /// A request head (and a new connection's first bytes) must arrive within this.
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub connections: Arc<ConnLimits>,
+}
+
 /// The accept loop; on stop, closes the listener and lets in-flight calls finish.
 pub(super) async fn serve(
     listener: TcpListener,
     engine: Arc<Engine>,
     max_ttl: Duration,
+    limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(64)
+        .max_pending_accept_reset_streams(Some(64))
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(20));
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -50,7 +74,12 @@ pub(super) async fn serve(
             },
             _ = stop.changed() => break,
         };
+        let Some(slot) = limits.connections.admit(peer.ip()) else {
+            tracing::debug!(%peer, "authority connection limit reached; closing");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
+        let stream = FirstBytes::new(stream, limits.header_read_timeout);
         let engine = engine.clone();
         let stop = stop.clone();
         let svc = service_fn(move |req| {
@@ -64,6 +93,7 @@ pub(super) async fn serve(
                 .into_owned(),
         );
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "authority connection ended with an error");
             }

@@ -73,9 +73,17 @@ impl AuthorityConfig {
             .ok();
         let mut duration = |key: &str, raw: Option<&str>, default: Duration| match raw {
             None => Some(default),
-            Some(s) => humantime::parse_duration(s)
-                .map_err(|e| err(key, format!("`{s}` is not a duration: {e}")))
-                .ok(),
+            Some(s) => match humantime::parse_duration(s) {
+                Ok(d) if d > crate::config::MAX_DURATION => {
+                    err(key, format!("`{s}` is longer than the maximum, 366d"));
+                    None
+                }
+                Ok(d) => Some(d),
+                Err(e) => {
+                    err(key, format!("`{s}` is not a duration: {e}"));
+                    None
+                }
+            },
         };
         let max_ttl = duration(
             "authority.max_ttl",
@@ -258,6 +266,7 @@ pub async fn engine(config: &AuthorityConfig, store: &MarkStore) -> Result<Engin
 /// Binds the authority listener and serves it until `stop` turns true.
 pub async fn serve(
     config: &AuthorityConfig,
+    server: &crate::config::ServerConfig,
     store: &MarkStore,
     stop: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
@@ -285,10 +294,19 @@ pub async fn serve(
     });
     tracing::info!(%addr, backend = ?config.backend, "lease authority listening");
     let max_ttl = config.max_ttl;
+    // The proxy listener's head limits and connection bounds (a bound of its own).
+    let limits = api::Limits {
+        header_read_timeout: server.header_read_timeout,
+        max_header_bytes: server.max_header_bytes,
+        connections: crate::server::ConnLimits::new(
+            server.max_connections,
+            server.max_connections_per_ip,
+        ),
+    };
     // One handle for both tasks: when it resolves, nothing of the authority holds the
     // store any more.
     let task = tokio::spawn(async move {
-        api::serve(listener, engine, max_ttl, stop).await;
+        api::serve(listener, engine, max_ttl, limits, stop).await;
         let _ = sweeping.await;
     });
     Ok((addr, task))
