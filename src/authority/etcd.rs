@@ -251,7 +251,14 @@ impl Etcd {
         let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
             return Outcome::Lost;
         };
-        // Keep the lease alive first, then check the key: if the key is still ours after a
+        // Only the exact (lease_id, token) renews: a request naming the lease with another
+        // token or scope must not keep the lease alive, so the key is looked at first.
+        match self.current(scope, lease, token).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Outcome::Lost,
+            Err(e) => return unavailable(e),
+        }
+        // Then keep the lease alive, and look again: if the key is still ours after a
         // successful keep-alive, the lease was live and the key with it.
         let granted = match self.keep_alive_once(lease).await {
             Ok(Some(granted)) => granted,

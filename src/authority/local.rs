@@ -68,6 +68,27 @@ struct Lease {
     deadline: Instant,
 }
 
+/// A scope's `Pending` slot while its acquisition commits; see [`Local::try_acquire`].
+struct PendingSlot<'a> {
+    local: &'a Local,
+    scope: &'a str,
+    armed: bool,
+}
+
+impl Drop for PendingSlot<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut slots = self.local.slots();
+        if matches!(slots.get(self.scope), Some(Slot::Pending { .. })) {
+            slots.remove(self.scope);
+        }
+        drop(slots);
+        self.local.changed.notify_waiters();
+    }
+}
+
 pub struct Local {
     db: Arc<Database>,
     lock_delay: Duration,
@@ -197,8 +218,15 @@ impl Local {
                 },
             );
         }
-        // The commit runs on a blocking thread and is spawned, so that a caller that goes
-        // away cannot leave the scope pending forever.
+        // A caller that goes away during the commit (its future dropped) must not leave
+        // the scope pending forever: the guard takes the slot back. The commit itself runs
+        // on a blocking thread and completes anyway; the token it issues is never granted,
+        // and the next grant's is higher.
+        let mut pending = PendingSlot {
+            local: self,
+            scope: &req.scope,
+            armed: true,
+        };
         let db = self.db.clone();
         let scope = req.scope.clone();
         let (epoch, boot) = (self.epoch, self.boot);
@@ -206,6 +234,7 @@ impl Local {
             .await
             .map_err(store_err)
             .and_then(|r| r);
+        pending.armed = false;
         let mut slots = self.slots();
         let outcome = match issued {
             Ok(token) => {
@@ -431,8 +460,13 @@ fn issue(db: &Database, scope: &str, epoch: u64, boot: u64) -> Result<Token, Loc
     Ok(token)
 }
 
-/// Raises the epoch by one and marks the store restored. The store file must not be open
+/// Raises the epoch and marks the store restored. The store file must not be open
 /// elsewhere (the server must be stopped).
+///
+/// The new epoch is the larger of the stored one plus one and the time in milliseconds
+/// since 1970. A restored copy does not remember the bumps made after it was taken: were
+/// the same backup restored twice, a plain increment would hand out the first bump's
+/// epoch again, below tokens already issued under it. The clock stands in for that memory.
 pub fn bump_epoch(path: &Path) -> Result<u64, LocalError> {
     let open_err = |reason: String| LocalError::Open {
         path: path.display().to_string(),
@@ -447,10 +481,14 @@ pub fn bump_epoch(path: &Path) -> Result<u64, LocalError> {
         txn.open_table(COUNTERS).map_err(store_err)?;
         let mut meta = txn.open_table(META).map_err(store_err)?;
         let current = meta.get("epoch").map_err(store_err)?.map(|g| g.value());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let next = current
             .unwrap_or(0)
             .checked_add(1)
-            .ok_or_else(|| LocalError::Exhausted("<epoch>".into()))?;
+            .ok_or_else(|| LocalError::Exhausted("<epoch>".into()))?
+            .max(now_ms);
         meta.insert("epoch", next).map_err(store_err)?;
         meta.insert("restored", 1).map_err(store_err)?;
         next
@@ -529,6 +567,23 @@ mod tests {
         assert_eq!(b.token, Token::new(0, 2));
         assert_eq!(local.release("s", &a.lease_id, a.token), Outcome::Lost);
         assert_eq!(local.last_issued("s").unwrap(), Some(Token::new(0, 2)));
+    }
+
+    /// An acquisition whose caller goes away while its token commits (an HTTP client that
+    /// disconnects drops the handler's future) leaves the scope free, not pending forever.
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_dropped_during_its_commit_leaves_the_scope_free() {
+        let local = Local::open(memory_db(), &config(60, 0)).await.unwrap();
+        let dropped = tokio::time::timeout(
+            Duration::ZERO,
+            local.acquire(&req("s", "a", 10, 0), no_stop()),
+        )
+        .await;
+        assert!(dropped.is_err(), "dropped while committing: {dropped:?}");
+        // Granted at once (before, the slot stayed pending: busy, forever). The dropped
+        // acquisition's commit may have issued a token of its own; it is never granted.
+        let b = grant(local.acquire(&req("s", "b", 10, 0), no_stop()).await);
+        assert!(b.token >= Token::new(0, 1));
     }
 
     #[tokio::test(start_paused = true)]

@@ -179,13 +179,14 @@ impl Lease {
         self.state.changes.send_replace(None);
     }
 
-    /// Moves the deadline to `until` if the lease is still held; a lost lease stays lost
-    /// (a late renewal answer must not revive it).
-    fn extend(&self, until: Instant) -> Result<(), LeaseLost> {
+    /// Moves the deadline to `until` if the lease is still held — earlier too: a renewal
+    /// for a shorter ttl shortens the lease at the authority as well. A lost lease stays
+    /// lost (a late renewal answer must not revive it).
+    fn renewed(&self, until: Instant) -> Result<(), LeaseLost> {
         let mut v = self.validity();
         match *v {
             Validity::Held { deadline } if Instant::now() < deadline => {
-                let deadline = deadline.max(until);
+                let deadline = until;
                 *v = Validity::Held { deadline };
                 drop(v);
                 self.state.changes.send_replace(Some(deadline));
@@ -407,7 +408,7 @@ impl AuthorityClient {
         match (a.status, a.result()) {
             (StatusCode::OK, "renewed") => {
                 let granted = a.millis("ttl_ms").unwrap_or(Duration::ZERO);
-                lease.extend(sent + self.options.usable(ttl.min(granted)))?;
+                lease.renewed(sent + self.options.usable(ttl.min(granted)))?;
                 Ok(())
             }
             (_, "lost") => {
@@ -528,12 +529,16 @@ mod tests {
             now + Duration::from_secs(1),
         );
         assert!(lease.is_held());
-        assert!(lease.extend(now + Duration::from_secs(2)).is_ok());
+        assert!(lease.renewed(now + Duration::from_secs(2)).is_ok());
         assert_eq!(lease.deadline(), Some(now + Duration::from_secs(2)));
+        // A renewal for a shorter ttl shortens the lease (the authority's view is shorter
+        // too): the holder must not believe it holds longer than the authority grants.
+        assert!(lease.renewed(now + Duration::from_millis(1500)).is_ok());
+        assert_eq!(lease.deadline(), Some(now + Duration::from_millis(1500)));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(!lease.is_held());
         // A late renewal answer cannot revive it.
-        assert_eq!(lease.extend(now + Duration::from_secs(10)), Err(LeaseLost));
+        assert_eq!(lease.renewed(now + Duration::from_secs(10)), Err(LeaseLost));
         assert!(lease.fence().is_err());
     }
 
