@@ -8,8 +8,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fencegate::fence::MarkStore;
-use support::disk::Disk;
 use support::{BOUND, Client, Double, spawn, write_config};
 
 /// The mission's story against a real legacy store: nginx with WebDAV, no conditional
@@ -153,11 +151,7 @@ async fn draining_and_settle_over_http() {
 async fn store_failure_answers_unavailable_and_forwards_nothing() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let disk = Disk::new();
-    let store = MarkStore::open_with_backend(disk.clone()).expect("store");
-    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
-        .await
-        .unwrap();
+    let (proxy, disk) = support::start_on_disk(double.addr, dir.path()).await;
     let client = Client::new(proxy.proxy_addr);
     let admin = Client::new(proxy.admin_addr);
 

@@ -7,7 +7,6 @@ mod support;
 use std::time::Duration;
 
 use fencegate::fence::MarkStore;
-use support::disk::Disk;
 use support::{BOUND, Client, Double, spawn, write_config};
 
 const KEY: (&str, &str) = ("idempotency-key", "\"order-1\"");
@@ -99,11 +98,7 @@ async fn a_client_gone_during_its_claim_leaves_no_stuck_key() {
 
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let disk = Disk::new();
-    let store = MarkStore::open_with_backend(disk.clone()).expect("store");
-    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
-        .await
-        .expect("start proxy");
+    let (proxy, disk) = support::start_on_disk(double.addr, dir.path()).await;
     let client = Client::new(proxy.proxy_addr);
     // The mark first, so that the claim is the one commit the disk holds below.
     let r = client.put("/idem/c", "4", "no key").await;

@@ -268,6 +268,17 @@ pub fn config(upstream: SocketAddr, dir: &Path) -> Config {
     Config::parse(&config_text(upstream, "10s", "0s", "10s"), dir).expect("test config")
 }
 
+/// A proxy in front of `upstream`, state in `dir`, whose mark store lives on a
+/// [`disk::Disk`] the test controls (it can fail or hold the store's writes).
+pub async fn start_on_disk(upstream: SocketAddr, dir: &Path) -> (Running, disk::Disk) {
+    let disk = disk::Disk::new();
+    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
+    let proxy = fencegate::server::start(config(upstream, dir), Some(store))
+        .await
+        .expect("start proxy");
+    (proxy, disk)
+}
+
 pub async fn start(config: Config) -> Running {
     fencegate::server::start(config, None)
         .await
