@@ -54,6 +54,55 @@ async fn paused_writer_story_against_nginx_webdav() {
     proxy.shutdown().await;
 }
 
+/// nginx's `return 204` answers without reading a request's body. Were the request
+/// forwarded before its body had arrived, the answer could come back while the body is
+/// still on its way; the client's connection then cannot carry another request (it is
+/// closed after the answer, and a client that sent its next request on it sees a broken
+/// pipe). A small body is read whole before the request goes upstream: sent apart from
+/// its head, it holds the answer back, and the connection stays usable.
+#[tokio::test]
+async fn keep_alive_survives_an_upstream_that_ignores_the_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let nginx = support::nginx::Nginx::null().expect("nginx (run scripts/test.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(nginx.addr(), dir.path())).await;
+    let mut conn = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .expect("connect");
+    conn.set_nodelay(true).expect("nodelay");
+    let head = b"PUT /reports/ka/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\
+                 Content-Length: 1\r\n\r\n";
+    let mut buf = Vec::new();
+    for i in 0..3 {
+        conn.write_all(head).await.expect("head");
+        // Nothing is forwarded, so nothing answered, while the body is missing (with the
+        // head forwarded at once, nginx's answer would be back within a millisecond).
+        let mut chunk = [0u8; 512];
+        let early = tokio::time::timeout(Duration::from_millis(300), conn.read(&mut chunk)).await;
+        assert!(
+            early.is_err(),
+            "request {i}: answered before its body: {early:?}"
+        );
+        conn.write_all(b"x").await.expect("body");
+        // A 204 has no body: its head is the whole answer.
+        buf.clear();
+        while !buf.ends_with(b"\r\n\r\n") {
+            let n = tokio::time::timeout(BOUND, conn.read(&mut chunk))
+                .await
+                .expect("an answer within the bound")
+                .unwrap_or(0);
+            assert!(
+                n > 0,
+                "request {i}: the connection was closed after {buf:?}"
+            );
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        assert!(buf.starts_with(b"HTTP/1.1 204"), "request {i}: {buf:?}");
+    }
+    proxy.shutdown().await;
+}
+
 /// Waits (bounded) until `n` requests wait at gates: the proof that a request is being
 /// held back by the fence rather than merely slow.
 async fn until_waiting(proxy: &fencegate::server::Running, n: usize) {

@@ -31,6 +31,35 @@ pub use problem::{FENCING_RESULT, Outcome};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
 
+/// Request bodies of known length up to this size are read whole before forwarding.
+const WHOLE_BODY: u64 = 64 * 1024;
+
+/// Reads a body of known length whole (hyper holds a body to its Content-Length). Stops
+/// as soon as the body says it has ended, without a poll for its end; one data frame,
+/// the usual case for a small body, is kept as it is.
+async fn read_whole(mut body: Body) -> Result<Bytes, BoxError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
+    while !http_body::Body::is_end_stream(&body) {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    joined.extend_from_slice(&earlier);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| joined.freeze()))
+}
+
 /// Headers that ask a backend to treat a request as another method: each would let a
 /// fenced write travel as an unfenced GET.
 static METHOD_OVERRIDES: [http::HeaderName; 3] = [
@@ -296,6 +325,36 @@ impl Forwarder {
             .trusted_proxies
             .iter()
             .any(|net| net.contains(peer.ip()));
+        // A small body of known length is read whole before the request goes upstream.
+        // An upstream may answer without reading a body (nginx's `return`, an early
+        // error): part of it would then stay unread on the client's connection, which
+        // hyper closes after the response, and a client that already sent its next
+        // request on it sees a broken pipe. Larger or unsized bodies are streamed.
+        let req = match http_body::Body::size_hint(req.body()).exact() {
+            Some(len) if len > 0 && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) => {
+                let (parts, body) = req.into_parts();
+                let read =
+                    crate::timer::timeout_from(Instant::now(), upstream.timeout, read_whole(body))
+                        .await;
+                match read {
+                    Ok(Ok(bytes)) => Request::from_parts(
+                        parts,
+                        http_body_util::Full::new(bytes)
+                            .map_err(|never| match never {})
+                            .boxed(),
+                    ),
+                    Ok(Err(_)) | Err(_) => {
+                        if let Some(g) = guard.as_mut() {
+                            g.complete();
+                        }
+                        return fail(Outcome::InvalidRequest {
+                            detail: "the request body could not be read (in time)".into(),
+                        });
+                    }
+                }
+            }
+            _ => req,
+        };
         let (out, too_large) = match forward::upstream_request(
             req,
             upstream,
