@@ -10,7 +10,7 @@
 //! installed), `--duration SECS` (measured seconds per workload, default 10),
 //! `--out DIR` (default `benches/results`), `--no-postgres`, `--workers N` (fencegate's
 //! `server.workers` and nginx proxy_pass's worker processes, default 2), `--rounds N`
-//! (rounds of the null-backend workloads and their baselines, default 3, smoke 1: each
+//! (rounds of the null-backend workloads and their baselines, default 5, smoke 1: each
 //! round measures direct, bare hyper, nginx proxy_pass, W1, W3, the bare 409 server, W2
 //! and PostgreSQL in a row, and every ratio is the median of its per-round ratios).
 //!
@@ -146,7 +146,7 @@ fn parse_args() -> Result<Args, String> {
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/results")),
         postgres,
         workers,
-        rounds: rounds.unwrap_or(if smoke { 1 } else { 3 }),
+        rounds: rounds.unwrap_or(if smoke { 1 } else { 5 }),
     })
 }
 
