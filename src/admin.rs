@@ -185,18 +185,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
             }
         }
-        (&Method::GET, "/v1/backup") => {
-            let mut out = String::new();
-            out.push_str(&backup_header(app.store.floor()));
-            let res = app.store.for_each(|scope, token| {
-                out.push_str(&backup_line(scope, token));
-                true
-            });
-            match res {
-                Ok(()) => respond(StatusCode::OK, "application/x-ndjson", out),
-                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-            }
-        }
+        (&Method::GET, "/v1/backup") => backup(app).await,
         (m, p) if p.starts_with("/v1/scopes/") => {
             let rest = &p["/v1/scopes/".len()..];
             let (raw_scope, raise) = match (m, rest.strip_suffix("/raise")) {
@@ -242,6 +231,87 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
             }
         }
         _ => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+/// A backup's text in pieces of about this size.
+const BACKUP_CHUNK: usize = 64 * 1024;
+/// A client that takes no piece of a backup for this long is given up on (the backup
+/// holds a read transaction, which keeps the store from reusing freed pages).
+const BACKUP_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `GET /v1/backup`: every mark from one read transaction (a consistent snapshot),
+/// streamed in pieces so that memory does not grow with the number of scopes. A failure
+/// before the first piece is a 503; one later aborts the body, so the client sees a
+/// truncated transfer, never a short backup that looks whole.
+async fn backup(app: &App) -> Response<Body> {
+    type Piece = Result<Bytes, String>;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
+    let store = app.store.clone();
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let send = |piece: Piece| {
+            runtime
+                .block_on(tokio::time::timeout(BACKUP_STALL, tx.send(piece)))
+                .is_ok_and(|sent| sent.is_ok())
+        };
+        let mut text = backup_header(store.floor());
+        let mut open = true;
+        let res = store.for_each(|scope, token| {
+            text.push_str(&backup_line(scope, token));
+            if text.len() >= BACKUP_CHUNK {
+                open = send(Ok(Bytes::from(std::mem::take(&mut text))));
+            }
+            open
+        });
+        match res {
+            Ok(()) if open => {
+                send(Ok(Bytes::from(text)));
+            }
+            Ok(()) => {}
+            Err(e) => {
+                send(Err(e.to_string()));
+            }
+        }
+    });
+    let first = match rx.recv().await {
+        Some(Ok(first)) => first,
+        Some(Err(e)) => return problem(StatusCode::SERVICE_UNAVAILABLE, &e),
+        None => return problem(StatusCode::SERVICE_UNAVAILABLE, "the backup stopped"),
+    };
+    let body = Pieces {
+        first: Some(first),
+        rest: rx,
+    };
+    let mut r = Response::new(body.boxed());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    r
+}
+
+/// A body made of the pieces a backup sends.
+struct Pieces {
+    first: Option<Bytes>,
+    rest: tokio::sync::mpsc::Receiver<Result<Bytes, String>>,
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = crate::proxy::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(first))));
+        }
+        this.rest
+            .poll_recv(cx)
+            .map(|piece| piece.map(|p| p.map(http_body::Frame::data).map_err(Into::into)))
     }
 }
 

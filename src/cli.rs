@@ -198,6 +198,21 @@ fn source(c: Config) -> Result<Source, ExitCode> {
 
 /// GET on the admin listener of the server named by `config`.
 fn admin_get(config: &Config, path_and_query: &str) -> Result<String, ExitCode> {
+    let mut text = Vec::new();
+    admin_stream(config, path_and_query, |piece| {
+        text.extend_from_slice(piece);
+        Ok(())
+    })?;
+    Ok(String::from_utf8_lossy(&text).into_owned())
+}
+
+/// GET on the admin listener of the server named by `config`, handing the body to
+/// `piece` as it arrives (a backup is not held in memory whole).
+fn admin_stream(
+    config: &Config,
+    path_and_query: &str,
+    mut piece: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> Result<(), ExitCode> {
     use http_body_util::BodyExt;
     let mut addr = config.admin.listen;
     if addr.ip().is_unspecified() {
@@ -220,12 +235,19 @@ fn admin_get(config: &Config, path_and_query: &str) -> Result<String, ExitCode> 
             .map_err(|_| fail(format!("{url}: no answer")))?
             .map_err(|e| fail(format!("the store is held by a running server, and its admin API at {url} did not answer: {e}")))?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(fail)?.to_bytes();
-        let text = String::from_utf8_lossy(&body).into_owned();
+        let mut body = resp.into_body();
         if !status.is_success() {
+            let body = body.collect().await.map_err(fail)?.to_bytes();
+            let text = String::from_utf8_lossy(&body);
             return Err(fail(format!("{url}: {status}: {text}")));
         }
-        Ok(text)
+        while let Some(frame) = body.frame().await {
+            // A body cut off midway is an error here, never a short answer.
+            if let Ok(data) = frame.map_err(|e| fail(format!("{url}: {e}")))?.into_data() {
+                piece(&data).map_err(fail)?;
+            }
+        }
+        Ok(())
     })
 }
 
@@ -297,16 +319,26 @@ fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
         // A running server holds the file: its /v1/backup is one read transaction, a
         // consistent snapshot too.
         Err(crate::fence::StoreError::InUse(_)) => {
-            let text = admin_get(config, "/v1/backup")?;
             let tmp = out.with_extension("partial");
-            std::fs::write(&tmp, &text).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(fail)?;
+            let file =
+                std::fs::File::create(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+            let mut w = std::io::BufWriter::new(file);
+            let mut lines = 0usize;
+            let streamed = admin_stream(config, "/v1/backup", |piece| {
+                lines += piece.iter().filter(|b| **b == b'\n').count();
+                w.write_all(piece)
+            });
+            if let Err(code) = streamed {
+                drop(w);
+                let _ = std::fs::remove_file(&tmp);
+                return Err(code);
+            }
+            let file = w.into_inner().map_err(|e| fail(e.error()))?;
+            file.sync_all().map_err(fail)?;
             std::fs::rename(&tmp, out).map_err(fail)?;
             eprintln!(
                 "backed up {} marks to {} (from the running server)",
-                text.lines().count().saturating_sub(1),
+                lines.saturating_sub(1),
                 out.display()
             );
             return Ok(ExitCode::SUCCESS);

@@ -100,6 +100,40 @@ async fn marks_api_lists_gets_raises_and_never_lowers() {
     proxy.shutdown().await;
 }
 
+/// A backup larger than one piece of the stream (64 KiB) arrives whole and in order.
+#[tokio::test]
+async fn a_large_backup_streams_whole() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let store = proxy.app.store.clone();
+    let advances: Vec<_> = (0..3_000u64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let scope: std::sync::Arc<str> = format!("bulk/{i:05}").into();
+                store
+                    .advance(scope, fencegate::token::Token::new(0, i + 1))
+                    .await
+            })
+        })
+        .collect();
+    for a in advances {
+        a.await.expect("task").expect("advance");
+    }
+    let admin = Client::new(proxy.admin_addr);
+    let backup = admin.get("/v1/backup").await;
+    assert_eq!(backup.status, 200);
+    assert!(backup.body.len() > 64 * 1024, "{} bytes", backup.body.len());
+    let lines: Vec<&str> = backup.body.lines().collect();
+    assert_eq!(lines.len(), 1 + 3_000);
+    for (i, line) in lines[1..].iter().enumerate() {
+        let want = format!(r#"{{"scope":"bulk/{i:05}","token":"{}"}}"#, i + 1);
+        assert_eq!(*line, want);
+    }
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn metrics_use_bounded_labels() {
     let double = Double::start().await;
