@@ -325,13 +325,18 @@ impl Forwarder {
             .trusted_proxies
             .iter()
             .any(|net| net.contains(peer.ip()));
-        // A small body of known length is read whole before the request goes upstream.
-        // An upstream may answer without reading a body (nginx's `return`, an early
-        // error): part of it would then stay unread on the client's connection, which
-        // hyper closes after the response, and a client that already sent its next
-        // request on it sees a broken pipe. Larger or unsized bodies are streamed.
+        // A small HTTP/1 body of known length is read whole before the request goes
+        // upstream. An upstream may answer without reading a body (nginx's `return`, an
+        // early error): part of it would then stay unread on the client's connection,
+        // which hyper closes after the response, and a client that already sent its next
+        // request on it sees a broken pipe. Larger or unsized bodies are streamed, and so
+        // is every HTTP/2 body (an unread one ends its own stream only; and it may carry
+        // trailers, which a body read whole here would drop).
+        let whole = req.version() <= http::Version::HTTP_11;
         let req = match http_body::Body::size_hint(req.body()).exact() {
-            Some(len) if len > 0 && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) => {
+            Some(len)
+                if whole && len > 0 && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) =>
+            {
                 let (parts, body) = req.into_parts();
                 let read =
                     crate::timer::timeout_from(Instant::now(), upstream.timeout, read_whole(body))
