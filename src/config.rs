@@ -961,6 +961,18 @@ upstream = "objects"
         assert!(!c.routes[0].fences_method(&Method::GET));
     }
 
+    /// Loading `text` fails with an error at each of `paths` (among others, perhaps).
+    fn errors_at(text: &str, paths: &[&str]) -> Vec<ConfigError> {
+        let errs = Config::parse(text, Path::new(".")).unwrap_err().0;
+        for want in paths {
+            assert!(
+                errs.iter().any(|e| e.path == *want),
+                "missing {want} in {errs:?}"
+            );
+        }
+        errs
+    }
+
     #[test]
     fn collects_every_error_with_its_path() {
         let bad = r#"
@@ -983,20 +995,19 @@ scope = "b"
 upstream = "u"
 colour = "red"
 "#;
-        let errs = Config::parse(bad, Path::new(".")).unwrap_err().0;
-        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
-        for want in [
-            "bogus",
-            "store",
-            "fencing.settle",
-            "upstream[0].url",
-            "route[0].scope",
-            "route[0].upstream",
-            "route[0].equal",
-            "route[1]",
-        ] {
-            assert!(paths.contains(&want), "missing {want} in {paths:?}");
-        }
+        let errs = errors_at(
+            bad,
+            &[
+                "bogus",
+                "store",
+                "fencing.settle",
+                "upstream[0].url",
+                "route[0].scope",
+                "route[0].upstream",
+                "route[0].equal",
+                "route[1]",
+            ],
+        );
         assert!(errs.iter().any(|e| e.message.contains("colour")));
     }
 
@@ -1013,22 +1024,17 @@ colour = "red"
                 "listen = \"127.0.0.1:8080\"",
                 "listen = \"127.0.0.1:8080\"\nmax_connections = 4611686018427387904\nshutdown_timeout = \"367d\"",
             );
-        let errs = Config::parse(&huge, Path::new(".")).unwrap_err().0;
-        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
-        for want in [
-            "fencing.settle",
-            "fencing.max_waiters_per_scope",
-            "server.max_connections",
-            "server.shutdown_timeout",
-        ] {
-            assert!(paths.contains(&want), "missing {want} in {errs:?}");
-        }
-        let authority = format!("{GOOD}\n[authority]\nmax_ttl = \"400000000000y\"\n");
-        let errs = Config::parse(&authority, Path::new(".")).unwrap_err().0;
-        assert!(
-            errs.iter().any(|e| e.path == "authority.max_ttl"),
-            "{errs:?}"
+        errors_at(
+            &huge,
+            &[
+                "fencing.settle",
+                "fencing.max_waiters_per_scope",
+                "server.max_connections",
+                "server.shutdown_timeout",
+            ],
         );
+        let authority = format!("{GOOD}\n[authority]\nmax_ttl = \"400000000000y\"\n");
+        errors_at(&authority, &["authority.max_ttl"]);
         let edge = GOOD.replace(
             "drain_timeout = \"2s\"",
             "drain_timeout = \"366d\"\nmax_waiters_per_scope = 4294967296",

@@ -333,14 +333,16 @@ impl Forwarder {
         // is every HTTP/2 body (an unread one ends its own stream only; and it may carry
         // trailers, which a body read whole here would drop).
         let whole = req.version() <= http::Version::HTTP_11;
+        // The upstream timeout counts from here: reading the body is part of the exchange
+        // (as it was when the body streamed upstream), and the clock is read once.
+        let started = Instant::now();
         let req = match http_body::Body::size_hint(req.body()).exact() {
             Some(len)
                 if whole && len > 0 && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) =>
             {
                 let (parts, body) = req.into_parts();
                 let read =
-                    crate::timer::timeout_from(Instant::now(), upstream.timeout, read_whole(body))
-                        .await;
+                    crate::timer::timeout_from(started, upstream.timeout, read_whole(body)).await;
                 match read {
                     Ok(Ok(bytes)) => Request::from_parts(
                         parts,
@@ -379,7 +381,6 @@ impl Forwarder {
                 });
             }
         };
-        let started = Instant::now();
         let result = crate::timer::timeout_from(
             started,
             upstream.timeout,
