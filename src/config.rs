@@ -843,16 +843,18 @@ fn validate_route(
             format!("no upstream named `{}`", raw.upstream),
         );
     }
-    let host = raw.host.map(|h| h.to_ascii_lowercase());
-    if host
-        .as_deref()
-        .is_some_and(|h| h.is_empty() || h.contains(['/', ' ']))
-    {
-        errors.push(
-            format!("{path}.host"),
-            "must be a host name without scheme or path",
-        );
-    }
+    // Kept as the router compares it: lowercase, without a trailing dot.
+    let host = raw.host.map(|h| {
+        let h = h.to_ascii_lowercase();
+        let bare = h.strip_suffix('.').unwrap_or(&h);
+        if crate::route::host_of(&h) != Ok(bare) {
+            errors.push(
+                format!("{path}.host"),
+                "must be a host name without scheme, port or path",
+            );
+        }
+        bare.to_string()
+    });
     let methods = raw.methods.map(|list| {
         list.iter()
             .filter_map(|m| match Method::from_bytes(m.as_bytes()) {
@@ -1009,6 +1011,31 @@ colour = "red"
             ],
         );
         assert!(errs.iter().any(|e| e.message.contains("colour")));
+    }
+
+    /// A route's host is kept as the router compares it; one it could never match (a
+    /// port, a path, userinfo) is refused.
+    #[test]
+    fn route_hosts_are_bare_host_names() {
+        let with = |h: &str| {
+            GOOD.replace(
+                "name = \"reports\"",
+                &format!("name = \"reports\"\nhost = \"{h}\""),
+            )
+        };
+        let c = Config::parse(&with("Files.Internal."), Path::new(".")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("files.internal"));
+        let c = Config::parse(&with("[::1]"), Path::new(".")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("[::1]"));
+        for bad in [
+            "",
+            "files.internal:8080",
+            "files.internal/x",
+            "u@files.internal",
+            "a b",
+        ] {
+            errors_at(&with(bad), &["route[0].host"]);
+        }
     }
 
     /// Values so large that a deadline or a semaphore built from them would panic at run

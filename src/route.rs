@@ -337,18 +337,47 @@ pub fn find<'r, 'p, R: RouteMatch>(
     })
 }
 
-/// Strips the port (and IPv6 brackets stay) from a Host/authority value.
-pub fn host_without_port(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        return match authority.find(']') {
-            Some(end) => &authority[..=end],
-            None => authority,
+/// The host of a Host/authority value, without its port and without one trailing dot
+/// (`files.internal.` names the same host as `files.internal`, and backends such as nginx
+/// match it so); IPv6 brackets stay. Anything that is not an authority's `host[:port]` is
+/// an error: an empty value, userinfo, a port that is not a number, a character a host
+/// cannot hold. The router must not fall past a `host =` route on a spelling the backend
+/// reads as that host.
+pub fn host_of(authority: &str) -> Result<&str, &'static str> {
+    let (host, port) = if authority.starts_with('[') {
+        let end = authority.find(']').ok_or("an IPv6 host without its `]`")?;
+        let (host, rest) = authority.split_at(end + 1);
+        let port = match rest.strip_prefix(':') {
+            Some(p) => p,
+            None if rest.is_empty() => "",
+            None => return Err("text after an IPv6 host"),
         };
+        let inner = &host[1..end];
+        if inner.is_empty()
+            || !inner
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
+            return Err("not an IPv6 address");
+        }
+        (host, port)
+    } else {
+        let (host, port) = authority.rsplit_once(':').unwrap_or((authority, ""));
+        let host = host.strip_suffix('.').unwrap_or(host);
+        if host.is_empty() {
+            return Err("no host");
+        }
+        // RFC 3986 reg-name: unreserved, pct-encoded and sub-delims (no `@`, no `:`).
+        let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(&b);
+        if !host.bytes().all(allowed) {
+            return Err("a character no host name has");
+        }
+        (host, port)
+    };
+    if !port.is_empty() && port.parse::<u16>().is_err() {
+        return Err("a port that is not a number below 65536");
     }
-    match authority.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => authority,
-    }
+    Ok(host)
 }
 
 #[cfg(test)]
@@ -448,9 +477,31 @@ mod tests {
 
     #[test]
     fn host_port_is_ignored() {
-        assert_eq!(host_without_port("Example.com:8080"), "Example.com");
-        assert_eq!(host_without_port("example.com"), "example.com");
-        assert_eq!(host_without_port("[::1]:80"), "[::1]");
+        assert_eq!(host_of("Example.com:8080"), Ok("Example.com"));
+        assert_eq!(host_of("example.com"), Ok("example.com"));
+        assert_eq!(host_of("example.com."), Ok("example.com"));
+        assert_eq!(host_of("example.com.:80"), Ok("example.com"));
+        assert_eq!(host_of("example.com:"), Ok("example.com"));
+        assert_eq!(host_of("[::1]:80"), Ok("[::1]"));
+        assert_eq!(host_of("[::1]"), Ok("[::1]"));
+        assert_eq!(host_of("10.0.0.1:8080"), Ok("10.0.0.1"));
+        for bad in [
+            "",
+            ".",
+            ":80",
+            "example.com:x",
+            "example.com:65536",
+            "user@example.com",
+            "example.com:80:80",
+            "exa mple.com",
+            "[::1",
+            "[::1]x",
+            "[]:80",
+            "[zz]:80",
+            "example.com/x",
+        ] {
+            assert!(host_of(bad).is_err(), "{bad:?} was taken as a host");
+        }
     }
 
     /// Percent-encodes each byte of `s` or leaves it, as `mask` says: another spelling.

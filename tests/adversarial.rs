@@ -196,3 +196,68 @@ async fn hostile_clients_get_clear_errors_and_nothing_unfenced_passes() {
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
 }
+
+/// A `host =` route is not fallen past on a spelling of its host that the backend reads
+/// as the same host, nor on a request that names no host (the upstream would fill in its
+/// own): with an unfenced catch-all behind it on the same upstream, either would be an
+/// unfenced path to the fenced virtual host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_a_route_was_chosen_on_is_the_host_the_backend_sees() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[[upstream]]
+name = "u"
+url = "http://{}"
+[[route]]
+name = "files"
+host = "files.internal"
+path = "/{{*k}}"
+scope = "f/{{k}}"
+upstream = "u"
+[[route]]
+name = "rest"
+path = "/{{*k}}"
+upstream = "u"
+fenced = false
+"#,
+        double.addr
+    );
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+    let addr = proxy.proxy_addr;
+    let put = |host: &str| {
+        format!("PUT /k HTTP/1.1\r\n{host}Content-Length: 0\r\nConnection: close\r\n\r\n")
+    };
+    // The same host, spelt with a trailing dot or another case: the fenced route.
+    for host in ["Host: files.internal.\r\n", "Host: FILES.internal:80\r\n"] {
+        let (code, text) = support::raw(addr, put(host).as_bytes()).await;
+        assert_eq!(code, 428, "{host:?}: {text}");
+    }
+    // No host, an empty one, or one that is no host at all: refused.
+    for host in [
+        "",
+        "Host: \r\n",
+        "Host: files.internal:x\r\n",
+        "Host: u@files.internal\r\n",
+        "Host: files.internal\r\nHost: other\r\n",
+    ] {
+        let (code, text) = support::raw(addr, put(host).as_bytes()).await;
+        assert_eq!(code, 400, "{host:?}: {text}");
+        assert!(text.contains("invalid_request"), "{host:?}: {text}");
+    }
+    assert!(double.seen().is_empty(), "nothing reached the upstream");
+    // Another host takes the catch-all, as does HTTP/1.0 without a Host.
+    let (code, _) = support::raw(addr, put("Host: other.internal\r\n").as_bytes()).await;
+    assert_eq!(code, 200);
+    let (code, _) = support::raw(addr, b"GET /k HTTP/1.0\r\n\r\n").await;
+    assert_eq!(code, 200);
+    assert_eq!(double.seen().len(), 2);
+}

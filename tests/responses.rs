@@ -815,11 +815,15 @@ async fn host_route_matches_only_its_host() {
         )
         .await;
     assert_members(&body, Some("tenant"), Some("1"), Some("2"));
+    // The fully qualified spelling names the same host (backends match it so): the same
+    // route and scope, never a fall-through.
+    env.accepted("PUT", "/t/d", &put("tenant.example.", "3"))
+        .await;
     for host in [
         "other.example",
         "tenant.example.evil",
         "eviltenant.example",
-        "tenant.example.",
+        "tenant.example..",
         "127.0.0.1",
     ] {
         env.refused("PUT", "/t/a", &put(host, "3"), 404, "no_route")

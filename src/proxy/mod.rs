@@ -508,16 +508,36 @@ impl<'a> HeadScan<'a> {
     }
 }
 
-/// The request's host without port, for `host =` routes; `Err` if ambiguous.
+/// The request's host without port (see [`route::host_of`]), for `host =` routes. The
+/// router and the backend must read one host from a request, so a request that names it
+/// in a form that is not an authority, twice, or differently in `Host` and the HTTP/2
+/// authority is refused, and so is an HTTP/1.1 or HTTP/2 request that names none (RFC 9112
+/// §3.2: an upstream would fill in its own). Only HTTP/1.0 may leave it out (`None`: no
+/// `host =` route matches).
 fn request_host<'a>(req: &'a Request<Incoming>, host: Seen<'a>) -> Result<Option<&'a str>, String> {
+    let bad = |what: &str, e: &str| format!("{what} is not a valid host: {e}");
     let header = match host {
         Seen::Many => return Err("more than one Host header".into()),
-        Seen::One(v) => Some(v.to_str().map_err(|_| "Host is not ASCII".to_string())?),
+        Seen::One(v) => {
+            let v = v.to_str().map_err(|_| "Host is not ASCII".to_string())?;
+            Some(route::host_of(v).map_err(|e| bad("Host", e))?)
+        }
         Seen::None => None,
     };
-    Ok(header
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
-        .map(route::host_without_port))
+    let authority = match req.uri().authority() {
+        Some(a) => Some(route::host_of(a.as_str()).map_err(|e| bad("the authority", e))?),
+        None => None,
+    };
+    match (header, authority) {
+        (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a) => {
+            Err("Host differs from the request's authority".into())
+        }
+        (Some(h), _) | (None, Some(h)) => Ok(Some(h)),
+        (None, None) if req.version() >= http::Version::HTTP_11 => {
+            Err("the request names no host (Host header)".into())
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 /// Method overrides and upgrades would carry a request past the fence; refuse them.
