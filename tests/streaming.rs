@@ -142,3 +142,49 @@ async fn one_gib_each_way_is_streamed() {
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
 }
+
+/// The old owner that fencing exists for: it reads the head of a large fenced response,
+/// then pauses with its connection open. The upstream has answered; only delivery is
+/// left. Its generation lets go once the body has made no progress for the upstream's
+/// timeout, and the new owner's write goes through instead of draining until the old
+/// owner wakes up or hangs up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_reader_does_not_hold_up_the_next_generation() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), service_fn(sink))
+                    .await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::config_text(upstream, "5s", "0s", "300ms");
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+
+    let mut paused = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    paused
+        .write_all(b"GET /reports/p/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(BOUND, paused.read_exact(&mut head))
+        .await
+        .expect("head within bound")
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    // From here on it reads nothing (1 GiB is on its way; the buffers fill).
+
+    let client = support::Client::new(proxy.proxy_addr);
+    let resp = client.put("/reports/p/x", "2", "newer").await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.result(), "accepted");
+    drop(paused);
+}

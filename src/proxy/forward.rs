@@ -2,12 +2,13 @@
 //! upstream), absolute URIs, HTTP/1.1 to the upstream whatever the client spoke, hop-by-hop
 //! headers removed, bodies streamed both ways.
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -24,6 +25,7 @@ use crate::config::Upstream;
 use crate::fence::InflightGuard;
 use crate::proxy::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
+use crate::timer::Deadline;
 use crate::tls::UpstreamTls;
 
 pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;
@@ -411,28 +413,93 @@ impl http_body::Body for LimitedBody {
 }
 
 /// Prepares an upstream response for the client; the guard (if any) stays counted
-/// until the body has been fully read or dropped.
-pub fn client_response(resp: Upstreamed, guard: Option<InflightGuard>) -> Response<Body> {
-    fn guarded<B>(resp: Response<B>, guard: Option<InflightGuard>) -> Response<Body>
+/// until the body has been fully read or dropped, or has made no progress for `stall`.
+pub fn client_response(
+    resp: Upstreamed,
+    guard: Option<InflightGuard>,
+    stall: Duration,
+) -> Response<Body> {
+    fn guarded<B>(
+        resp: Response<B>,
+        guard: Option<InflightGuard>,
+        stall: Duration,
+    ) -> Response<Body>
     where
         B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        let body = GuardedBody { inner: body, guard };
+        // A body with nothing to read (a 204, a HEAD, an empty body) lets go at once.
+        let held = match guard {
+            Some(guard) if !body.is_end_stream() => {
+                let held = Arc::new(Held(Mutex::new(Some(guard))));
+                let mut deadline = Deadline::after(stall);
+                arm(&held, &mut deadline);
+                Some((held, deadline, stall))
+            }
+            _ => None,
+        };
+        let body = GuardedBody { inner: body, held };
         Response::from_parts(parts, body.boxed())
     }
     match resp {
-        Upstreamed::Pooled(r) => guarded(r, guard),
-        Upstreamed::Tls(r) => guarded(r, guard),
+        Upstreamed::Pooled(r) => guarded(r, guard, stall),
+        Upstreamed::Tls(r) => guarded(r, guard, stall),
     }
 }
 
-/// An upstream body that releases its generation's in-flight count when it ends.
+/// A fenced response's in-flight count, shared by its body and its stall deadline: a
+/// body that stops moving (a client that stopped reading: paused, as the very owner that
+/// fencing is for may be) lets go of it as a client that went away would, so that a newer
+/// generation is not held up for as long as the old owner keeps its connection open. The
+/// upstream has already answered; only the delivery of its body is left.
+struct Held(Mutex<Option<InflightGuard>>);
+
+impl Held {
+    fn release(&self) {
+        let guard = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(guard);
+    }
+}
+
+/// The deadline fired: the body made no progress in time.
+impl std::task::Wake for Held {
+    fn wake(self: Arc<Self>) {
+        self.release();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.release();
+    }
+}
+
+/// Arms `deadline` to release `held` when it passes.
+fn arm(held: &Arc<Held>, deadline: &mut Deadline) {
+    let waker = std::task::Waker::from(held.clone());
+    let _ = Pin::new(deadline).poll(&mut Context::from_waker(&waker));
+}
+
+/// An upstream body that releases its generation's in-flight count when it ends (or
+/// stalls; see [`Held`]).
 struct GuardedBody<B> {
     inner: B,
-    guard: Option<InflightGuard>,
+    /// For a fenced response: its count, the stall deadline, and the stall limit.
+    held: Option<(Arc<Held>, Deadline, Duration)>,
+}
+
+impl<B> GuardedBody<B> {
+    fn release(&mut self) {
+        if let Some((held, _, _)) = self.held.take() {
+            held.release();
+        }
+    }
+}
+
+impl<B> Drop for GuardedBody<B> {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl<B> http_body::Body for GuardedBody<B>
@@ -450,8 +517,16 @@ where
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.guard = None,
-            _ => {}
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.release(),
+            Poll::Ready(Some(Ok(_))) => {
+                if this.inner.is_end_stream() {
+                    this.release();
+                } else if let Some((held, deadline, stall)) = this.held.as_mut() {
+                    deadline.reset(Instant::now() + *stall);
+                    arm(held, deadline);
+                }
+            }
+            Poll::Pending => {}
         }
         polled.map(|o| o.map(|r| r.map_err(Into::into)))
     }

@@ -396,7 +396,8 @@ impl Forwarder {
                     g.complete();
                 }
                 row.count(if fenced { "accepted" } else { "unfenced" });
-                let mut resp = forward::client_response(resp, guard);
+                // A body that stops moving for the upstream's timeout lets go of its generation.
+                let mut resp = forward::client_response(resp, guard, upstream.timeout);
                 if fenced {
                     resp.headers_mut()
                         .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
