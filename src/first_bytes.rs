@@ -9,11 +9,13 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::h2_idle::Streams;
 use crate::timer::Deadline;
 
 /// What a client sends first on an HTTP/2 connection with prior knowledge.
@@ -24,6 +26,8 @@ pub struct FirstBytes<S> {
     io: S,
     /// While undecided: the deadline, and how many bytes so far matched the preface.
     deciding: Option<(Deadline, usize)>,
+    /// Told when the connection turns out to speak HTTP/2.
+    h2: Option<Arc<Streams>>,
 }
 
 impl<S> FirstBytes<S> {
@@ -32,7 +36,14 @@ impl<S> FirstBytes<S> {
         FirstBytes {
             io,
             deciding: Some((Deadline::after(within), 0)),
+            h2: None,
         }
+    }
+
+    /// Tells `streams` if the connection begins with the HTTP/2 preface.
+    pub fn telling(mut self, streams: Arc<Streams>) -> FirstBytes<S> {
+        self.h2 = Some(streams);
+        self
     }
 
     /// Whether the protocol is told yet.
@@ -72,6 +83,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for FirstBytes<S> {
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if tells(matched, &buf.filled()[before..]) {
+                    if *matched == H2_PREFACE.len()
+                        && let Some(streams) = &this.h2
+                    {
+                        streams.set_h2();
+                    }
                     this.deciding = None;
                 }
                 Poll::Ready(Ok(()))

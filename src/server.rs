@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -21,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ServerConfig};
 use crate::fence::{Gates, MarkStore};
 use crate::first_bytes::FirstBytes;
+use crate::h2_idle::{IdleConn, OpenBody, Streams};
 use crate::metrics::Metrics;
 use crate::proxy::{Body, Proxy};
 
@@ -524,9 +526,20 @@ async fn serve<F, Fut>(
             break;
         };
         let handler = handler.clone();
-        let svc = service_fn(move |req| {
+        // HTTP/2 requests are counted open until their response body is done, for the
+        // connection's idle deadline (`h2_idle`); HTTP/1 is bounded by hyper's head timeout.
+        let streams = Streams::new();
+        let counted = streams.clone();
+        let svc = service_fn(move |req: hyper::Request<Incoming>| {
             let handler = handler.clone();
-            async move { Ok::<_, Infallible>(handler(req, peer).await) }
+            let open = (req.version() == http::Version::HTTP_2).then(|| counted.open());
+            async move {
+                let resp = handler(req, peer).await;
+                Ok::<_, Infallible>(match open {
+                    None => resp,
+                    Some(open) => resp.map(|inner| OpenBody::new(inner, open).boxed()),
+                })
+            }
         });
         if let Some(tls) = &tls {
             // The handshake runs in the connection's own task, so a slow client delays only
@@ -543,21 +556,22 @@ async fn serve<F, Fut>(
                         return;
                     }
                 };
-                let stream = FirstBytes::new(stream, first_bytes);
+                let stream = FirstBytes::new(stream, first_bytes).telling(streams.clone());
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), svc)
                     .into_owned();
+                let conn = IdleConn::new(conn, streams, first_bytes);
                 if let Err(e) = watcher.watch(conn).await {
                     tracing::debug!(error = %e, %peer, "connection ended with an error");
                 }
             });
             continue;
         }
-        let stream = FirstBytes::new(stream, first_bytes);
+        let stream = FirstBytes::new(stream, first_bytes).telling(streams.clone());
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();
-        let conn = graceful.watch(conn);
+        let conn = graceful.watch(IdleConn::new(conn, streams, first_bytes));
         tokio::spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {

@@ -127,6 +127,32 @@ async fn hostile_clients_get_clear_errors_and_nothing_unfenced_passes() {
             tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut buf)).await;
         assert!(closed.is_ok(), "{first:?} and silence must be cut off");
     }
+    // An HTTP/2 connection with no open stream is closed once it has been idle for
+    // header_read_timeout, as an idle HTTP/1 connection is: right after the preface, and
+    // after its last response (which it gets whole first).
+    for requests in [0, 1] {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+        let conn = tokio::spawn(conn);
+        let mut h2 = h2.ready().await.unwrap();
+        for _ in 0..requests {
+            let req = http::Request::get("http://a/public/x").body(()).unwrap();
+            let (resp, _) = h2.send_request(req, true).unwrap();
+            let resp = resp.await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let mut body = resp.into_body();
+            while let Some(chunk) = body.data().await {
+                chunk.unwrap();
+            }
+            h2 = h2.ready().await.unwrap();
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        assert!(
+            ended.is_ok(),
+            "an idle HTTP/2 connection ({requests} requests) must be closed"
+        );
+        drop(h2);
+    }
 
     // HTTP/2 rapid reset: streams opened and cancelled at once, many times.
     let tcp = TcpStream::connect(addr).await.unwrap();
