@@ -1201,3 +1201,22 @@ async fn accepted_body_is_streamed_not_buffered() {
         .await
         .expect("shutdown within bound");
 }
+
+/// A GET with a body of unknown length (chunked here; an HTTP/2 one with data and no
+/// `content-length` alike) reaches the upstream with its body, not stripped of it.
+#[tokio::test]
+async fn a_chunked_get_keeps_its_body() {
+    let env = Env::start().await;
+    let (code, text) = support::raw(
+        env.proxy.proxy_addr,
+        b"GET /reports/g/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\
+          Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let seen = env.seen();
+    let last = seen.last().expect("forwarded");
+    assert_eq!(last.method, "GET");
+    assert_eq!(&last.body[..], b"hello");
+    env.stop().await;
+}

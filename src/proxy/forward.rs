@@ -354,6 +354,18 @@ pub fn upstream_request(
             HeaderValue::from_static(if tls { "https" } else { "http" }),
         );
     }
+    // hyper's client sends a GET or HEAD whose body has no known length as if it had
+    // none, and drops the body. A chunked GET (or an HTTP/2 one with data and no length)
+    // goes upstream as received instead: chunked, since the length is not known.
+    if matches!(parts.method, http::Method::GET | http::Method::HEAD)
+        && http_body::Body::size_hint(&body).exact().is_none()
+        && !http_body::Body::is_end_stream(&body)
+    {
+        parts.headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
     parts.uri = uri;
     parts.version = Version::HTTP_11;
     let tripped = Arc::new(AtomicBool::new(false));
