@@ -131,7 +131,15 @@ impl<C: Drainable> Future for IdleConn<C> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
         let mut this = self.project();
-        if !*this.closing && this.streams.h2.load(Ordering::Acquire) {
+        loop {
+            if let Poll::Ready(out) = this.conn.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            // Looked at after the connection's poll: the one that read the preface has
+            // just told whether this is HTTP/2.
+            if *this.closing || !this.streams.h2.load(Ordering::Acquire) {
+                return Poll::Pending;
+            }
             {
                 let mut w = this.streams.waker.lock().unwrap_or_else(|p| p.into_inner());
                 if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -140,19 +148,19 @@ impl<C: Drainable> Future for IdleConn<C> {
             }
             // Looked at after the waker is in place: the last request ending from now on
             // wakes this task.
-            if this.streams.open.load(Ordering::Acquire) == 0 {
-                let idle = *this.idle;
-                let deadline = this.deadline.get_or_insert_with(|| Deadline::after(idle));
-                if Pin::new(deadline).poll(cx).is_ready() {
-                    *this.closing = true;
-                    *this.deadline = None;
-                    this.conn.as_mut().graceful_shutdown();
-                }
-            } else {
+            if this.streams.open.load(Ordering::Acquire) > 0 {
                 *this.deadline = None;
+                return Poll::Pending;
             }
+            let idle = *this.idle;
+            let deadline = this.deadline.get_or_insert_with(|| Deadline::after(idle));
+            if Pin::new(deadline).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            *this.closing = true;
+            *this.deadline = None;
+            this.conn.as_mut().graceful_shutdown();
         }
-        this.conn.poll(cx)
     }
 }
 
