@@ -24,7 +24,9 @@ struct Log {
 /// An upstream whose answer depends on the path's first segment:
 /// `keep` (200 "ok", keep-alive), `close-after` (200 "ok", then closes the idle
 /// connection and says so), `conn-close` (200 "ok" with `Connection: close`),
-/// `big` (200 with an 8 MiB body).
+/// `big` (200 with an 8 MiB body), `chunked` (a chunked body with a trailer), `continue`
+/// (100 Continue, then 201), `eof` (no length: the body ends with the connection),
+/// `extra` (bytes after the body).
 struct Upstream {
     addr: SocketAddr,
     log: Arc<Mutex<Log>>,
@@ -101,6 +103,35 @@ async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<
                     return;
                 }
             }
+            // Chunked, in pieces, with extensions and a trailer.
+            "chunked" => {
+                for piece in [&b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc"[..], b"\r\n2\r\nde\r", b"\n0\r\nX-Trailer: 1\r\n\r\n"] {
+                    if s.write_all(piece).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            // An interim answer, then the final one.
+            "continue" => {
+                if s
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 7\r\n\r\ncreated")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            // No length: the body ends with the connection.
+            "eof" => {
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil the end").await;
+                return;
+            }
+            // A length and then more than that: the rest is not the next answer.
+            "extra" => {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n\r\n")
+                    .await;
+            }
             "conn-close" => {
                 let _ = s
                     .write_all(
@@ -108,6 +139,16 @@ async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<
                     )
                     .await;
                 return;
+            }
+            // A HEAD's answer: the length the body would have, and no body.
+            _ if head.starts_with("HEAD ") => {
+                if s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
             _ => {
                 if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
@@ -281,4 +322,57 @@ async fn idle_connections_past_the_timeout_are_closed() {
     tokio::time::sleep(timeout + Duration::from_millis(10)).await;
     pool.sweep();
     assert_eq!(pool.idle(), 0);
+}
+
+/// Response framing (RFC 9112 §6.3) as the upstream chooses it: each body arrives whole
+/// and alone, and a connection is reused only after a body that ended at a known
+/// boundary with nothing after it.
+#[tokio::test]
+async fn every_framing_arrives_whole_and_reuse_follows_it() {
+    let (upstream, running, client, _dir) = setup().await;
+    for (path, status, body) in [
+        ("/chunked/a", 200, "abcde"),
+        ("/chunked/b", 200, "abcde"),
+        ("/continue/c", 201, "created"),
+        ("/eof/d", 200, "until the end"),
+        ("/keep/e", 200, "ok"),
+        ("/extra/f", 200, "ok"),
+        ("/keep/g", 200, "ok"),
+    ] {
+        let r = tokio::time::timeout(BOUND, client.put(path, "1", "x"))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer within bound"));
+        assert_eq!((r.status, r.body.as_str()), (status, body), "{path}: {r:?}");
+        assert_eq!(r.result(), "accepted");
+    }
+    let head = tokio::time::timeout(
+        BOUND,
+        client.send("HEAD", "/keep/h", &[("fencing-token", "1")], ""),
+    )
+    .await
+    .expect("HEAD answered within bound");
+    assert_eq!((head.status, head.body.as_str()), (200, ""));
+    let r = tokio::time::timeout(BOUND, client.put("/keep/i", "1", "x"))
+        .await
+        .expect("answered within bound");
+    assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+    assert_eq!(
+        upstream.requests(),
+        vec![
+            // The chunked body ended at its boundary: reused for the next two answers.
+            (1, "/chunked/a".to_string()),
+            (1, "/chunked/b".to_string()),
+            (1, "/continue/c".to_string()),
+            // Read to the end of the stream: that connection is gone.
+            (1, "/eof/d".to_string()),
+            (2, "/keep/e".to_string()),
+            // Bytes after the body: never reused.
+            (2, "/extra/f".to_string()),
+            (3, "/keep/g".to_string()),
+            // A HEAD's answer has no body, whatever its length says: reused.
+            (3, "/keep/h".to_string()),
+            (3, "/keep/i".to_string()),
+        ]
+    );
+    running.shutdown().await;
 }

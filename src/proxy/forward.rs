@@ -23,6 +23,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
+use crate::proxy::h1::{H1Body, H1Pool};
 use crate::proxy::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
 use crate::timer::Deadline;
@@ -36,9 +37,15 @@ thread_local! {
     static POOL: Arc<Pool> = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
 }
 
+thread_local! {
+    /// The same upstreams' connections for requests whose body is in memory (`h1`).
+    static H1: Arc<H1Pool> = H1Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
+}
+
 /// Closes this thread's idle upstream connections that are past the idle timeout.
 pub fn sweep_idle() {
     POOL.with(|pool| pool.sweep());
+    H1.with(|pool| pool.sweep());
 }
 
 /// How an upstream exchange failed.
@@ -51,7 +58,25 @@ pub struct UpstreamError {
 /// An upstream's response, from the pool or from an https client.
 pub enum Upstreamed {
     Pooled(Response<PooledBody>),
+    H1(Response<H1Body>),
     Tls(Response<Incoming>),
+}
+
+/// Sends a prepared request (see [`upstream_parts`]) whose body is `body`, in memory, to a
+/// plain-HTTP upstream through this thread's lean HTTP/1.1 pool.
+pub async fn send_whole(
+    upstream: &Upstream,
+    parts: &http::request::Parts,
+    body: &Bytes,
+) -> Result<Upstreamed, UpstreamError> {
+    H1.with(Arc::clone)
+        .send(upstream.url.authority(), parts, body)
+        .await
+        .map(Upstreamed::H1)
+        .map_err(|e| UpstreamError {
+            not_sent: e.not_sent,
+            detail: e.detail,
+        })
 }
 
 /// Sends a prepared request through the https upstream's client if it has one (absolute
@@ -303,6 +328,41 @@ pub fn upstream_request(
     absolute: bool,
 ) -> Result<(Request<Body>, Arc<AtomicBool>), http::Error> {
     let (mut parts, body) = req.into_parts();
+    upstream_parts(&mut parts, upstream, peer, tls, trusted, absolute)?;
+    // hyper's client sends a GET or HEAD whose body has no known length as if it had
+    // none, and drops the body. A chunked GET (or an HTTP/2 one with data and no length)
+    // goes upstream as received instead: chunked, since the length is not known.
+    if matches!(parts.method, http::Method::GET | http::Method::HEAD)
+        && http_body::Body::size_hint(&body).exact().is_none()
+        && !http_body::Body::is_end_stream(&body)
+    {
+        parts.headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
+    let tripped = Arc::new(AtomicBool::new(false));
+    let body = match max_body {
+        Some(limit) => LimitedBody {
+            inner: body,
+            left: limit,
+            tripped: tripped.clone(),
+        }
+        .boxed(),
+        None => body,
+    };
+    Ok((Request::from_parts(parts, body), tripped))
+}
+
+/// The head of the upstream request (see [`upstream_request`]), made from the client's.
+pub fn upstream_parts(
+    parts: &mut http::request::Parts,
+    upstream: &Upstream,
+    peer: IpAddr,
+    tls: bool,
+    trusted: bool,
+    absolute: bool,
+) -> Result<(), http::Error> {
     // The path and query move over as they are (no re-parse, byte for byte).
     let path = parts
         .uri
@@ -354,31 +414,9 @@ pub fn upstream_request(
             HeaderValue::from_static(if tls { "https" } else { "http" }),
         );
     }
-    // hyper's client sends a GET or HEAD whose body has no known length as if it had
-    // none, and drops the body. A chunked GET (or an HTTP/2 one with data and no length)
-    // goes upstream as received instead: chunked, since the length is not known.
-    if matches!(parts.method, http::Method::GET | http::Method::HEAD)
-        && http_body::Body::size_hint(&body).exact().is_none()
-        && !http_body::Body::is_end_stream(&body)
-    {
-        parts.headers.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-    }
     parts.uri = uri;
     parts.version = Version::HTTP_11;
-    let tripped = Arc::new(AtomicBool::new(false));
-    let body = match max_body {
-        Some(limit) => LimitedBody {
-            inner: body,
-            left: limit,
-            tripped: tripped.clone(),
-        }
-        .boxed(),
-        None => body,
-    };
-    Ok((Request::from_parts(parts, body), tripped))
+    Ok(())
 }
 
 /// A request body that fails once it grows past a limit (for bodies without a length).
@@ -457,6 +495,7 @@ pub fn client_response(
     }
     match resp {
         Upstreamed::Pooled(r) => guarded(r, guard, stall),
+        Upstreamed::H1(r) => guarded(r, guard, stall),
         Upstreamed::Tls(r) => guarded(r, guard, stall),
     }
 }

@@ -5,6 +5,7 @@
 //! through [`problem::Outcome`], the one place that makes fencegate's own responses.
 
 pub mod forward;
+pub mod h1;
 pub mod pool;
 pub mod problem;
 
@@ -336,57 +337,88 @@ impl Forwarder {
         // The upstream timeout counts from here: reading the body is part of the exchange
         // (as it was when the body streamed upstream), and the clock is read once.
         let started = Instant::now();
-        let req = match http_body::Body::size_hint(req.body()).exact() {
-            Some(len)
-                if whole && len > 0 && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) =>
-            {
-                let (parts, body) = req.into_parts();
-                let read =
-                    crate::timer::timeout_from(started, upstream.timeout, read_whole(body)).await;
-                match read {
-                    Ok(Ok(bytes)) => Request::from_parts(
-                        parts,
-                        http_body_util::Full::new(bytes)
-                            .map_err(|never| match never {})
-                            .boxed(),
-                    ),
-                    Ok(Err(_)) | Err(_) => {
+        let (mut parts, body) = req.into_parts();
+        // The body in memory (none, or a small one read whole), or still to stream.
+        let body: Result<Bytes, Body> = if http_body::Body::is_end_stream(&body) {
+            Ok(Bytes::new())
+        } else {
+            match http_body::Body::size_hint(&body).exact() {
+                Some(len) if whole && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) => {
+                    let read =
+                        crate::timer::timeout_from(started, upstream.timeout, read_whole(body))
+                            .await;
+                    match read {
+                        Ok(Ok(bytes)) => Ok(bytes),
+                        Ok(Err(_)) | Err(_) => {
+                            if let Some(g) = guard.as_mut() {
+                                g.complete();
+                            }
+                            return fail(Outcome::InvalidRequest {
+                                detail: "the request body could not be read (in time)".into(),
+                            });
+                        }
+                    }
+                }
+                _ => Err(body),
+            }
+        };
+        let mut too_large = None;
+        let result = match (body, tls_client) {
+            // A plain-HTTP upstream and a body in hand: the lean exchange.
+            (Ok(bytes), None) => {
+                if let Err(e) =
+                    forward::upstream_parts(&mut parts, upstream, peer.ip(), tls, trusted, false)
+                {
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    return fail(Outcome::InvalidRequest {
+                        detail: format!("cannot forward: {e}"),
+                    });
+                }
+                crate::timer::timeout_from(
+                    started,
+                    upstream.timeout,
+                    forward::send_whole(upstream, &parts, &bytes),
+                )
+                .await
+            }
+            (body, tls_client) => {
+                let body = match body {
+                    Ok(bytes) => http_body_util::Full::new(bytes)
+                        .map_err(|never| match never {})
+                        .boxed(),
+                    Err(streamed) => streamed,
+                };
+                let req = Request::from_parts(parts, body);
+                let (out, tripped) = match forward::upstream_request(
+                    req,
+                    upstream,
+                    peer.ip(),
+                    tls,
+                    trusted,
+                    max_body,
+                    tls_client.is_some(),
+                ) {
+                    Ok(r) => r,
+                    Err(e) => {
                         if let Some(g) = guard.as_mut() {
                             g.complete();
                         }
                         return fail(Outcome::InvalidRequest {
-                            detail: "the request body could not be read (in time)".into(),
+                            detail: format!("cannot forward: {e}"),
                         });
                     }
-                }
-            }
-            _ => req,
-        };
-        let (out, too_large) = match forward::upstream_request(
-            req,
-            upstream,
-            peer.ip(),
-            tls,
-            trusted,
-            max_body,
-            tls_client.is_some(),
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(g) = guard.as_mut() {
-                    g.complete();
-                }
-                return fail(Outcome::InvalidRequest {
-                    detail: format!("cannot forward: {e}"),
-                });
+                };
+                too_large = Some(tripped);
+                crate::timer::timeout_from(
+                    started,
+                    upstream.timeout,
+                    forward::send(upstream, tls_client, out),
+                )
+                .await
             }
         };
-        let result = crate::timer::timeout_from(
-            started,
-            upstream.timeout,
-            forward::send(upstream, tls_client, out),
-        )
-        .await;
         self.metrics
             .upstream_seconds
             .observe_duration(started.elapsed());
@@ -406,7 +438,7 @@ impl Forwarder {
             }
             // The body outgrew the route's limit mid-stream: the upstream saw an incomplete
             // message, which it cannot apply, so there is nothing to settle.
-            Ok(Err(_)) if too_large.load(Ordering::Acquire) => {
+            Ok(Err(_)) if too_large.is_some_and(|t| t.load(Ordering::Acquire)) => {
                 if let Some(g) = guard.as_mut() {
                     g.complete();
                 }

@@ -1,0 +1,866 @@
+//! A lean HTTP/1.1 exchange with plain-HTTP upstreams, for requests whose body is in
+//! memory: none, or one read whole (see `WHOLE_BODY` in the proxy) — nearly every
+//! request. Request bodies that stream go through hyper's client connection instead
+//! ([`super::pool`]).
+//!
+//! An exchange is one `write` of the request head and body, then reads until the response
+//! head parses (with httparse, as hyper's own parser does). The response body is then
+//! read as the client's connection takes it, framed as RFC 9112 §6.3 says: no body for a
+//! HEAD, 1xx, 204 or 304; chunked if the last transfer coding is chunked; else the
+//! `Content-Length`; else up to the connection's end. A body already read with the head
+//! is handed over whole, and its connection goes back to the pool at once.
+//!
+//! Compared with driving hyper's client connection inline, this leaves out its message
+//! queue, its state machine and its read/write strategies: about a third of the proxy's
+//! instructions per request, with the same system calls (one `sendto`, one `recvfrom`).
+//!
+//! Safety of reuse, as in [`super::pool`]: a connection is pooled again only after a
+//! response that ended at a known boundary, with nothing read past it, on an HTTP/1.1
+//! connection not marked `Connection: close`. A pooled connection the upstream closed
+//! while idle is noticed before use (its socket turned readable: end of stream), without
+//! a system call for a live one; a request whose write fails before its first byte left is
+//! tried on another connection, any other failure is the request's.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::Authority;
+use http::{Method, Response, StatusCode, Version, request};
+use http_body::{Frame, SizeHint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::proxy::BoxError;
+
+/// Largest response head read.
+const MAX_HEAD: usize = 64 * 1024;
+/// Most response header lines.
+const MAX_HEADERS: usize = 128;
+/// Longest chunk-size line (with its extensions).
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// Largest trailer section of a chunked body (trailers are read and dropped).
+const MAX_TRAILERS: usize = 64 * 1024;
+/// How much room a read is given.
+const READ_SIZE: usize = 16 * 1024;
+/// How many pooled connections a request whose write found them closed may try before a
+/// new one.
+const MAX_STALE_RETRIES: usize = 3;
+
+/// How an exchange failed.
+#[derive(Debug)]
+pub struct Error {
+    /// Nothing reached the upstream (so it cannot act on the request).
+    pub not_sent: bool,
+    pub detail: String,
+}
+
+impl Error {
+    fn not_sent(detail: impl Into<String>) -> Error {
+        Error {
+            not_sent: true,
+            detail: detail.into(),
+        }
+    }
+
+    fn sent(detail: impl Into<String>) -> Error {
+        Error {
+            not_sent: false,
+            detail: detail.into(),
+        }
+    }
+}
+
+struct Conn {
+    io: TcpStream,
+    /// Bytes read and not yet used.
+    buf: BytesMut,
+    idle_since: Instant,
+}
+
+impl Conn {
+    /// Reads more into the buffer; `Ok(0)` at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
+            self.buf.reserve(READ_SIZE);
+        }
+        let read = self.io.read_buf(&mut self.buf);
+        std::pin::pin!(read).poll(cx)
+    }
+
+    /// Whether a connection that waited in the pool is still open: its socket has not
+    /// turned readable (nothing, not even its end, arrived), or reads nothing yet.
+    fn alive(&self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+}
+
+/// One worker's idle connections to plain-HTTP upstreams, by authority.
+pub struct H1Pool {
+    /// A handful of authorities: a list beats hashing. Boxed: connections move between
+    /// the pool and bodies by pointer.
+    #[allow(clippy::vec_box)]
+    idle: Mutex<Vec<(Authority, Vec<Box<Conn>>)>>,
+    max_idle_per_host: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl H1Pool {
+    pub fn new(
+        max_idle_per_host: usize,
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Arc<H1Pool> {
+        Arc::new(H1Pool {
+            idle: Mutex::new(Vec::new()),
+            max_idle_per_host,
+            idle_timeout,
+            connect_timeout,
+        })
+    }
+
+    /// Sends a request (origin-form URI, headers prepared for the upstream) with `body` to
+    /// `authority` and answers the response once its head has arrived.
+    pub async fn send(
+        self: &Arc<H1Pool>,
+        authority: Option<&Authority>,
+        parts: &request::Parts,
+        body: &Bytes,
+    ) -> Result<Response<H1Body>, Error> {
+        let authority =
+            authority.ok_or_else(|| Error::not_sent("upstream URL has no authority"))?;
+        let out = encode(parts, authority, body);
+        let mut attempt = 0;
+        let mut conn = loop {
+            attempt += 1;
+            let pooled = if attempt <= MAX_STALE_RETRIES {
+                self.take(authority)
+            } else {
+                None
+            };
+            let reused = pooled.is_some();
+            let mut conn = match pooled {
+                Some(c) => c,
+                None => self.connect(authority).await?,
+            };
+            match write_all(&mut conn.io, &out).await {
+                Ok(()) => break conn,
+                // Closed while idle, and nothing left: another connection may take it.
+                Err((0, _)) if reused => continue,
+                Err((0, e)) => return Err(Error::not_sent(format!("write to {authority}: {e}"))),
+                Err((_, e)) => return Err(Error::sent(format!("write to {authority}: {e}"))),
+            }
+        };
+        let head = read_head(&mut conn).await?;
+        let framing = framing(head.status, parts.method == Method::HEAD, &head.headers)
+            .map_err(Error::sent)?;
+        let reusable = head.keep_alive && framing.reusable;
+        let mut response = Response::new(());
+        *response.status_mut() = head.status;
+        *response.version_mut() = Version::HTTP_11;
+        *response.headers_mut() = head.headers;
+        let mut body = H1Body {
+            ready: None,
+            state: framing.state,
+            conn: Some(conn),
+            reusable,
+            pool: self.clone(),
+            authority: authority.clone(),
+        };
+        body.take_ready();
+        Ok(response.map(|()| body))
+    }
+
+    fn take(&self, authority: &Authority) -> Option<Box<Conn>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle
+            .iter_mut()
+            .find(|(a, _)| a.as_str() == authority.as_str())
+            .map(|(_, list)| list)?;
+        while let Some(c) = list.pop() {
+            if c.idle_since.elapsed() < self.idle_timeout && c.alive() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn put(&self, authority: &Authority, mut conn: Box<Conn>) {
+        conn.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = match idle
+            .iter()
+            .position(|(a, _)| a.as_str() == authority.as_str())
+        {
+            Some(i) => &mut idle[i].1,
+            None => {
+                idle.push((authority.clone(), Vec::new()));
+                let last = idle.len() - 1;
+                &mut idle[last].1
+            }
+        };
+        if list.len() < self.max_idle_per_host {
+            list.push(conn);
+        }
+    }
+
+    /// Closes connections idle past the idle timeout (see [`super::pool::Pool::sweep`]).
+    pub fn sweep(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let timeout = self.idle_timeout;
+        idle.retain_mut(|(_, list)| {
+            list.retain(|c| c.idle_since.elapsed() < timeout);
+            !list.is_empty()
+        });
+    }
+
+    /// Connections waiting in the pool.
+    pub fn idle(&self) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.iter().map(|(_, list)| list.len()).sum()
+    }
+
+    async fn connect(&self, authority: &Authority) -> Result<Box<Conn>, Error> {
+        let port = authority.port_u16().unwrap_or(80);
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let io = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| Error::not_sent(format!("connect to {authority} timed out")))?
+            .map_err(|e| Error::not_sent(format!("connect to {authority}: {e}")))?;
+        let _ = io.set_nodelay(true);
+        Ok(Box::new(Conn {
+            io,
+            buf: BytesMut::with_capacity(READ_SIZE),
+            idle_since: Instant::now(),
+        }))
+    }
+}
+
+/// Writes all of `out`; on failure, how much had been written, and the error.
+async fn write_all(io: &mut TcpStream, out: &[u8]) -> Result<(), (usize, io::Error)> {
+    let mut written = 0;
+    while written < out.len() {
+        match io.write(&out[written..]).await {
+            Ok(0) => {
+                return Err((
+                    written,
+                    io::Error::new(io::ErrorKind::WriteZero, "connection closed"),
+                ));
+            }
+            Ok(n) => written += n,
+            Err(e) => return Err((written, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The request head, and the body after it: one write.
+fn encode(parts: &request::Parts, authority: &Authority, body: &Bytes) -> Vec<u8> {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    if !parts.headers.contains_key(header::HOST) {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(authority.as_str().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in &parts.headers {
+        // A body in memory states its own length; without one, the client's
+        // `Content-Length: 0` (if any) goes as sent.
+        if !body.is_empty() && name == header::CONTENT_LENGTH {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !body.is_empty() {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+struct Head {
+    status: StatusCode,
+    headers: HeaderMap,
+    /// HTTP/1.1 without `Connection: close`.
+    keep_alive: bool,
+}
+
+/// Reads until a final (non-1xx) response head has arrived; consumes it from the buffer.
+async fn read_head(conn: &mut Conn) -> Result<Head, Error> {
+    loop {
+        if let Some(head) = parse_head(&mut conn.buf)? {
+            if head.status.is_informational() {
+                // 100 Continue and friends: the final answer follows. (No upgrade is
+                // ever asked for: `Upgrade` does not reach the upstream.)
+                if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(Error::sent("the upstream switched protocols unasked"));
+                }
+                continue;
+            }
+            return Ok(head);
+        }
+        if conn.buf.len() >= MAX_HEAD {
+            return Err(Error::sent("the upstream's response head is too large"));
+        }
+        match std::future::poll_fn(|cx| conn.poll_fill(cx)).await {
+            Ok(0) => {
+                return Err(Error::sent(if conn.buf.is_empty() {
+                    "the upstream closed the connection before answering"
+                } else {
+                    "the upstream closed the connection mid-head"
+                }));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Error::sent(format!("reading the upstream's answer: {e}"))),
+        }
+    }
+}
+
+/// A whole response head at the start of `buf`, taken out of it; `None` if incomplete.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::sent(format!("malformed response from the upstream: {e}"))
+    };
+    let mut slots =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(bad(&e)),
+    };
+    let code = parsed.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|e| bad(&e))?;
+    let minor = parsed.version.unwrap_or(0);
+    // Where each header's name and value lie in the head, to take the values out of it
+    // without a copy once the parse lets go of the buffer.
+    // (A value that does not lie in the head — never, with httparse — is copied.)
+    let base = buf.as_ptr() as usize;
+    let mut spans = Vec::with_capacity(parsed.headers.len());
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|e| bad(&e))?;
+        let span = (h.value.as_ptr() as usize)
+            .checked_sub(base)
+            .filter(|start| start + h.value.len() <= len)
+            .map(|start| start..start + h.value.len());
+        let value = match span {
+            Some(span) => Err(span),
+            None => Ok(HeaderValue::from_bytes(h.value).map_err(|e| bad(&e))?),
+        };
+        spans.push((name, value));
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut close = minor == 0;
+    for (name, value) in spans {
+        let value = match value {
+            Ok(copied) => copied,
+            Err(span) => HeaderValue::from_maybe_shared(head.slice(span)).map_err(|e| bad(&e))?,
+        };
+        if name == header::CONNECTION
+            && value
+                .to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+        {
+            close = true;
+        }
+        headers.append(name, value);
+    }
+    Ok(Some(Head {
+        status,
+        headers,
+        keep_alive: !close,
+    }))
+}
+
+/// How a response body is delimited.
+struct Framing {
+    state: State,
+    /// Its end is a known boundary (so the connection can carry another exchange).
+    reusable: bool,
+}
+
+/// RFC 9112 §6.3.
+fn framing(status: StatusCode, head_request: bool, headers: &HeaderMap) -> Result<Framing, String> {
+    if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing {
+            state: State::Done,
+            reusable: true,
+        });
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        let mut codings = Vec::new();
+        for v in headers.get_all(header::TRANSFER_ENCODING) {
+            let v = v
+                .to_str()
+                .map_err(|_| "malformed Transfer-Encoding from the upstream")?;
+            codings.extend(v.split(',').map(str::trim).filter(|t| !t.is_empty()));
+        }
+        let chunked = codings
+            .last()
+            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
+        return Ok(Framing {
+            state: if chunked {
+                State::Chunked(Chunk::Size)
+            } else {
+                State::Close
+            },
+            // A length beside a transfer coding is a message to be wary of.
+            reusable: chunked && !headers.contains_key(header::CONTENT_LENGTH),
+        });
+    }
+    let mut length = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        let v = v
+            .to_str()
+            .map_err(|_| "malformed Content-Length from the upstream")?;
+        for part in v.split(',') {
+            let part = part.trim();
+            let n = if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+                part.parse::<u64>().ok()
+            } else {
+                None
+            }
+            .ok_or("malformed Content-Length from the upstream")?;
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting Content-Length from the upstream".into());
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) => Framing {
+            state: State::Done,
+            reusable: true,
+        },
+        Some(n) => Framing {
+            state: State::Length(n),
+            reusable: true,
+        },
+        None => Framing {
+            state: State::Close,
+            reusable: false,
+        },
+    })
+}
+
+enum State {
+    /// This many bytes left.
+    Length(u64),
+    Chunked(Chunk),
+    /// Up to the end of the stream.
+    Close,
+    Done,
+}
+
+enum Chunk {
+    /// A chunk-size line is next.
+    Size,
+    /// This many bytes of chunk data left.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// Trailer lines up to an empty one; this many bytes of them so far.
+    Trailers(usize),
+}
+
+/// A response body read from its upstream connection as it is polled; its end returns
+/// the connection to the pool.
+pub struct H1Body {
+    /// Data already in hand, handed out first.
+    ready: Option<Bytes>,
+    state: State,
+    conn: Option<Box<Conn>>,
+    reusable: bool,
+    pool: Arc<H1Pool>,
+    authority: Authority,
+}
+
+impl H1Body {
+    /// Takes a length-delimited body that arrived whole with the head, so that the body
+    /// is one frame and the connection goes back to the pool now.
+    fn take_ready(&mut self) {
+        if let (State::Length(n), Some(conn)) = (&self.state, &mut self.conn)
+            && conn.buf.len() as u64 >= *n
+        {
+            // `n` fits: it is at most the buffer's length.
+            self.ready = Some(conn.buf.split_to(*n as usize).freeze());
+            self.state = State::Done;
+        }
+        if matches!(self.state, State::Done) {
+            self.finish();
+        }
+    }
+
+    /// The body has ended: the connection goes back to the pool if it can carry another
+    /// exchange (nothing read past this response, which ended at a known boundary).
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.reusable
+            && conn.buf.is_empty()
+        {
+            self.pool.put(&self.authority, conn);
+        }
+    }
+
+    /// The next piece of the body, or `None` at its end.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, BoxError>> {
+        loop {
+            if let Some(data) = self.ready.take() {
+                return Poll::Ready(Ok(Some(data)));
+            }
+            if matches!(self.state, State::Done) {
+                return Poll::Ready(Ok(None));
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(Err("the upstream connection is gone".into()));
+            };
+            let step = match step(&mut self.state, &mut conn.buf) {
+                Ok(step) => step,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            match step {
+                Step::Data(data) => {
+                    if matches!(self.state, State::Done) {
+                        self.finish();
+                    }
+                    return Poll::Ready(Ok(Some(data)));
+                }
+                Step::Again => continue,
+                Step::End => {
+                    self.state = State::Done;
+                    self.finish();
+                    return Poll::Ready(Ok(None));
+                }
+                Step::More => {}
+            }
+            match conn.poll_fill(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Box::new(e))),
+                Poll::Ready(Ok(0)) => {
+                    if matches!(self.state, State::Close) {
+                        self.state = State::Done;
+                        self.conn = None;
+                        return Poll::Ready(Ok(None));
+                    }
+                    return Poll::Ready(Err(
+                        "the upstream closed the connection before the body's end".into(),
+                    ));
+                }
+                Poll::Ready(Ok(_)) => {}
+            }
+        }
+    }
+}
+
+/// What the buffered bytes give a body in `state`.
+enum Step {
+    Data(Bytes),
+    /// The state moved on; look again.
+    Again,
+    /// More bytes must be read first.
+    More,
+    /// The body ended (the chunked body's last line).
+    End,
+}
+
+fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxError> {
+    // Up to `left` of the buffer, if it holds any.
+    fn take(buf: &mut BytesMut, left: &mut u64) -> Option<Bytes> {
+        if buf.is_empty() {
+            return None;
+        }
+        let n = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+        *left -= n as u64;
+        Some(buf.split_to(n).freeze())
+    }
+    Ok(match state {
+        State::Done => Step::End,
+        State::Length(left) => match take(buf, left) {
+            Some(data) => {
+                if *left == 0 {
+                    *state = State::Done;
+                }
+                Step::Data(data)
+            }
+            None => Step::More,
+        },
+        State::Close if buf.is_empty() => Step::More,
+        State::Close => Step::Data(buf.split().freeze()),
+        State::Chunked(chunk) => match chunk {
+            Chunk::Size => match httparse::parse_chunk_size(buf) {
+                Ok(httparse::Status::Complete((used, size))) => {
+                    buf.advance(used);
+                    *chunk = if size == 0 {
+                        Chunk::Trailers(0)
+                    } else {
+                        Chunk::Data(size)
+                    };
+                    Step::Again
+                }
+                Ok(httparse::Status::Partial) if buf.len() < MAX_CHUNK_LINE => Step::More,
+                _ => return Err("malformed chunk size from the upstream".into()),
+            },
+            Chunk::Data(left) => match take(buf, left) {
+                Some(data) => {
+                    if *left == 0 {
+                        *chunk = Chunk::DataEnd;
+                    }
+                    Step::Data(data)
+                }
+                None => Step::More,
+            },
+            Chunk::DataEnd if buf.len() < 2 => Step::More,
+            Chunk::DataEnd if &buf[..2] == b"\r\n" => {
+                buf.advance(2);
+                *chunk = Chunk::Size;
+                Step::Again
+            }
+            Chunk::DataEnd => return Err("malformed chunk from the upstream".into()),
+            Chunk::Trailers(seen) => match buf.windows(2).position(|w| w == b"\r\n") {
+                Some(0) => {
+                    buf.advance(2);
+                    Step::End
+                }
+                Some(line) if *seen + line + 2 <= MAX_TRAILERS => {
+                    *seen += line + 2;
+                    buf.advance(line + 2);
+                    Step::Again
+                }
+                None if *seen + buf.len() <= MAX_TRAILERS => Step::More,
+                _ => return Err("the upstream's trailers are too large".into()),
+            },
+        },
+    })
+}
+
+impl http_body::Body for H1Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match this.poll_next(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(Some(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            Poll::Ready(Ok(None)) => Poll::Ready(None),
+            Poll::Ready(Err(e)) => {
+                // In no state to carry another exchange.
+                this.conn = None;
+                this.state = State::Done;
+                Poll::Ready(Some(Err(e)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ready.is_none() && matches!(self.state, State::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let ready = self.ready.as_ref().map_or(0, |b| b.len() as u64);
+        match self.state {
+            State::Done => SizeHint::with_exact(ready),
+            State::Length(left) => SizeHint::with_exact(ready + left),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> Head {
+        let mut buf = BytesMut::from(text.as_bytes());
+        let head = parse_head(&mut buf).expect("parses").expect("complete");
+        assert!(buf.is_empty());
+        head
+    }
+
+    fn frame(
+        status: u16,
+        head_request: bool,
+        lines: &[(&str, &str)],
+    ) -> Result<(bool, bool), String> {
+        let mut headers = HeaderMap::new();
+        for (k, v) in lines {
+            headers.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let f = framing(
+            StatusCode::from_u16(status).unwrap(),
+            head_request,
+            &headers,
+        )?;
+        Ok((matches!(f.state, State::Done), f.reusable))
+    }
+
+    #[test]
+    fn heads_parse_and_say_whether_the_connection_stays_open() {
+        let h = head("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\nx-a: 2\r\n\r\n");
+        assert_eq!(h.status, 200);
+        assert!(h.keep_alive);
+        assert_eq!(h.headers.get_all("x-a").iter().count(), 2);
+        let h = head("HTTP/1.1 200 OK\r\nX-Empty:\r\nX-B:  b \r\n\r\n");
+        assert_eq!(h.headers["x-empty"], "");
+        assert_eq!(h.headers["x-b"], "b");
+        assert!(!head("HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
+        assert!(!head("HTTP/1.0 200 OK\r\n\r\n").keep_alive);
+        let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Le"[..]);
+        assert!(parse_head(&mut partial).unwrap().is_none());
+        for bad in [
+            "HTTP/1.1 2000 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nA B: c\r\n\r\n",
+            "SSH-2.0\r\n\r\n",
+        ] {
+            assert!(
+                parse_head(&mut BytesMut::from(bad.as_bytes())).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    /// Feeds `wire` in pieces of `piece` bytes; answers the body's data and whether it
+    /// ended cleanly with nothing left over.
+    fn decode(mut state: State, wire: &[u8], piece: usize) -> Result<(Vec<u8>, bool), BoxError> {
+        let mut buf = BytesMut::new();
+        let mut data = Vec::new();
+        let mut fed = 0;
+        loop {
+            match step(&mut state, &mut buf)? {
+                Step::Data(d) => data.extend_from_slice(&d),
+                Step::Again => {}
+                Step::End => return Ok((data, buf.is_empty() && fed == wire.len())),
+                Step::More if fed == wire.len() => return Ok((data, false)),
+                Step::More => {
+                    let n = piece.min(wire.len() - fed);
+                    buf.extend_from_slice(&wire[fed..fed + n]);
+                    fed += n;
+                }
+            }
+            if matches!(state, State::Done) {
+                return Ok((data, buf.is_empty() && fed == wire.len()));
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_in_any_pieces() {
+        let wire = b"5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nX-T: 1\r\n\r\n";
+        for piece in [1, 2, 3, 7, wire.len()] {
+            let (data, clean) = decode(State::Chunked(Chunk::Size), wire, piece).unwrap();
+            assert_eq!(
+                data, b"helloabcdefghijklmnopqrstuvwxyz",
+                "pieces of {piece}"
+            );
+            assert!(clean, "pieces of {piece}");
+        }
+        let (data, clean) = decode(State::Length(5), b"hello", 2).unwrap();
+        assert_eq!((&data[..], clean), (&b"hello"[..], true));
+        // Cut short: no clean end.
+        let (_, clean) = decode(State::Chunked(Chunk::Size), b"5\r\nhel", 2).unwrap();
+        assert!(!clean);
+        for bad in [
+            &b"zz\r\n"[..],
+            b"5\r\nhelloXX0\r\n\r\n",
+            b"10000000000000000\r\n",
+        ] {
+            assert!(
+                decode(State::Chunked(Chunk::Size), bad, 64).is_err(),
+                "{bad:?}"
+            );
+        }
+        let long_line = [b"1;".as_slice(), &[b'a'; MAX_CHUNK_LINE]].concat();
+        assert!(decode(State::Chunked(Chunk::Size), &long_line, 512).is_err());
+        let huge_trailers = [b"0\r\n".as_slice(), &[b'a'; MAX_TRAILERS + 1]].concat();
+        assert!(decode(State::Chunked(Chunk::Size), &huge_trailers, 4096).is_err());
+    }
+
+    #[test]
+    fn bodies_are_framed_as_rfc_9112_says() {
+        // (ends at once, reusable)
+        assert_eq!(
+            frame(204, false, &[("content-length", "5")]),
+            Ok((true, true))
+        );
+        assert_eq!(
+            frame(200, true, &[("content-length", "5")]),
+            Ok((true, true))
+        );
+        assert_eq!(frame(304, false, &[]), Ok((true, true)));
+        assert_eq!(
+            frame(200, false, &[("content-length", "0")]),
+            Ok((true, true))
+        );
+        assert_eq!(
+            frame(200, false, &[("content-length", "5")]),
+            Ok((false, true))
+        );
+        assert_eq!(
+            frame(200, false, &[("content-length", "5, 5")]),
+            Ok((false, true))
+        );
+        assert_eq!(
+            frame(200, false, &[("transfer-encoding", "gzip, chunked")]),
+            Ok((false, true))
+        );
+        // Chunked beside a length: read chunked, then close.
+        assert_eq!(
+            frame(
+                200,
+                false,
+                &[("transfer-encoding", "chunked"), ("content-length", "5")]
+            ),
+            Ok((false, false))
+        );
+        // Not chunked last, or no length at all: up to the end of the stream.
+        assert_eq!(
+            frame(200, false, &[("transfer-encoding", "gzip")]),
+            Ok((false, false))
+        );
+        assert_eq!(frame(200, false, &[]), Ok((false, false)));
+        for bad in ["5, 6", "-1", "x", "", "+5", "18446744073709551616"] {
+            assert!(
+                frame(200, false, &[("content-length", bad)]).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+}
