@@ -161,6 +161,37 @@ async fn a_hung_commit_answers_unavailable_by_the_deadline() {
     assert_eq!(store.get("s").unwrap(), Some(token));
 }
 
+/// A writer thread that dies (here it panics inside a commit) fails the store closed, as a
+/// failed commit does: /readyz and `fencegate_store_failed` say so, and every later
+/// advance is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_writer_fails_the_store_closed() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .unwrap();
+    let client = Client::new(proxy.proxy_addr);
+    let admin = Client::new(proxy.admin_addr);
+    assert_eq!(client.put("/reports/w/x", "1", "").await.status, 200);
+    assert_eq!(admin.get("/readyz").await.status, 200);
+
+    disk.set_panicking(true);
+    let r = client.put("/reports/w/x", "2", "").await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"));
+    disk.set_panicking(false);
+    assert!(proxy.app.store.is_failed(), "a dead writer fails the store");
+    assert_eq!(admin.get("/readyz").await.status, 503);
+    let metrics = admin.get("/metrics").await.body;
+    assert!(metrics.contains("fencegate_store_failed 1"), "{metrics}");
+    let r = client.put("/reports/other/x", "1", "").await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"));
+    assert_eq!(double.count_token("2"), 0, "nothing forwarded");
+    proxy.shutdown().await;
+}
+
 /// Concurrent writers advance their scopes while the process is killed at an arbitrary
 /// moment. Every advance that was acknowledged (forwarded, 200) must be on disk after the
 /// restart: its token or a higher one is the scope's mark.
