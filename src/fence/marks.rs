@@ -382,9 +382,9 @@ impl MarkStore {
         list_marks(&*self.inner.db, prefix, after, limit)
     }
 
-    /// Every mark, from one read transaction (a consistent snapshot).
-    pub fn for_each(&self, f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
-        for_each_mark(&*self.inner.db, f)
+    /// The epoch floor and every mark as of one moment (a backup).
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        Snapshot::of(&*self.inner.db)
     }
 }
 
@@ -455,20 +455,41 @@ fn list_marks(
     Ok(out)
 }
 
-fn for_each_mark(
-    db: &impl ReadableDatabase,
-    mut f: impl FnMut(&str, Token) -> bool,
-) -> Result<(), StoreError> {
-    let txn = db.begin_read().map_err(read_err)?;
-    let table = txn.open_table(MARKS).map_err(read_err)?;
-    for item in table.iter().map_err(read_err)? {
-        let (k, v) = item.map_err(read_err)?;
-        let (e, c) = v.value();
-        if !f(k.value(), Token::new(e, c)) {
-            break;
-        }
+/// One read transaction: the floor and the marks it shows belong together, whatever is
+/// committed meanwhile (a floor read apart from the marks could be older or newer than
+/// they are, and a backup of both would never have existed).
+pub struct Snapshot {
+    txn: redb::ReadTransaction,
+}
+
+impl Snapshot {
+    fn of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+        Ok(Snapshot {
+            txn: db.begin_read().map_err(read_err)?,
+        })
     }
-    Ok(())
+
+    pub fn floor(&self) -> Result<u64, StoreError> {
+        let meta = self.txn.open_table(META).map_err(read_err)?;
+        Ok(meta
+            .get("epoch_floor")
+            .map_err(read_err)?
+            .map(|g| g.value())
+            .unwrap_or(0))
+    }
+
+    /// Every mark in scope order, until `f` answers false.
+    pub fn for_each(&self, mut f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
+        let table = self.txn.open_table(MARKS).map_err(read_err)?;
+        for item in table.iter().map_err(read_err)? {
+            let (k, v) = item.map_err(read_err)?;
+            let (e, c) = v.value();
+            if !f(k.value(), Token::new(e, c)) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A read-only view of a store file, for the CLI (works while a server has it open).
@@ -518,18 +539,8 @@ impl MarkReader {
         list_marks(&self.db, prefix, after, limit)
     }
 
-    pub fn for_each(&self, f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
-        for_each_mark(&self.db, f)
-    }
-
-    pub fn floor(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read().map_err(read_err)?;
-        let meta = txn.open_table(META).map_err(read_err)?;
-        Ok(meta
-            .get("epoch_floor")
-            .map_err(read_err)?
-            .map(|g| g.value())
-            .unwrap_or(0))
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        Snapshot::of(&self.db)
     }
 }
 
