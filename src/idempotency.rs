@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::fence::MarkStore;
+use crate::fence::{InflightGuard, MarkStore};
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Forwarder, Outcome, Plan, Table};
 
 /// Route option `idempotency`.
@@ -287,6 +287,13 @@ impl Idempotency {
                 replace_if = Some(existing);
             }
 
+            // The response body is read here, after the guard has gone with the response:
+            // this count keeps the generation in flight until the exchange is over, and
+            // is completed unless the exchange ended without a whole response.
+            let held = plan.guard.as_ref().map(InflightGuard::hold);
+            let timeout = table.config.upstreams[table.config.routes[route_idx].upstream].timeout;
+            // The body's deadline counts from here, as the head's does in `forward`.
+            let started = std::time::Instant::now();
             let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
             let resp = fwd.forward(&table, req, plan, peer, tls).await;
             let result = resp
@@ -311,10 +318,30 @@ impl Idempotency {
                     let (parts, body) = resp.into_parts();
                     // A body that breaks midway was still applied (the head came back):
                     // record it as completed without a replayable body.
-                    let (prefix, rest, broken) = match read_up_to(body, cap).await {
-                        Ok((prefix, rest)) => (prefix, rest, false),
-                        Err(_) => (Bytes::new(), None, true),
+                    let read =
+                        crate::timer::timeout_from(started, timeout, read_up_to(body, cap)).await;
+                    let (prefix, rest, broken) = match read {
+                        Ok(Ok((prefix, rest))) => (prefix, rest, false),
+                        Ok(Err(_)) => (Bytes::new(), None, true),
+                        // The body did not end within the upstream timeout: the exchange is
+                        // treated as one that timed out (504, outcome unknown), and `held`
+                        // drops uncompleted, so the scope settles before a newer generation
+                        // goes. (Counted once already, as accepted, when the head came.)
+                        Err(_) => {
+                            drop(held);
+                            let _ = store
+                                .put_record(record_key, record(State::Unknown, &[]))
+                                .await;
+                            return Outcome::UpstreamTimeout {
+                                scope: Some(scope),
+                                detail: format!(
+                                    "the response body did not arrive within {timeout:?}"
+                                ),
+                            }
+                            .into_response();
+                        }
                     };
+                    complete(held);
                     let headers = parts
                         .headers
                         .iter()
@@ -343,12 +370,15 @@ impl Idempotency {
                 }
                 // Never reached the upstream, or refused before forwarding: not applied.
                 "upstream_unavailable" | "payload_too_large" | "invalid_request" => {
+                    complete(held);
                     let _ = store
                         .put_record(record_key, record(State::Released, &[]))
                         .await;
                     resp
                 }
+                // Sent, no answer: the scope settles (as `forward`'s guard made it).
                 _ => {
+                    drop(held);
                     let _ = store
                         .put_record(record_key, record(State::Unknown, &[]))
                         .await;
@@ -364,6 +394,13 @@ impl Idempotency {
             }
             .into_response(),
         }
+    }
+}
+
+/// The exchange ended with a whole answer (or provably never reached the upstream).
+fn complete(held: Option<InflightGuard>) {
+    if let Some(mut held) = held {
+        held.complete();
     }
 }
 

@@ -134,6 +134,22 @@ impl InflightGuard {
     pub fn token(&self) -> Token {
         self.token
     }
+
+    /// One more count for this request's generation, with the same rules: for a stage
+    /// that goes on after this guard has been handed over (the idempotency stage reads the
+    /// response body the guard travels with). It keeps the generation in flight until it
+    /// drops, and makes the scope settle if dropped without [`complete`].
+    ///
+    /// [`complete`]: InflightGuard::complete
+    pub fn hold(&self) -> InflightGuard {
+        self.gate.lock().inflight.add(self.token);
+        InflightGuard {
+            gate: self.gate.clone(),
+            token: self.token,
+            settle: self.settle,
+            completed: false,
+        }
+    }
 }
 
 impl Drop for InflightGuard {
