@@ -240,10 +240,10 @@ const BACKUP_CHUNK: usize = 64 * 1024;
 /// holds a read transaction, which keeps the store from reusing freed pages).
 const BACKUP_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// `GET /v1/backup`: every mark from one read transaction (a consistent snapshot),
-/// streamed in pieces so that memory does not grow with the number of scopes. A failure
-/// before the first piece is a 503; one later aborts the body, so the client sees a
-/// truncated transfer, never a short backup that looks whole.
+/// `GET /v1/backup`: the epoch floor and every mark from one read transaction (a
+/// consistent snapshot), streamed in pieces so that memory does not grow with the number
+/// of scopes. A failure before the first piece is a 503; one later aborts the body, so
+/// the client sees a truncated transfer, never a short backup that looks whole.
 async fn backup(app: &App) -> Response<Body> {
     type Piece = Result<Bytes, String>;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
@@ -255,14 +255,18 @@ async fn backup(app: &App) -> Response<Body> {
                 .block_on(tokio::time::timeout(BACKUP_STALL, tx.send(piece)))
                 .is_ok_and(|sent| sent.is_ok())
         };
-        let mut text = backup_header(store.floor());
+        let mut text = String::new();
         let mut open = true;
-        let res = store.for_each(|scope, token| {
-            text.push_str(&backup_line(scope, token));
-            if text.len() >= BACKUP_CHUNK {
-                open = send(Ok(Bytes::from(std::mem::take(&mut text))));
-            }
-            open
+        // The floor from the marks' own transaction: the two are of one moment.
+        let res = store.snapshot().and_then(|snapshot| {
+            text = backup_header(snapshot.floor()?);
+            snapshot.for_each(|scope, token| {
+                text.push_str(&backup_line(scope, token));
+                if text.len() >= BACKUP_CHUNK {
+                    open = send(Ok(Bytes::from(std::mem::take(&mut text))));
+                }
+                open
+            })
         });
         match res {
             Ok(()) if open => {

@@ -351,9 +351,11 @@ fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
     let mut w = std::io::BufWriter::new(file);
     let mut io_err = None;
     let mut count = 0u64;
-    let header = crate::admin::backup_header(reader.floor().map_err(fail)?);
+    // The floor and the marks from one read transaction.
+    let snapshot = reader.snapshot().map_err(fail)?;
+    let header = crate::admin::backup_header(snapshot.floor().map_err(fail)?);
     w.write_all(header.as_bytes()).map_err(fail)?;
-    reader
+    snapshot
         .for_each(|scope, token| {
             match w.write_all(crate::admin::backup_line(scope, token).as_bytes()) {
                 Ok(()) => {

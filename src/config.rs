@@ -818,6 +818,15 @@ fn validate_route(
     errors: &mut Errors,
 ) -> Option<Route> {
     let before = errors.0.len();
+    if raw.name == crate::metrics::UNROUTED {
+        errors.push(
+            format!("{path}.name"),
+            format!(
+                "`{}` is reserved: it labels the metrics of requests that matched no route",
+                raw.name
+            ),
+        );
+    }
     let template = PathTemplate::parse(&raw.path)
         .map_err(|e| errors.push(format!("{path}.path"), format!("`{}` {e}", raw.path)))
         .ok();
@@ -1072,6 +1081,23 @@ colour = "red"
             Duration::from_secs(366 * 24 * 3600)
         );
         assert_eq!(c.fencing.max_waiters_per_scope, 1 << 32);
+    }
+
+    /// `none` labels the metrics of requests that matched no route: a route of that name
+    /// would share their row.
+    #[test]
+    fn a_route_named_none_is_refused() {
+        let errs = errors_at(
+            &GOOD.replace("name = \"reports\"", "name = \"none\""),
+            &["route[0].name"],
+        );
+        assert!(
+            errs.iter().any(|e| e.message.contains("reserved")),
+            "{errs:?}"
+        );
+        // Other names, quotes and backslashes included, are fine (metrics escape them).
+        let odd = GOOD.replace("name = \"reports\"", r#"name = "none \"2\" \\ x""#);
+        Config::parse(&odd, Path::new(".")).expect("an odd name loads");
     }
 
     #[test]

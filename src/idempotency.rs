@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::fence::MarkStore;
+use crate::fence::{InflightGuard, MarkStore};
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Forwarder, Outcome, Plan, Table};
 
 /// Route option `idempotency`.
@@ -131,22 +131,9 @@ impl Idempotency {
         Idempotency { store, boot }
     }
 
-    /// Deletes expired records in bounded batches; answers how many went.
+    /// Deletes every expired record, in bounded batches; answers how many went.
     pub async fn collect(&self) -> usize {
-        const BATCH: usize = 1000;
-        let mut total = 0;
-        for _ in 0..100 {
-            match self.store.collect_records(now_secs(), BATCH).await {
-                Ok(n) => {
-                    total += n;
-                    if n < BATCH {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        total
+        collect_expired(&self.store, COLLECT_BATCH).await
     }
 
     /// A fenced, admitted request on a route with idempotency on.
@@ -300,6 +287,13 @@ impl Idempotency {
                 replace_if = Some(existing);
             }
 
+            // The response body is read here, after the guard has gone with the response:
+            // this count keeps the generation in flight until the exchange is over, and
+            // is completed unless the exchange ended without a whole response.
+            let held = plan.guard.as_ref().map(InflightGuard::hold);
+            let timeout = table.config.upstreams[table.config.routes[route_idx].upstream].timeout;
+            // The body's deadline counts from here, as the head's does in `forward`.
+            let started = std::time::Instant::now();
             let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
             let resp = fwd.forward(&table, req, plan, peer, tls).await;
             let result = resp
@@ -324,10 +318,30 @@ impl Idempotency {
                     let (parts, body) = resp.into_parts();
                     // A body that breaks midway was still applied (the head came back):
                     // record it as completed without a replayable body.
-                    let (prefix, rest, broken) = match read_up_to(body, cap).await {
-                        Ok((prefix, rest)) => (prefix, rest, false),
-                        Err(_) => (Bytes::new(), None, true),
+                    let read =
+                        crate::timer::timeout_from(started, timeout, read_up_to(body, cap)).await;
+                    let (prefix, rest, broken) = match read {
+                        Ok(Ok((prefix, rest))) => (prefix, rest, false),
+                        Ok(Err(_)) => (Bytes::new(), None, true),
+                        // The body did not end within the upstream timeout: the exchange is
+                        // treated as one that timed out (504, outcome unknown), and `held`
+                        // drops uncompleted, so the scope settles before a newer generation
+                        // goes. (Counted once already, as accepted, when the head came.)
+                        Err(_) => {
+                            drop(held);
+                            let _ = store
+                                .put_record(record_key, record(State::Unknown, &[]))
+                                .await;
+                            return Outcome::UpstreamTimeout {
+                                scope: Some(scope),
+                                detail: format!(
+                                    "the response body did not arrive within {timeout:?}"
+                                ),
+                            }
+                            .into_response();
+                        }
                     };
+                    complete(held);
                     let headers = parts
                         .headers
                         .iter()
@@ -356,12 +370,15 @@ impl Idempotency {
                 }
                 // Never reached the upstream, or refused before forwarding: not applied.
                 "upstream_unavailable" | "payload_too_large" | "invalid_request" => {
+                    complete(held);
                     let _ = store
                         .put_record(record_key, record(State::Released, &[]))
                         .await;
                     resp
                 }
+                // Sent, no answer: the scope settles (as `forward`'s guard made it).
                 _ => {
+                    drop(held);
                     let _ = store
                         .put_record(record_key, record(State::Unknown, &[]))
                         .await;
@@ -377,6 +394,13 @@ impl Idempotency {
             }
             .into_response(),
         }
+    }
+}
+
+/// The exchange ended with a whole answer (or provably never reached the upstream).
+fn complete(held: Option<InflightGuard>) {
+    if let Some(mut held) = held {
+        held.complete();
     }
 }
 
@@ -464,6 +488,28 @@ impl http_body::Body for Chain {
 
 /// How often expired records are collected.
 pub const COLLECT_EVERY: Duration = Duration::from_secs(60);
+/// Expired records deleted per write transaction.
+const COLLECT_BATCH: usize = 1000;
+
+/// Deletes expired records `batch` at a time until a batch comes back short. No cap on
+/// the batches: records that expire faster than a capped run deletes would grow the table
+/// without bound. Each batch is one short write transaction queued with the proxy's own
+/// commits, and the task yields between batches.
+async fn collect_expired(store: &MarkStore, batch: usize) -> usize {
+    let mut total = 0;
+    loop {
+        match store.collect_records(now_secs(), batch).await {
+            Ok(n) => {
+                total += n;
+                if n < batch {
+                    return total;
+                }
+            }
+            Err(_) => return total,
+        }
+        tokio::task::yield_now().await;
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -478,6 +524,38 @@ mod tests {
             assert!(k(bad).is_err(), "{bad}");
         }
         assert!(k(&format!("\"{}\"", "x".repeat(256))).is_err());
+    }
+
+    /// Collection goes on while batches come back full, however many there are.
+    #[tokio::test]
+    async fn every_expired_record_is_collected_in_one_run() {
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("store");
+        let record = |expires: u64| {
+            encode(
+                expires,
+                &Meta {
+                    fingerprint: String::new(),
+                    state: State::Released,
+                    boot: 0,
+                },
+                &[],
+            )
+        };
+        // 150 full batches of 2 expired records (a run used to stop after 100), and live
+        // records that must stay.
+        for i in 0..300 {
+            let claimed = store.claim(format!("s\0old{i}"), record(1), None, 0).await;
+            assert!(claimed.expect("claim").is_none());
+        }
+        for i in 0..3 {
+            let claimed = store
+                .claim(format!("s\0live{i}"), record(u64::MAX), None, 0)
+                .await;
+            assert!(claimed.expect("claim").is_none());
+        }
+        assert_eq!(collect_expired(&store, 2).await, 300);
+        assert_eq!(store.record_count().expect("count"), 3);
     }
 
     #[test]

@@ -154,9 +154,31 @@ impl RouteRow {
     }
 }
 
+/// The row of requests that matched no route; config validation keeps routes from this
+/// name.
+pub const UNROUTED: &str = "none";
+
+/// A label value in the Prometheus text format: backslash, double quote and line feed
+/// escaped (route names come from the config file and may hold any of them).
+fn label_value(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    let mut out = String::with_capacity(v.len() + 2);
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
 #[derive(Debug)]
 pub struct Metrics {
-    /// Route name → its row; "none" counts requests that matched no route.
+    /// Route name → its row; [`UNROUTED`] counts requests that matched no route.
     rows: Mutex<Vec<(String, Arc<RouteRow>)>>,
     none: Arc<RouteRow>,
     pub gate_wait_seconds: Histogram,
@@ -170,7 +192,7 @@ impl Metrics {
     pub fn new(route_names: impl IntoIterator<Item = String>) -> Metrics {
         let none = Arc::new(RouteRow::new());
         let m = Metrics {
-            rows: Mutex::new(vec![("none".into(), none.clone())]),
+            rows: Mutex::new(vec![(UNROUTED.into(), none.clone())]),
             none,
             gate_wait_seconds: Histogram::new(SECONDS),
             upstream_seconds: Histogram::new(SECONDS),
@@ -205,6 +227,7 @@ impl Metrics {
         out.push_str("# TYPE fencegate_requests_total counter\n");
         let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for (route, row) in &rows {
+            let route = label_value(route);
             for result in RESULTS {
                 let v = row.get(result);
                 if v > 0 {
@@ -273,5 +296,30 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Route names are label values: quotes, backslashes and line feeds are escaped, so
+    /// one name cannot break the exposition or forge a series.
+    #[test]
+    fn route_names_are_escaped_as_label_values() {
+        let m = Metrics::new(["a\"b\\c\nfencegate_forged 1".to_string()]);
+        m.row("a\"b\\c\nfencegate_forged 1").count("accepted");
+        let text = m.render(&StoreStats::default(), &[]);
+        assert!(
+            text.contains(
+                "fencegate_requests_total{route=\"a\\\"b\\\\c\\nfencegate_forged 1\",result=\"accepted\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.lines().any(|l| l.starts_with("fencegate_forged")),
+            "{text}"
+        );
+        assert_eq!(label_value("plain"), "plain");
     }
 }

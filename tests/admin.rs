@@ -134,6 +134,43 @@ async fn a_large_backup_streams_whole() {
     proxy.shutdown().await;
 }
 
+/// A backup's epoch floor and marks come from one moment: a floor raised and a mark
+/// advanced while the backup is being read show in neither (a floor newer than the marks
+/// would make a restore stale marks the backup holds; an older one, miss a raise).
+#[tokio::test]
+async fn a_backup_snapshot_holds_the_floor_and_the_marks_of_one_moment() {
+    use fencegate::fence::MarkStore;
+    use fencegate::token::Token;
+    use std::sync::Arc;
+
+    let store =
+        MarkStore::open_with_backend(redb::backends::InMemoryBackend::new()).expect("store");
+    store
+        .advance(Arc::from("a"), Token::new(0, 5))
+        .await
+        .expect("advance");
+    let snapshot = store.snapshot().expect("snapshot");
+    // Committed after the snapshot began, before it is read.
+    assert_eq!(store.raise_floor(1).await.expect("floor"), 1);
+    store
+        .advance(Arc::from("b"), Token::new(1, 1))
+        .await
+        .expect("advance");
+    let read = |snapshot: fencegate::fence::Snapshot| {
+        let mut marks = Vec::new();
+        snapshot
+            .for_each(|scope, token| {
+                marks.push(format!("{scope}={token}"));
+                true
+            })
+            .expect("marks");
+        (snapshot.floor().expect("floor"), marks)
+    };
+    assert_eq!(read(snapshot), (0, vec!["a=5".to_string()]));
+    let now = store.snapshot().expect("snapshot");
+    assert_eq!(read(now), (1, vec!["a=5".to_string(), "b=1:1".to_string()]));
+}
+
 #[tokio::test]
 async fn metrics_use_bounded_labels() {
     let double = Double::start().await;

@@ -101,6 +101,97 @@ async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
     assert_eq!(store.get("s").unwrap(), Some(token));
 }
 
+/// A commit that hangs (an fsync that never returns) does not hang the request that
+/// advances: it is answered `unavailable` once its drain deadline passes, and nothing is
+/// admitted. The commit is left to finish on its own; when it lands, the gate learns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_commit_answers_unavailable_by_the_deadline() {
+    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::fence::{Gates, Refusal};
+    use fencegate::token::Token;
+    use std::time::Duration;
+
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let gates = Arc::new(Gates::new(
+        store.clone(),
+        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
+        Duration::from_millis(300),
+        Duration::ZERO,
+    ));
+    let token = Token::new(0, 7);
+    disk.hold();
+    let g = gates.clone();
+    let first = tokio::spawn(async move { g.admit("s", token, Accept).await });
+    // Bounded wait until the writer is inside the held commit.
+    tokio::time::timeout(support::BOUND, async {
+        while !disk.syncing() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the commit reaches the disk");
+    let refused = tokio::time::timeout(support::BOUND, first)
+        .await
+        .expect("answered while the commit still hangs")
+        .unwrap();
+    assert_eq!(refused.unwrap_err(), Refusal::Unavailable);
+    assert!(disk.syncing(), "the commit is still held");
+    assert_eq!(
+        gates.mark("s").unwrap(),
+        None,
+        "memory never runs ahead of disk"
+    );
+    assert!(!store.is_failed(), "a slow disk is not a failed one");
+
+    disk.release();
+    // Bounded wait until the abandoned commit has landed and the gate has taken it.
+    tokio::time::timeout(support::BOUND, async {
+        while gates.mark("s").unwrap() != Some(token) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the commit lands and the gate learns it");
+    let again = tokio::time::timeout(support::BOUND, gates.admit("s", token, Accept))
+        .await
+        .expect("admitted within the bound")
+        .expect("admitted");
+    assert!(!again.advanced, "the retry needs no second commit");
+    assert_eq!(store.get("s").unwrap(), Some(token));
+}
+
+/// A writer thread that dies (here it panics inside a commit) fails the store closed, as a
+/// failed commit does: /readyz and `fencegate_store_failed` say so, and every later
+/// advance is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_writer_fails_the_store_closed() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .unwrap();
+    let client = Client::new(proxy.proxy_addr);
+    let admin = Client::new(proxy.admin_addr);
+    assert_eq!(client.put("/reports/w/x", "1", "").await.status, 200);
+    assert_eq!(admin.get("/readyz").await.status, 200);
+
+    disk.set_panicking(true);
+    let r = client.put("/reports/w/x", "2", "").await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"));
+    disk.set_panicking(false);
+    assert!(proxy.app.store.is_failed(), "a dead writer fails the store");
+    assert_eq!(admin.get("/readyz").await.status, 503);
+    let metrics = admin.get("/metrics").await.body;
+    assert!(metrics.contains("fencegate_store_failed 1"), "{metrics}");
+    let r = client.put("/reports/other/x", "1", "").await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"));
+    assert_eq!(double.count_token("2"), 0, "nothing forwarded");
+    proxy.shutdown().await;
+}
+
 /// Concurrent writers advance their scopes while the process is killed at an arbitrary
 /// moment. Every advance that was acknowledged (forwarded, 200) must be on disk after the
 /// restart: its token or a higher one is the scope's mark.

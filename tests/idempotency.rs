@@ -271,6 +271,112 @@ async fn unknown_outcomes_are_refused_or_forwarded_by_route() {
     proxy.shutdown().await;
 }
 
+/// An upstream that answers `x-stall` requests with a head and the start of a chunked body,
+/// then sends nothing more (the connection stays open); other requests get a whole answer.
+async fn stalling_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request: its head, then its body (Content-Length).
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + length {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + length);
+                    if head.contains("x-stall:") {
+                        let _ = stream
+                            .write_all(
+                                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n",
+                            )
+                            .await;
+                        // Never finishes; the connection is held open until the test ends.
+                        std::future::pending::<()>().await;
+                    }
+                    if stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// An upstream that sends its head, then stalls the body, must not hold the scope: the
+/// body read is bounded by the upstream timeout (counted from the start of the exchange),
+/// the attempt is answered 504 and recorded as unknown, and its generation leaves the gate
+/// as a timed-out request does: in flight no more, with the scope settling.
+#[tokio::test]
+async fn a_stalled_response_body_ends_at_the_upstream_timeout() {
+    let upstream = stalling_upstream().await;
+    // (drain, settle): first with nothing to settle, then with a settle that outlasts the test.
+    for (drain, settle) in [("10s", "0s"), ("1s", "1h")] {
+        let dir = tempfile::tempdir().unwrap();
+        let text = support::config_text(upstream, drain, settle, "300ms");
+        let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+        let proxy = support::start(config).await;
+        let client = Client::new(proxy.proxy_addr);
+        let first = client
+            .send(
+                "PUT",
+                "/idem/stall",
+                &[("fencing-token", "1"), KEY, ("x-stall", "1")],
+                "pay 1",
+            )
+            .await;
+        assert_eq!((first.status, first.result()), (504, "upstream_timeout"));
+        // Its retry is not applied again: the outcome is unknown, not in progress.
+        let retry = client
+            .send(
+                "PUT",
+                "/idem/stall",
+                &[("fencing-token", "1"), KEY, ("x-stall", "1")],
+                "pay 1",
+            )
+            .await;
+        assert_eq!((retry.status, retry.result()), (409, "outcome_unknown"));
+        let newer = client.put("/idem/stall", "2", "owner 2").await;
+        if settle == "0s" {
+            // Nothing in flight any more: the newer generation goes at once.
+            assert_eq!((newer.status, newer.result()), (200, "accepted"));
+        } else {
+            // The upstream may still apply the stalled request: the scope settles.
+            assert_eq!((newer.status, newer.result()), (503, "draining"));
+        }
+        proxy.shutdown().await;
+    }
+}
+
 /// kill -9 while the first attempt is at the upstream: the durable record survives; after
 /// the restart the retry is not silently applied again.
 #[tokio::test]

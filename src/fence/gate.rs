@@ -134,6 +134,22 @@ impl InflightGuard {
     pub fn token(&self) -> Token {
         self.token
     }
+
+    /// One more count for this request's generation, with the same rules: for a stage
+    /// that goes on after this guard has been handed over (the idempotency stage reads the
+    /// response body the guard travels with). It keeps the generation in flight until it
+    /// drops, and makes the scope settle if dropped without [`complete`].
+    ///
+    /// [`complete`]: InflightGuard::complete
+    pub fn hold(&self) -> InflightGuard {
+        self.gate.lock().inflight.add(self.token);
+        InflightGuard {
+            gate: self.gate.clone(),
+            token: self.token,
+            settle: self.settle,
+            completed: false,
+        }
+    }
 }
 
 impl Drop for InflightGuard {
@@ -436,7 +452,7 @@ impl Gates {
                     return Ok(a);
                 }
                 Step::Commit => {
-                    self.commit(&key, &gate, token).await?;
+                    self.commit(&key, &gate, token, deadline).await?;
                     advanced = true;
                     continue;
                 }
@@ -535,29 +551,31 @@ impl Gates {
 
     /// Commits an advance and brings the gate up to date. Cancel-safe: if the request
     /// goes away mid-commit, a task finishes the bookkeeping when the commit lands, so
-    /// the gate never believes an advance is still under way.
+    /// the gate never believes an advance is still under way. A commit that has not
+    /// landed by `deadline` (a hung fsync) is answered `Unavailable`; the commit is then
+    /// left to that task as if the request had gone away.
     async fn commit(
         &self,
         key: &Arc<str>,
         gate: &Arc<Gate>,
         token: Token,
+        deadline: Instant,
     ) -> Result<Token, Refusal> {
-        let result = match self.store.begin_advance(key.clone(), token) {
-            Ok(rx) => {
-                PendingCommit {
-                    rx: Some(rx),
-                    gate: gate.clone(),
-                    token,
-                }
-                .wait()
-                .await
-            }
+        let pending = match self.store.begin_advance(key.clone(), token) {
+            Ok(rx) => PendingCommit {
+                rx: Some(rx),
+                gate: gate.clone(),
+                token,
+            },
             Err(e) => {
                 finish_commit(gate, token, &Err(e));
                 return Err(Refusal::Unavailable);
             }
         };
-        result.map_err(|_| Refusal::Unavailable)
+        match tokio::time::timeout_at(deadline, pending.wait()).await {
+            Ok(result) => result.map_err(|_| Refusal::Unavailable),
+            Err(_) => Err(Refusal::Unavailable),
+        }
     }
 
     /// Raises a scope's mark without forwarding anything (admin API). Never lowers.
@@ -567,7 +585,8 @@ impl Gates {
         if let Some(c) = current.filter(|c| *c >= token) {
             return Ok(c);
         }
-        self.commit(&key, &gate, token).await
+        let deadline = Instant::now() + self.drain_timeout;
+        self.commit(&key, &gate, token, deadline).await
     }
 
     /// The mark as the gates see it (memory if hot, else disk).

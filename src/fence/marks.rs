@@ -4,7 +4,8 @@
 //! everything queued, applies the max per scope in one transaction, commits with immediate
 //! durability (one fsync for the whole batch: group commit), and only then answers. A
 //! failed commit fails the store closed: redb says a failed commit may still be durable,
-//! so nothing in memory may be trusted to match the disk until a restart reopens it.
+//! so nothing in memory may be trusted to match the disk until a restart reopens it. A
+//! writer that panics or stops fails the store closed too.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -348,9 +349,14 @@ impl MarkStore {
             return Err(StoreError::Failed("an earlier commit failed".into()));
         }
         match &self.inner.commits {
-            Commits::Thread(tx) => tx
-                .send(op)
-                .map_err(|_| StoreError::Failed("writer stopped".into())),
+            Commits::Thread(tx) => tx.send(op).map_err(|_| {
+                // The writer is gone (it panicked, or the store was closed): nothing can
+                // be committed any more, which readiness and metrics must say.
+                if !self.inner.failed.swap(true, Ordering::AcqRel) {
+                    tracing::error!("the mark store's writer has stopped; the store refuses writes until restarted");
+                }
+                writer_stopped()
+            }),
             Commits::Inline(writer) => {
                 writer.commit(vec![op]);
                 Ok(())
@@ -376,9 +382,9 @@ impl MarkStore {
         list_marks(&*self.inner.db, prefix, after, limit)
     }
 
-    /// Every mark, from one read transaction (a consistent snapshot).
-    pub fn for_each(&self, f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
-        for_each_mark(&*self.inner.db, f)
+    /// The epoch floor and every mark as of one moment (a backup).
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        Snapshot::of(&*self.inner.db)
     }
 }
 
@@ -449,20 +455,41 @@ fn list_marks(
     Ok(out)
 }
 
-fn for_each_mark(
-    db: &impl ReadableDatabase,
-    mut f: impl FnMut(&str, Token) -> bool,
-) -> Result<(), StoreError> {
-    let txn = db.begin_read().map_err(read_err)?;
-    let table = txn.open_table(MARKS).map_err(read_err)?;
-    for item in table.iter().map_err(read_err)? {
-        let (k, v) = item.map_err(read_err)?;
-        let (e, c) = v.value();
-        if !f(k.value(), Token::new(e, c)) {
-            break;
-        }
+/// One read transaction: the floor and the marks it shows belong together, whatever is
+/// committed meanwhile (a floor read apart from the marks could be older or newer than
+/// they are, and a backup of both would never have existed).
+pub struct Snapshot {
+    txn: redb::ReadTransaction,
+}
+
+impl Snapshot {
+    fn of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+        Ok(Snapshot {
+            txn: db.begin_read().map_err(read_err)?,
+        })
     }
-    Ok(())
+
+    pub fn floor(&self) -> Result<u64, StoreError> {
+        let meta = self.txn.open_table(META).map_err(read_err)?;
+        Ok(meta
+            .get("epoch_floor")
+            .map_err(read_err)?
+            .map(|g| g.value())
+            .unwrap_or(0))
+    }
+
+    /// Every mark in scope order, until `f` answers false.
+    pub fn for_each(&self, mut f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
+        let table = self.txn.open_table(MARKS).map_err(read_err)?;
+        for item in table.iter().map_err(read_err)? {
+            let (k, v) = item.map_err(read_err)?;
+            let (e, c) = v.value();
+            if !f(k.value(), Token::new(e, c)) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A read-only view of a store file, for the CLI (works while a server has it open).
@@ -512,18 +539,8 @@ impl MarkReader {
         list_marks(&self.db, prefix, after, limit)
     }
 
-    pub fn for_each(&self, f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
-        for_each_mark(&self.db, f)
-    }
-
-    pub fn floor(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read().map_err(read_err)?;
-        let meta = txn.open_table(META).map_err(read_err)?;
-        Ok(meta
-            .get("epoch_floor")
-            .map_err(read_err)?
-            .map(|g| g.value())
-            .unwrap_or(0))
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        Snapshot::of(&self.db)
     }
 }
 
@@ -560,6 +577,9 @@ impl Writer {
     }
 
     fn commit(&self, mut batch: Vec<Op>) {
+        // Declared after `batch`, so dropped before it: a panic marks the store failed
+        // before the batch's callers hear that their replies are gone.
+        let _fail_closed = FailOnPanic(&self.failed);
         // Close is handled by `run`; inline stores have nothing to stop.
         batch.retain(|op| !matches!(op, Op::Close { .. }));
         if self.failed.load(Ordering::Acquire) {
@@ -749,6 +769,21 @@ impl Writer {
     }
 }
 
+/// Fails the store closed if dropped while the writer panics: the panicking commit's
+/// outcome on disk is unknown, and the writer thread is about to end.
+struct FailOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
+            tracing::error!(
+                "the mark store's writer panicked; the store refuses writes until restarted"
+            );
+        }
+    }
+}
+
 fn fail_all(batch: Vec<Op>, why: &str) {
     for op in batch {
         match op {
@@ -792,6 +827,31 @@ mod tests {
             reply,
         };
         (op, rx)
+    }
+
+    /// Once a send to the writer fails (its thread has gone), the store is failed: readiness
+    /// and metrics must not go on saying it works.
+    #[test]
+    fn a_writer_gone_fails_the_store() {
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("open");
+        let (tx, rx) = mpsc::channel();
+        drop(rx);
+        let gone = MarkStore {
+            inner: Arc::new(Inner {
+                db: store.database(),
+                stats: Arc::default(),
+                commits: Commits::Thread(tx),
+                failed: Arc::default(),
+                floor: Arc::default(),
+            }),
+        };
+        assert!(!gone.is_failed());
+        assert!(
+            gone.begin_advance(Arc::from("s"), Token::new(0, 1))
+                .is_err()
+        );
+        assert!(gone.is_failed());
     }
 
     fn answer(mut rx: oneshot::Receiver<Result<Token, StoreError>>) -> Option<u64> {

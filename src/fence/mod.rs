@@ -6,5 +6,5 @@ pub mod marks;
 pub mod policy;
 
 pub use gate::{Admission, Gates, InflightGuard, Refusal};
-pub use marks::{MarkStore, StoreError};
+pub use marks::{MarkStore, Snapshot, StoreError};
 pub use policy::{Decision, decide};

@@ -1,5 +1,5 @@
 //! An in-memory redb disk that can be told to fail every write and sync: store failures
-//! (full disk, failed fsync) on demand.
+//! (full disk, failed fsync) on demand; or to hold or panic in a sync.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -14,6 +14,8 @@ pub struct Disk {
     /// While true, every sync waits (a commit held mid-way); `syncing` says one does.
     held: Arc<(Mutex<bool>, Condvar)>,
     syncing: Arc<AtomicBool>,
+    /// While true, a sync panics: the thread committing dies mid-commit.
+    panicking: Arc<AtomicBool>,
 }
 
 impl Disk {
@@ -36,6 +38,12 @@ impl Disk {
     pub fn release(&self) {
         *self.held.0.lock().unwrap_or_else(|p| p.into_inner()) = false;
         self.held.1.notify_all();
+    }
+
+    /// From now on a sync panics (or works again with `false`): the writer thread dies.
+    #[allow(dead_code)]
+    pub fn set_panicking(&self, panicking: bool) {
+        self.panicking.store(panicking, Ordering::SeqCst);
     }
 
     /// A sync is waiting in [`hold`](Disk::hold).
@@ -65,6 +73,9 @@ impl StorageBackend for Disk {
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> std::io::Result<()> {
+        if self.panicking.load(Ordering::SeqCst) {
+            panic!("injected panic in a sync");
+        }
         let (held, released) = &*self.held;
         let mut h = held.lock().unwrap_or_else(|p| p.into_inner());
         while *h {
