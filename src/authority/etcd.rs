@@ -55,6 +55,13 @@ fn seconds(d: Duration) -> i64 {
     i64::try_from(s.max(1)).unwrap_or(i64::MAX)
 }
 
+/// Seconds of the lock_delay lease: the lock lease's own whole seconds plus the delay's, so
+/// the delay key outlives the lock key by at least `lock_delay`. (Rounding up the sum
+/// instead could swallow the delay: 10.6 s + 300 ms and 10.6 s both round to 11 s.)
+fn delay_lease_seconds(ttl: Duration, lock_delay: Duration) -> i64 {
+    seconds(ttl).saturating_add(seconds(lock_delay))
+}
+
 fn token_of(revision: i64) -> Option<Token> {
     u64::try_from(revision).ok().map(|r| Token::new(0, r))
 }
@@ -120,7 +127,7 @@ impl Etcd {
             0
         } else {
             match c
-                .lease_grant(seconds(req.ttl + self.lock_delay), None)
+                .lease_grant(delay_lease_seconds(req.ttl, self.lock_delay), None)
                 .await
             {
                 Ok(l) => l.id(),
@@ -351,5 +358,33 @@ impl Etcd {
             remaining: self.remaining(kv.lease()).await,
             last_issued: token,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delay_lease_outlives_the_lock_lease_by_the_whole_delay() {
+        let ms = Duration::from_millis;
+        // 10.6 s rounds up to 11 s; the 300 ms delay must still add a (whole) second.
+        assert_eq!(seconds(ms(10_600)), 11);
+        assert_eq!(delay_lease_seconds(ms(10_600), ms(300)), 12);
+        assert_eq!(delay_lease_seconds(ms(10_000), ms(2_000)), 12);
+        for (ttl, delay) in [
+            (100, 1),
+            (999, 1),
+            (1_000, 999),
+            (59_999, 1),
+            (1_500, 1_500),
+        ] {
+            let (ttl, delay) = (ms(ttl), ms(delay));
+            let gap = delay_lease_seconds(ttl, delay) - seconds(ttl);
+            assert!(
+                Duration::from_secs(u64::try_from(gap).unwrap()) >= delay,
+                "{ttl:?} + {delay:?}"
+            );
+        }
     }
 }
