@@ -68,6 +68,20 @@ pub enum FencedError {
     Request(String),
 }
 
+/// The request's URI: the proxy's base and a path that must start with `/`. Anything
+/// else would be read as part of the authority: `@evil.example/x` after
+/// `http://proxy:8080` names the host `evil.example`.
+fn target(base: &str, path_and_query: &str) -> Result<http::Uri, FencedError> {
+    if !path_and_query.starts_with('/') {
+        return Err(FencedError::Request(format!(
+            "the path {path_and_query:?} does not start with '/'"
+        )));
+    }
+    format!("{base}{path_and_query}")
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| FencedError::Request(e.to_string()))
+}
+
 /// An HTTP client for a fencegate proxy.
 #[derive(Clone)]
 pub struct FencedHttp {
@@ -90,7 +104,8 @@ impl FencedHttp {
         })
     }
 
-    /// Sends `method path` with the fence's token and scope, plus `headers`.
+    /// Sends `method path` with the fence's token and scope, plus `headers`;
+    /// `path_and_query` must start with `/`.
     pub async fn send(
         &self,
         fence: &Fence,
@@ -101,7 +116,7 @@ impl FencedHttp {
     ) -> Result<FenceResult, FencedError> {
         let mut req = Request::builder()
             .method(method)
-            .uri(format!("{}{path_and_query}", self.base))
+            .uri(target(&self.base, path_and_query)?)
             .body(Full::new(body))
             .map_err(|e| FencedError::Request(e.to_string()))?;
         let h = req.headers_mut();
@@ -233,6 +248,33 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("fencing-result", HeaderValue::from_str(result).unwrap());
         h
+    }
+
+    #[test]
+    fn paths_must_start_with_a_slash() {
+        let base = "http://127.0.0.1:8080";
+        for bad in [
+            "@evil.example/x",
+            "evil.example/x",
+            "",
+            "?x=1",
+            "#x",
+            ":81/x",
+        ] {
+            assert!(
+                matches!(target(base, bad), Err(FencedError::Request(ref m)) if m.contains("'/'")),
+                "{bad:?}"
+            );
+        }
+        let uri = target(base, "/reports/july?x=1").unwrap();
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some("127.0.0.1:8080"));
+        assert_eq!(
+            uri.path_and_query().map(|p| p.as_str()),
+            Some("/reports/july?x=1")
+        );
+        // Even `//host/x` stays on the proxy: it is a path there.
+        let uri = target(base, "//evil.example/x").unwrap();
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some("127.0.0.1:8080"));
     }
 
     #[test]
