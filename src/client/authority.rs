@@ -163,13 +163,16 @@ impl Lease {
         self.deadline().is_some()
     }
 
-    /// The fence to put on requests, if the lease is still held now. Holding a `Fence`
-    /// proves nothing later: the process may pause after this call.
+    /// The fence to put on requests, if the lease is still held now. The fence shares
+    /// this lease's state: [`FencedHttp::send`](crate::client::FencedHttp::send) refuses it
+    /// once the lease is lost. That is a courtesy, not the safety: the process may pause
+    /// between that check and the request, and only the proxy's fence stops it then.
     pub fn fence(&self) -> Result<Fence, LeaseLost> {
         self.deadline().ok_or(LeaseLost)?;
         Ok(Fence {
             scope: self.scope.clone(),
             token: self.token,
+            lease: Some(self.clone()),
         })
     }
 
