@@ -187,15 +187,79 @@ async fn lock_delay_holds_a_scope_after_an_expiry() {
     running.shutdown().await;
 }
 
+/// A waiting acquire takes no lease while the scope is busy: it reads the lock key and
+/// watches it, and is granted as soon as the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_watches_instead_of_taking_leases() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = authority(&cluster.endpoints(), dir.path(), "0s").await;
+    let authority =
+        AuthorityClient::new(&format!("http://{}", running.authority_addr.unwrap())).unwrap();
+    let a = acquire_for(&authority, "a", Duration::from_secs(25)).await;
+    let grants = || cluster.metric("grpc_server_started_total", "grpc_method=\"LeaseGrant\"");
+
+    // Busy for the whole wait (a holds it far longer): no lease is granted meanwhile.
+    let before = grants().await;
+    let waited = authority
+        .acquire(
+            "s",
+            "b",
+            Duration::from_secs(5),
+            Duration::from_millis(1500),
+        )
+        .await;
+    assert!(
+        matches!(waited, Err(AcquireError::Busy { ref holder, .. }) if holder.as_deref() == Some("a")),
+        "{waited:?}"
+    );
+    assert_eq!(grants().await - before, 0.0, "leases granted while busy");
+
+    // A waiter parked on the lock key's watch is granted at the release, long before a's
+    // lease would have run out.
+    let waiting = {
+        let authority = authority.clone();
+        tokio::spawn(async move {
+            authority
+                .acquire("s", "c", Duration::from_secs(5), BOUND)
+                .await
+        })
+    };
+    tokio::time::timeout(BOUND, async {
+        while cluster
+            .metric("etcd_debugging_mvcc_watcher_total", "")
+            .await
+            < 1.0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the waiter watches the lock key");
+    authority.release(&a).await.unwrap();
+    let c = tokio::time::timeout(BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("granted at the release");
+    assert!(c.token() > a.token());
+    running.shutdown().await;
+}
+
 /// Acquires scope `s`, retrying (within the test bound) while the authority answers 503:
 /// a fresh cluster on a loaded machine may re-elect its leader right after start-up.
 async fn acquire_when_up(authority: &AuthorityClient, holder: &str) -> fencegate::client::Lease {
+    acquire_for(authority, holder, Duration::from_secs(1)).await
+}
+
+async fn acquire_for(
+    authority: &AuthorityClient,
+    holder: &str,
+    ttl: Duration,
+) -> fencegate::client::Lease {
     let started = Instant::now();
     loop {
-        match authority
-            .acquire("s", holder, Duration::from_secs(1), Duration::ZERO)
-            .await
-        {
+        match authority.acquire("s", holder, ttl, Duration::ZERO).await {
             Ok(lease) => return lease,
             Err(AcquireError::Unavailable { .. }) if started.elapsed() < BOUND => {
                 tokio::time::sleep(Duration::from_millis(100)).await;

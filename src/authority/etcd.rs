@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -22,9 +23,15 @@ use crate::token::Token;
 
 const LOCKS: &str = "/fencegate/locks/";
 const DELAYS: &str = "/fencegate/delay/";
-/// How often a waiting acquire looks again (bounded by the holder's remaining ttl).
+/// The shortest `retry_after` a busy answer gives.
 const POLL: Duration = Duration::from_millis(50);
 const RETRY: Duration = Duration::from_secs(1);
+/// A waiting acquire watches the key that keeps its scope busy, and reads again when it
+/// changes; it reads again after this long in any case (a watch that went quiet, a member
+/// that lost its leader), so a wait costs at most a read a second, not leases.
+const RECHECK: Duration = Duration::from_secs(1);
+/// A waiting acquire tries again this soon after etcd could not answer.
+const RETRY_WAITING: Duration = Duration::from_millis(250);
 
 #[derive(Debug, thiserror::Error)]
 #[error("etcd: {0}")]
@@ -33,6 +40,21 @@ pub struct EtcdError(String);
 pub struct Etcd {
     client: Client,
     lock_delay: Duration,
+}
+
+/// What a read of a scope's keys found.
+enum Look {
+    Free,
+    Busy(Busy),
+}
+
+/// A scope seen busy: the key in the way (the lock key, or only the lock_delay key), the
+/// revision it was seen at, and the lock's holder and lease (0: only the delay is left).
+struct Busy {
+    key: String,
+    revision: i64,
+    holder: Option<String>,
+    lease: i64,
 }
 
 /// What the lock key holds besides its lease: who, and the lock_delay lease (0: none).
@@ -98,22 +120,131 @@ impl Etcd {
         })
     }
 
-    pub async fn acquire(&self, req: &AcquireRequest, stop: watch::Receiver<bool>) -> Outcome {
+    /// Acquires, waiting up to `req.wait` for a busy scope (but not past `stop`). Each try
+    /// reads the scope's keys first: leases are granted, and the transaction run, only
+    /// when it looks free (the transaction still decides). While it is busy the wait
+    /// watches the key in the way, so a release or an expiry is seen as it happens.
+    pub async fn acquire(&self, req: &AcquireRequest, mut stop: watch::Receiver<bool>) -> Outcome {
         let until = Instant::now() + req.wait;
         loop {
-            let outcome = self.try_acquire(req).await;
-            let retry_after = match &outcome {
-                Outcome::Busy { retry_after, .. } | Outcome::Unavailable { retry_after, .. } => {
-                    *retry_after
+            let busy = match self.look(&req.scope).await {
+                Ok(Look::Free) => match self.try_acquire(req).await {
+                    // Taken between the look and the transaction: look again.
+                    Outcome::Busy { .. } if Instant::now() < until && !*stop.borrow() => {
+                        continue;
+                    }
+                    outcome => return outcome,
+                },
+                Ok(Look::Busy(busy)) => busy,
+                Err(e) => {
+                    let outcome = unavailable(e);
+                    let now = Instant::now();
+                    if now >= until || *stop.borrow() {
+                        return outcome;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep_until((now + RETRY_WAITING).min(until)) => {}
+                        _ = stop.changed() => return outcome,
+                    }
+                    continue;
                 }
-                _ => return outcome,
             };
             let now = Instant::now();
             if now >= until || *stop.borrow() {
-                return outcome;
+                return self.busy(busy).await;
             }
-            let wake = (now + retry_after.min(POLL)).min(until);
-            tokio::time::sleep_until(wake).await;
+            tokio::select! {
+                _ = self.changed(&busy, (now + RECHECK).min(until)) => {}
+                _ = stop.changed() => return self.busy(busy).await,
+            }
+        }
+    }
+
+    /// One read of the scope's lock and lock_delay keys.
+    async fn look(&self, scope: &str) -> Result<Look, etcd_client::Error> {
+        let (key, delay) = (lock_key(scope), delay_key(scope));
+        let mut c = self.client.clone();
+        let resp = c
+            .txn(Txn::new().and_then([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(delay.as_str(), None),
+            ]))
+            .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut lock = None;
+        let mut delayed = false;
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(g) = op
+                && let Some(kv) = g.kvs().first()
+            {
+                if kv.key() == key.as_bytes() {
+                    let holder = serde_json::from_slice::<Holding>(kv.value())
+                        .ok()
+                        .map(|h| h.holder);
+                    lock = Some((kv.lease(), holder));
+                } else if kv.key() == delay.as_bytes() {
+                    delayed = true;
+                }
+            }
+        }
+        Ok(match (lock, delayed) {
+            (Some((lease, holder)), _) => Look::Busy(Busy {
+                key,
+                revision,
+                holder,
+                lease,
+            }),
+            // Only the lock_delay key is left: an expiry happened recently.
+            (None, true) => Look::Busy(Busy {
+                key: delay,
+                revision,
+                holder: None,
+                lease: 0,
+            }),
+            (None, false) => Look::Free,
+        })
+    }
+
+    /// The answer for a scope seen busy.
+    async fn busy(&self, busy: Busy) -> Outcome {
+        let retry_after = if busy.lease == 0 {
+            self.lock_delay.max(POLL)
+        } else {
+            self.remaining(busy.lease).await.unwrap_or(RETRY).max(POLL)
+        };
+        Outcome::Busy {
+            holder: busy.holder,
+            retry_after,
+        }
+    }
+
+    /// Resolves when `busy.key` changes after the read that saw it (a release, an expiry,
+    /// a new holder), or at `by`, whichever comes first.
+    async fn changed(&self, busy: &Busy, by: Instant) {
+        let mut c = self.client.clone();
+        let options = WatchOptions::new().with_start_revision(busy.revision.saturating_add(1));
+        let watch = async {
+            let mut stream = c.watch(busy.key.as_str(), Some(options)).await?;
+            while let Some(resp) = stream.message().await? {
+                if !resp.events().is_empty() {
+                    return Ok(true);
+                }
+                if resp.canceled() {
+                    break;
+                }
+            }
+            Ok::<bool, etcd_client::Error>(false)
+        };
+        let changed = tokio::select! {
+            changed = watch => changed,
+            _ = tokio::time::sleep_until(by) => return,
+        };
+        // A watch that fails or ends without an event is no reason to read again at once.
+        if !matches!(changed, Ok(true)) {
+            if let Err(e) = changed {
+                tracing::debug!(key = %busy.key, error = %e, "etcd watch failed; reading again later");
+            }
+            tokio::time::sleep_until(by).await;
         }
     }
 
