@@ -66,7 +66,7 @@ pub enum Command {
 #[derive(Subcommand, Debug)]
 pub enum AuthorityCommand {
     /// Start a new token epoch: every later token compares above every earlier one
-    /// (use after restoring an old copy of the store).
+    /// (use after restoring an old copy of the store, or an etcd cluster from a snapshot).
     BumpEpoch {
         #[arg(long)]
         config: PathBuf,

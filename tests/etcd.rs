@@ -23,6 +23,10 @@ async fn authority(
     dir: &std::path::Path,
     lock_delay: &str,
 ) -> fencegate::server::Running {
+    support::start(authority_config(endpoints, dir, lock_delay)).await
+}
+
+fn authority_config(endpoints: &[String], dir: &std::path::Path, lock_delay: &str) -> Config {
     let list = endpoints
         .iter()
         .map(|e| format!("\"{e}\""))
@@ -44,7 +48,7 @@ max_ttl = "30s"
 lock_delay = "{lock_delay}"
 "#
     );
-    support::start(Config::parse(&text, dir).expect("config")).await
+    Config::parse(&text, dir).expect("config")
 }
 
 async fn post(c: &Client, path: &str, body: &str) -> support::Resp {
@@ -243,6 +247,53 @@ async fn a_waiting_acquire_watches_instead_of_taking_leases() {
         .unwrap()
         .expect("granted at the release");
     assert!(c.token() > a.token());
+    running.shutdown().await;
+}
+
+/// `bump-epoch` on the etcd backend: every later token carries the new epoch and so
+/// outranks every earlier one, whatever its revision (after a restore from a snapshot,
+/// revisions count again from the snapshot's); leases of either epoch renew and release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bump_epoch_makes_later_tokens_outrank_earlier_ones() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = authority_config(&cluster.endpoints(), dir.path(), "0s");
+    let running = support::start(config.clone()).await;
+    let authority =
+        AuthorityClient::new(&format!("http://{}", running.authority_addr.unwrap())).unwrap();
+    let bump = |config: Config| async move {
+        tokio::task::spawn_blocking(move || fencegate::authority::bump_epoch(&config))
+            .await
+            .unwrap()
+            .expect("bump-epoch")
+    };
+    let ttl = Duration::from_secs(10);
+    let before = acquire_for(&authority, "a", ttl).await;
+    assert_eq!(before.token().epoch, 0, "no epoch key yet: epoch 0");
+
+    let epoch = bump(config.clone()).await;
+    assert!(epoch > 0);
+    let after = authority
+        .acquire("t", "b", ttl, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(after.token().epoch, epoch);
+    assert!(after.token() > before.token());
+    let info = authority.status("t").await.unwrap();
+    assert_eq!(info.token, Some(after.token()));
+    authority.renew(&after, ttl).await.expect("renews");
+    authority.renew(&before, ttl).await.expect("renews");
+    authority.release(&after).await.expect("releases");
+    authority.release(&before).await.expect("releases");
+
+    let again = bump(config).await;
+    assert!(again > epoch);
+    let later = authority
+        .acquire("s", "c", ttl, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(later.token().epoch, again);
+    assert!(later.token() > after.token());
     running.shutdown().await;
 }
 
