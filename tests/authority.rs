@@ -269,6 +269,34 @@ async fn slow_and_silent_clients_are_cut_off_and_connections_capped() {
     running.shutdown().await;
 }
 
+/// A request body must arrive within `header_read_timeout` of its head: a client that
+/// announces a body and sends less (or nothing) gets 408 and its connection is closed.
+#[tokio::test]
+async fn a_body_that_never_arrives_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = authority_text("10s", "0s", 0, 0, 0)
+        .replace("[server]\n", "[server]\nheader_read_timeout = \"1s\"\n");
+    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
+    let addr = running.authority_addr.expect("authority address");
+    let head = "POST /v1/locks/acquire HTTP/1.1\r\nHost: a\r\n\
+                Content-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+    for sent in [head.to_string(), format!("{head}{{\"scope\":")] {
+        let (status, text) = support::raw(addr, sent.as_bytes()).await;
+        assert_eq!(status, 408, "{text}");
+        assert!(text.contains("request_timeout"), "{text}");
+    }
+    // A whole body is answered as before.
+    let c = Client::new(addr);
+    let r = post(
+        &c,
+        "/v1/locks/acquire",
+        r#"{"scope":"s","holder":"a","ttl_ms":1000}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    running.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_waiting_acquire_is_granted_when_the_holder_releases() {
     let dir = tempfile::tempdir().unwrap();
