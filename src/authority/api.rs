@@ -28,8 +28,6 @@ use crate::token::Token;
 const MAX_BODY: usize = 16 * 1024;
 /// Scopes and holders are names, not payloads.
 const MAX_NAME: usize = 1024;
-/// How long shutdown waits for in-flight calls (waiting acquires answer at once on stop).
-const GRACE: Duration = Duration::from_secs(10);
 
 /// Bounds on the authority's clients, from `[server]`.
 pub(super) struct Limits {
@@ -38,9 +36,13 @@ pub(super) struct Limits {
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
     pub connections: Arc<ConnLimits>,
+    /// How long shutdown waits for in-flight calls (waiting acquires answer at once on
+    /// stop) before closing their connections.
+    pub shutdown_timeout: Duration,
 }
 
-/// The accept loop; on stop, closes the listener and lets in-flight calls finish.
+/// The accept loop; on stop, closes the listener and lets in-flight calls finish, for at
+/// most `shutdown_timeout`.
 pub(super) async fn serve(
     listener: TcpListener,
     engine: Arc<Engine>,
@@ -63,6 +65,8 @@ pub(super) async fn serve(
         .max_pending_accept_reset_streams(Some(64))
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(Duration::from_secs(20));
+    // The connections' tasks, so those still running when the grace is over can be ended.
+    let mut connections = tokio::task::JoinSet::new();
     let body_timeout = limits.header_read_timeout;
     loop {
         let (stream, peer) = tokio::select! {
@@ -74,6 +78,7 @@ pub(super) async fn serve(
                     continue;
                 }
             },
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             _ = stop.changed() => break,
         };
         let Some(slot) = limits.connections.admit(peer.ip()) else {
@@ -94,7 +99,7 @@ pub(super) async fn serve(
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned(),
         );
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "authority connection ended with an error");
@@ -102,7 +107,18 @@ pub(super) async fn serve(
         });
     }
     drop(listener);
-    let _ = tokio::time::timeout(GRACE, graceful.shutdown()).await;
+    let grace = limits.shutdown_timeout;
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "authority shutdown grace period over; closing remaining connections"
+        );
+    }
+    // Ends what is left, and waits until it has let go of the engine (and the store).
+    connections.shutdown().await;
 }
 
 #[derive(Deserialize)]

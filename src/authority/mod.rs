@@ -294,7 +294,8 @@ pub async fn serve(
     });
     tracing::info!(%addr, backend = ?config.backend, "lease authority listening");
     let max_ttl = config.max_ttl;
-    // The proxy listener's head limits and connection bounds (a bound of its own).
+    // The proxy listener's head limits, connection bounds (a bound of its own) and
+    // shutdown grace.
     let limits = api::Limits {
         header_read_timeout: server.header_read_timeout,
         max_header_bytes: server.max_header_bytes,
@@ -302,6 +303,7 @@ pub async fn serve(
             server.max_connections,
             server.max_connections_per_ip,
         ),
+        shutdown_timeout: server.shutdown_timeout,
     };
     // One handle for both tasks: when it resolves, nothing of the authority holds the
     // store any more.
