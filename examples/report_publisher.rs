@@ -62,6 +62,10 @@ async fn publish(
     }
     println!("  token {} wrote {object}", lease.token());
     pause.await;
+    // `send` refuses a fence whose lease is lost by now, but a real pause can strike just
+    // after that check, with the request about to leave: the pointer goes out with the bare
+    // token, as it would then, and it is the proxy that must refuse it.
+    let fence = fencegate::client::Fence::new(fence.scope.clone(), fence.token);
     match http
         .put(&fence, &format!("/reports/{MONTH}/current"), object.clone())
         .await?

@@ -66,7 +66,7 @@ pub enum Command {
 #[derive(Subcommand, Debug)]
 pub enum AuthorityCommand {
     /// Start a new token epoch: every later token compares above every earlier one
-    /// (use after restoring an old copy of the store).
+    /// (use after restoring an old copy of the store, or an etcd cluster from a snapshot).
     BumpEpoch {
         #[arg(long)]
         config: PathBuf,
@@ -261,19 +261,22 @@ fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
             prefix,
             limit,
         } => {
+            // The same in both modes: from the file, and from a running server.
+            if limit == 0 {
+                return Err(fail("--limit must be at least 1"));
+            }
             let list = match source(load(&config)?)? {
                 Source::File(reader) => reader.list(&prefix, None, limit).map_err(fail)?,
-                Source::Server(c) => {
+                Source::Server(c) => paged(limit, |after, page| {
+                    let after = after
+                        .map(|a| format!("&after={}", enc(a)))
+                        .unwrap_or_default();
                     let text = admin_get(
                         &c,
-                        &format!(
-                            "/v1/scopes?prefix={}&limit={}",
-                            enc(&prefix),
-                            limit.clamp(1, 10_000)
-                        ),
+                        &format!("/v1/scopes?prefix={}&limit={page}{after}", enc(&prefix)),
                     )?;
                     let v: serde_json::Value = serde_json::from_str(&text).map_err(fail)?;
-                    v["scopes"]
+                    let marks = v["scopes"]
                         .as_array()
                         .into_iter()
                         .flatten()
@@ -282,8 +285,9 @@ fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
                             let token = m["highest_accepted"].as_str()?.parse().ok()?;
                             Some((scope, token))
                         })
-                        .collect()
-                }
+                        .collect();
+                    Ok((marks, v["next_after"].as_str().map(str::to_string)))
+                })?,
             };
             for (scope, token) in &list {
                 println!("{token}\t{scope}");
@@ -311,6 +315,34 @@ fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
             }
         }
     }
+}
+
+/// The most marks the admin API answers at once (`GET /v1/scopes?limit=`, 1..=10000).
+const ADMIN_PAGE: usize = 10_000;
+
+/// Marks in scope order, up to `limit`, from pages of at most [`ADMIN_PAGE`]: `page` is
+/// asked for the marks after a scope (None: from the start) and answers them with the
+/// scope to continue after (None: there are no more).
+fn paged(
+    limit: usize,
+    mut page: impl FnMut(
+        Option<&str>,
+        usize,
+    ) -> Result<(Vec<(String, Token)>, Option<String>), ExitCode>,
+) -> Result<Vec<(String, Token)>, ExitCode> {
+    let mut list = Vec::new();
+    let mut after = None;
+    while list.len() < limit {
+        let want = (limit - list.len()).min(ADMIN_PAGE);
+        let (marks, next) = page(after.as_deref(), want)?;
+        let empty = marks.is_empty();
+        list.extend(marks.into_iter().take(want));
+        match next {
+            Some(next) if !empty => after = Some(next),
+            _ => break,
+        }
+    }
+    Ok(list)
 }
 
 fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
@@ -444,4 +476,41 @@ fn restore(config: &Config, input: &Path) -> Result<ExitCode, ExitCode> {
         config.store.path.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A running server answers at most 10,000 marks at once: a larger `--limit` is
+    /// fetched in pages, so it lists as many as the store file would.
+    #[test]
+    fn limits_above_a_page_are_fetched_in_pages() {
+        let store: Vec<(String, Token)> = (0..25_000u64)
+            .map(|i| (format!("s/{i:06}"), Token::new(0, i + 1)))
+            .collect();
+        let mut asked = Vec::new();
+        let mut server = |after: Option<&str>, limit: usize| {
+            assert!((1..=ADMIN_PAGE).contains(&limit), "limit={limit}");
+            asked.push(limit);
+            let from = after.map_or(0, |a| store.partition_point(|(s, _)| s.as_str() <= a));
+            let marks: Vec<_> = store[from..].iter().take(limit).cloned().collect();
+            let next = (marks.len() == limit)
+                .then(|| marks.last().map(|m| m.0.clone()))
+                .flatten();
+            Ok((marks, next))
+        };
+        let list = paged(12_345, &mut server).unwrap();
+        assert_eq!(list.len(), 12_345);
+        assert_eq!(list[..], store[..12_345]);
+        let list = paged(50_000, &mut server).unwrap();
+        assert_eq!(list, store);
+        let list = paged(7, &mut server).unwrap();
+        assert_eq!(list[..], store[..7]);
+        assert_eq!(
+            asked,
+            [10_000, 2_345, 10_000, 10_000, 10_000, 7],
+            "pages asked for"
+        );
+    }
 }

@@ -646,12 +646,30 @@ impl Config {
                 &mut errors,
             ),
         };
-        let authority = table
-            .remove("authority")
-            .and_then(|v| crate::authority::AuthorityConfig::parse(v, &mut errors.0));
+        let raw_authority = table.remove("authority");
+        let has_authority = raw_authority.is_some();
+        let authority =
+            raw_authority.and_then(|v| crate::authority::AuthorityConfig::parse(v, &mut errors.0));
+        if let Some(a) = &authority {
+            for (other, key) in [
+                (server.listen, "server.listen"),
+                (admin.listen, "admin.listen"),
+            ] {
+                if overlaps(a.listen, other) {
+                    errors.push(
+                        "authority.listen",
+                        format!(
+                            "{} is also {key} ({other}): the authority needs a listener of its own",
+                            a.listen
+                        ),
+                    );
+                }
+            }
+        }
         let raw_routes = array(table.remove("route"), "route", &mut errors);
         // An authority-only process needs no routes; a proxy without routes is a mistake.
-        if raw_routes.is_empty() && authority.is_none() {
+        // (An [authority] table with errors has its own; it is no reason to ask for routes.)
+        if raw_routes.is_empty() && !has_authority {
             errors.push("route", "no routes: every request would get 404 no_route");
         }
         let mut routes: Vec<Route> = Vec::new();
@@ -718,6 +736,20 @@ impl Config {
             self.admin.listen,
             self.store.path.display()
         );
+        if let Some(a) = &self.authority {
+            let backend = match &a.backend {
+                crate::authority::Backend::Local => "local".to_string(),
+                crate::authority::Backend::Etcd { endpoints } => {
+                    format!("etcd ({})", endpoints.join(", "))
+                }
+            };
+            out.push_str(&format!(
+                "authority {} · backend {backend} · max_ttl {} · lock_delay {}\n",
+                a.listen,
+                humantime::format_duration(a.max_ttl),
+                humantime::format_duration(a.lock_delay),
+            ));
+        }
         for u in &self.upstreams {
             out.push_str(&format!(
                 "upstream {:<12} {} (timeout {:?}){}\n",
@@ -763,6 +795,14 @@ impl Config {
         }
         out
     }
+}
+
+/// Would two listeners on these addresses collide at bind (the same port on the same
+/// address, or on a wildcard address)? Port 0 (any free port) never collides.
+fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 fn array(value: Option<toml::Value>, path: &str, errors: &mut Errors) -> Vec<toml::Value> {
@@ -1110,6 +1150,61 @@ colour = "red"
         let text = format!("{GOOD}\n[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"t\"\n");
         let c = Config::parse(&text, dir.path()).unwrap();
         assert_eq!(c.admin.token.as_deref(), Some("secret"));
+    }
+
+    #[test]
+    fn the_authority_listens_apart() {
+        for listen in ["127.0.0.1:8080", "127.0.0.1:9090", "0.0.0.0:8080"] {
+            let text = format!("{GOOD}\n[authority]\nlisten = \"{listen}\"\n");
+            let errs = errors_at(&text, &["authority.listen"]);
+            assert!(errs[0].message.contains("of its own"), "{errs:?}");
+        }
+        // Any free port (0) is no collision; another port is none either.
+        let ports = GOOD.replace("127.0.0.1:8080", "127.0.0.1:0")
+            + "\n[admin]\nlisten = \"127.0.0.1:0\"\n[authority]\nlisten = \"127.0.0.1:0\"\n";
+        Config::parse(&ports, Path::new(".")).expect("port 0 everywhere");
+        let other = format!("{GOOD}\n[authority]\nlisten = \"127.0.0.1:7070\"\n");
+        Config::parse(&other, Path::new(".")).expect("another port");
+    }
+
+    /// An authority-only file whose [authority] table has an error reports that error,
+    /// not also a missing route.
+    #[test]
+    fn a_bad_authority_table_is_not_also_a_missing_route() {
+        let text = "[store]\npath = \"x.redb\"\n[authority]\nbackend = \"zookeeper\"\n";
+        let errs = errors_at(text, &["authority.backend"]);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        let text = "[store]\npath = \"x.redb\"\n[authority]\ncolour = \"red\"\n";
+        let errs = errors_at(text, &["authority"]);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        // Without [authority], no routes is an error.
+        errors_at("[store]\npath = \"x.redb\"\n", &["route"]);
+    }
+
+    #[test]
+    fn describe_shows_the_authority() {
+        let c = Config::parse(GOOD, Path::new(".")).unwrap();
+        assert!(!c.describe().contains("authority"));
+        let text = format!(
+            "{GOOD}\n[authority]\nlisten = \"127.0.0.1:7070\"\nbackend = \"etcd\"\n\
+             etcd_endpoints = [\"http://10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\nlock_delay = \"2s\"\n"
+        );
+        let c = Config::parse(&text, Path::new(".")).unwrap();
+        assert!(
+            c.describe().contains(
+                "authority 127.0.0.1:7070 · backend etcd (http://10.0.0.1:2379, http://10.0.0.2:2379) · max_ttl 1m · lock_delay 2s\n"
+            ),
+            "{}",
+            c.describe()
+        );
+        let text = format!("{GOOD}\n[authority]\n");
+        let c = Config::parse(&text, Path::new(".")).unwrap();
+        assert!(
+            c.describe()
+                .contains("authority 127.0.0.1:7070 · backend local"),
+            "{}",
+            c.describe()
+        );
     }
 
     #[test]

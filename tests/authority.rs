@@ -269,6 +269,76 @@ async fn slow_and_silent_clients_are_cut_off_and_connections_capped() {
     running.shutdown().await;
 }
 
+/// A request body must arrive within `header_read_timeout` of its head: a client that
+/// announces a body and sends less (or nothing) gets 408 and its connection is closed.
+#[tokio::test]
+async fn a_body_that_never_arrives_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = authority_text("10s", "0s", 0, 0, 0)
+        .replace("[server]\n", "[server]\nheader_read_timeout = \"1s\"\n");
+    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
+    let addr = running.authority_addr.expect("authority address");
+    let head = "POST /v1/locks/acquire HTTP/1.1\r\nHost: a\r\n\
+                Content-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+    for sent in [head.to_string(), format!("{head}{{\"scope\":")] {
+        let (status, text) = support::raw(addr, sent.as_bytes()).await;
+        assert_eq!(status, 408, "{text}");
+        assert!(text.contains("request_timeout"), "{text}");
+    }
+    // A whole body is answered as before.
+    let c = Client::new(addr);
+    let r = post(
+        &c,
+        "/v1/locks/acquire",
+        r#"{"scope":"s","holder":"a","ttl_ms":1000}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    running.shutdown().await;
+}
+
+/// Shutdown waits for in-flight calls for `server.shutdown_timeout`, then closes their
+/// connections: a call stuck reading its body does not hold the process.
+#[tokio::test]
+async fn shutdown_ends_calls_still_running_after_shutdown_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    // The body may take a minute; shutdown grants in-flight calls one second.
+    let text = authority_text("10s", "0s", 0, 0, 0).replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"60s\"\nshutdown_timeout = \"1s\"\n",
+    );
+    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
+    let addr = running.authority_addr.expect("authority address");
+    let mut stuck = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stuck
+        .write_all(
+            b"POST /v1/locks/renew HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\
+              Expect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    // hyper sends 100 Continue once the handler reads the body: the call is in flight.
+    let mut continued = [0u8; 25];
+    tokio::time::timeout(BOUND, stuck.read_exact(&mut continued))
+        .await
+        .expect("100 Continue")
+        .unwrap();
+    assert_eq!(&continued, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stuck.write_all(b"{").await.unwrap();
+    // Well under the 10 s the listener used to wait whatever the configuration said.
+    tokio::time::timeout(Duration::from_secs(8), running.shutdown())
+        .await
+        .expect("shutdown within shutdown_timeout (and some slack)");
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(BOUND, stuck.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(_)) | Ok(Err(_))),
+        "the stuck connection is closed: {closed:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_waiting_acquire_is_granted_when_the_holder_releases() {
     let dir = tempfile::tempdir().unwrap();

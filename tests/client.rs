@@ -246,8 +246,15 @@ async fn fenced_requests_have_typed_results() {
         http.get(&fence, "/reports/july/final").await.unwrap(),
         FenceResult::Applied { .. }
     ));
+    // The old fence's lease is released: the client refuses it without sending.
+    assert!(matches!(
+        http.put(&old_fence, "/reports/july/final", "stale").await,
+        Err(FencedError::LeaseLost)
+    ));
+    // Sent anyway (a process that paused past that check), the proxy refuses it.
+    let paused = fencegate::client::Fence::new(old_fence.scope.clone(), old_fence.token);
     match http
-        .put(&old_fence, "/reports/july/final", "stale")
+        .put(&paused, "/reports/july/final", "stale")
         .await
         .unwrap()
     {
@@ -272,10 +279,7 @@ async fn fenced_requests_have_typed_results() {
     assert!(matches!(r, FenceResult::Unknown { .. }), "{r:?}");
     double.release("slow");
     // A client mistake is an error, not a result: the token's scope is another one.
-    let elsewhere = fencegate::client::Fence {
-        scope: "report/june".into(),
-        token: new.token(),
-    };
+    let elsewhere = fencegate::client::Fence::new("report/june", new.token());
     assert!(matches!(
         http.put(&elsewhere, "/reports/july/final", "x").await,
         Err(FencedError::Refused { status: 409, ref result, .. }) if result == "scope_mismatch"
@@ -285,10 +289,7 @@ async fn fenced_requests_have_typed_results() {
         Err(FencedError::Refused { status: 404, .. })
     ));
     // An unfenced route answers without Fencing-Result: nothing protected the request.
-    let public = fencegate::client::Fence {
-        scope: "-".into(),
-        token: new.token(),
-    };
+    let public = fencegate::client::Fence::new("-", new.token());
     assert!(matches!(
         http.put(&public, "/public/x", "x").await,
         Err(FencedError::NotFenced { status: 200 })

@@ -23,6 +23,10 @@ async fn authority(
     dir: &std::path::Path,
     lock_delay: &str,
 ) -> fencegate::server::Running {
+    support::start(authority_config(endpoints, dir, lock_delay)).await
+}
+
+fn authority_config(endpoints: &[String], dir: &std::path::Path, lock_delay: &str) -> Config {
     let list = endpoints
         .iter()
         .map(|e| format!("\"{e}\""))
@@ -44,7 +48,7 @@ max_ttl = "30s"
 lock_delay = "{lock_delay}"
 "#
     );
-    support::start(Config::parse(&text, dir).expect("config")).await
+    Config::parse(&text, dir).expect("config")
 }
 
 async fn post(c: &Client, path: &str, body: &str) -> support::Resp {
@@ -187,15 +191,126 @@ async fn lock_delay_holds_a_scope_after_an_expiry() {
     running.shutdown().await;
 }
 
+/// A waiting acquire takes no lease while the scope is busy: it reads the lock key and
+/// watches it, and is granted as soon as the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_watches_instead_of_taking_leases() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = authority(&cluster.endpoints(), dir.path(), "0s").await;
+    let authority =
+        AuthorityClient::new(&format!("http://{}", running.authority_addr.unwrap())).unwrap();
+    let a = acquire_for(&authority, "a", Duration::from_secs(25)).await;
+    let grants = || cluster.metric("grpc_server_started_total", "grpc_method=\"LeaseGrant\"");
+
+    // Busy for the whole wait (a holds it far longer): no lease is granted meanwhile.
+    let before = grants().await;
+    let waited = authority
+        .acquire(
+            "s",
+            "b",
+            Duration::from_secs(5),
+            Duration::from_millis(1500),
+        )
+        .await;
+    assert!(
+        matches!(waited, Err(AcquireError::Busy { ref holder, .. }) if holder.as_deref() == Some("a")),
+        "{waited:?}"
+    );
+    assert_eq!(grants().await - before, 0.0, "leases granted while busy");
+
+    // A waiter parked on the lock key's watch is granted at the release, long before a's
+    // lease would have run out.
+    let waiting = {
+        let authority = authority.clone();
+        tokio::spawn(async move {
+            authority
+                .acquire("s", "c", Duration::from_secs(5), BOUND)
+                .await
+        })
+    };
+    tokio::time::timeout(BOUND, async {
+        while cluster
+            .metric("etcd_debugging_mvcc_watcher_total", "")
+            .await
+            < 1.0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the waiter watches the lock key");
+    authority.release(&a).await.unwrap();
+    let c = tokio::time::timeout(BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("granted at the release");
+    assert!(c.token() > a.token());
+    running.shutdown().await;
+}
+
+/// `bump-epoch` on the etcd backend: every later token carries the new epoch and so
+/// outranks every earlier one, whatever its revision (after a restore from a snapshot,
+/// revisions count again from the snapshot's); leases of either epoch renew and release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bump_epoch_makes_later_tokens_outrank_earlier_ones() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = authority_config(&cluster.endpoints(), dir.path(), "0s");
+    let running = support::start(config.clone()).await;
+    let authority =
+        AuthorityClient::new(&format!("http://{}", running.authority_addr.unwrap())).unwrap();
+    let bump = |config: Config| async move {
+        tokio::task::spawn_blocking(move || fencegate::authority::bump_epoch(&config))
+            .await
+            .unwrap()
+            .expect("bump-epoch")
+    };
+    let ttl = Duration::from_secs(10);
+    let before = acquire_for(&authority, "a", ttl).await;
+    assert_eq!(before.token().epoch, 0, "no epoch key yet: epoch 0");
+
+    let epoch = bump(config.clone()).await;
+    assert!(epoch > 0);
+    let after = authority
+        .acquire("t", "b", ttl, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(after.token().epoch, epoch);
+    assert!(after.token() > before.token());
+    let info = authority.status("t").await.unwrap();
+    assert_eq!(info.token, Some(after.token()));
+    authority.renew(&after, ttl).await.expect("renews");
+    authority.renew(&before, ttl).await.expect("renews");
+    authority.release(&after).await.expect("releases");
+    authority.release(&before).await.expect("releases");
+
+    let again = bump(config).await;
+    assert!(again > epoch);
+    let later = authority
+        .acquire("s", "c", ttl, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(later.token().epoch, again);
+    assert!(later.token() > after.token());
+    running.shutdown().await;
+}
+
 /// Acquires scope `s`, retrying (within the test bound) while the authority answers 503:
 /// a fresh cluster on a loaded machine may re-elect its leader right after start-up.
 async fn acquire_when_up(authority: &AuthorityClient, holder: &str) -> fencegate::client::Lease {
+    acquire_for(authority, holder, Duration::from_secs(1)).await
+}
+
+async fn acquire_for(
+    authority: &AuthorityClient,
+    holder: &str,
+    ttl: Duration,
+) -> fencegate::client::Lease {
     let started = Instant::now();
     loop {
-        match authority
-            .acquire("s", holder, Duration::from_secs(1), Duration::ZERO)
-            .await
-        {
+        match authority.acquire("s", holder, ttl, Duration::ZERO).await {
             Ok(lease) => return lease,
             Err(AcquireError::Unavailable { .. }) if started.elapsed() < BOUND => {
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -365,3 +365,45 @@ async fn backup_and_restore_merge_by_max() {
     let listed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(listed, "5\treport/a\n1:3\treport/b\n20\treport/c\n");
 }
+
+/// `marks list` answers the same from a running server and from the file: `--limit 0` is
+/// refused (exit 1) in both, and a limit lists as many marks either way.
+#[tokio::test]
+async fn marks_list_limits_are_the_same_online_and_offline() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = write_config(dir.path(), double.addr);
+    let mut proc = spawn(&config, p, a);
+    let client = Client::new(proc.proxy);
+    for report in ["a", "b", "c"] {
+        let r = client.put(&format!("/reports/{report}/x"), "7", "").await;
+        assert_eq!(r.status, 200);
+    }
+    let list = |limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .args(["marks", "list", "--limit", limit, "--config"])
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let check = |mode: &str| {
+        let out = list("0");
+        assert_eq!(out.status.code(), Some(1), "{mode}: --limit 0");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--limit must be at least 1"),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = list("2");
+        assert!(out.status.success(), "{mode}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "7\treport/a\n7\treport/b\n",
+            "{mode}"
+        );
+    };
+    check("online");
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    check("offline");
+}

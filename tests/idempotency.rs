@@ -474,10 +474,7 @@ async fn the_client_library_reports_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = support::start(support::config(double.addr, dir.path())).await;
     let http = FencedHttp::new(&format!("http://{}", proxy.proxy_addr)).unwrap();
-    let fence = Fence {
-        scope: "idem/lib".into(),
-        token: fencegate::token::Token::new(0, 4),
-    };
+    let fence = Fence::new("idem/lib", fencegate::token::Token::new(0, 4));
     let mut headers = HeaderMap::new();
     headers.insert("idempotency-key", HeaderValue::from_static("\"lib-1\""));
     let send = || {

@@ -225,19 +225,17 @@ impl Shared {
         for _ in 0..RETRIES {
             let (status, body) = match self.mode {
                 Mode::Direct => self.direct(http::Method::GET, Bytes::new()).await?,
-                Mode::Fenced => match self
-                    .fenced
-                    .get(&fence, OBJECT)
-                    .await
-                    .map_err(|e| e.to_string())?
-                {
-                    FenceResult::Applied { status, body, .. } => (status.as_u16(), body),
-                    FenceResult::StaleFence { .. } => return Ok(Read::Stale),
-                    FenceResult::Transient { .. } | FenceResult::Unknown { .. } => {
+                Mode::Fenced => match self.fenced.get(&fence, OBJECT).await {
+                    Ok(FenceResult::Applied { status, body, .. }) => (status.as_u16(), body),
+                    Ok(FenceResult::StaleFence { .. }) => return Ok(Read::Stale),
+                    // The lease ran out before the read went out (retries take time).
+                    Err(fencegate::client::FencedError::LeaseLost) => return Ok(Read::Stale),
+                    Ok(FenceResult::Transient { .. } | FenceResult::Unknown { .. }) => {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;
                     }
-                    FenceResult::Duplicate { .. } => return Err("unexpected duplicate".into()),
+                    Ok(FenceResult::Duplicate { .. }) => return Err("unexpected duplicate".into()),
+                    Err(e) => return Err(e.to_string()),
                 },
             };
             return match status {
@@ -250,11 +248,10 @@ impl Shared {
     }
 
     async fn write(&self, lease: &Lease, set: &BTreeSet<String>) -> Result<Write, String> {
-        // The fence was taken before the pause: a paused process acts on what it had.
-        let fence = fencegate::client::Fence {
-            scope: lease.scope().to_string(),
-            token: lease.token(),
-        };
+        // The fence was taken before the pause: a paused process acts on what it had, and
+        // a fence apart from the lease is not refused by the client once the lease is lost
+        // (the point here is what the proxy does with it).
+        let fence = fencegate::client::Fence::new(lease.scope(), lease.token());
         for _ in 0..RETRIES {
             let status = match self.mode {
                 Mode::Direct => self.direct(http::Method::PUT, render_set(set)).await?.0,

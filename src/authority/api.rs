@@ -28,18 +28,21 @@ use crate::token::Token;
 const MAX_BODY: usize = 16 * 1024;
 /// Scopes and holders are names, not payloads.
 const MAX_NAME: usize = 1024;
-/// How long shutdown waits for in-flight calls (waiting acquires answer at once on stop).
-const GRACE: Duration = Duration::from_secs(10);
 
 /// Bounds on the authority's clients, from `[server]`.
 pub(super) struct Limits {
-    /// A request head (and a new connection's first bytes) must arrive within this.
+    /// A request head (and a new connection's first bytes) must arrive within this, and
+    /// a request body within this once its head has.
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
     pub connections: Arc<ConnLimits>,
+    /// How long shutdown waits for in-flight calls (waiting acquires answer at once on
+    /// stop) before closing their connections.
+    pub shutdown_timeout: Duration,
 }
 
-/// The accept loop; on stop, closes the listener and lets in-flight calls finish.
+/// The accept loop; on stop, closes the listener and lets in-flight calls finish, for at
+/// most `shutdown_timeout`.
 pub(super) async fn serve(
     listener: TcpListener,
     engine: Arc<Engine>,
@@ -62,6 +65,9 @@ pub(super) async fn serve(
         .max_pending_accept_reset_streams(Some(64))
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(Duration::from_secs(20));
+    // The connections' tasks, so those still running when the grace is over can be ended.
+    let mut connections = tokio::task::JoinSet::new();
+    let body_timeout = limits.header_read_timeout;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -72,6 +78,7 @@ pub(super) async fn serve(
                     continue;
                 }
             },
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             _ = stop.changed() => break,
         };
         let Some(slot) = limits.connections.admit(peer.ip()) else {
@@ -85,14 +92,14 @@ pub(super) async fn serve(
         let svc = service_fn(move |req| {
             let engine = engine.clone();
             let stop = stop.clone();
-            async move { Ok::<_, Infallible>(handle(&engine, max_ttl, req, stop).await) }
+            async move { Ok::<_, Infallible>(handle(&engine, max_ttl, body_timeout, req, stop).await) }
         });
         let conn = graceful.watch(
             builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned(),
         );
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "authority connection ended with an error");
@@ -100,7 +107,18 @@ pub(super) async fn serve(
         });
     }
     drop(listener);
-    let _ = tokio::time::timeout(GRACE, graceful.shutdown()).await;
+    let grace = limits.shutdown_timeout;
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "authority shutdown grace period over; closing remaining connections"
+        );
+    }
+    // Ends what is left, and waits until it has let go of the engine (and the store).
+    connections.shutdown().await;
 }
 
 #[derive(Deserialize)]
@@ -127,10 +145,12 @@ struct BadRequest(String);
 pub(super) async fn handle(
     engine: &Engine,
     max_ttl: Duration,
+    body_timeout: Duration,
     req: Request<Incoming>,
     stop: watch::Receiver<bool>,
 ) -> Response<Body> {
     let path = req.uri().path().to_string();
+    let query = req.uri().query().map(str::to_string);
     let method = req.method().clone();
     let allowed = match path.as_str() {
         "/v1/locks/acquire" | "/v1/locks/renew" | "/v1/locks/release" => "POST",
@@ -155,8 +175,16 @@ pub(super) async fn handle(
             .insert(header::ALLOW, HeaderValue::from_static(allowed));
         return r;
     }
+    let body = if allowed == "POST" {
+        match read_body(req.into_body(), body_timeout).await {
+            Ok(body) => body,
+            Err(refused) => return refused,
+        }
+    } else {
+        Bytes::new()
+    };
     let result = match path.as_str() {
-        "/v1/locks" => match query_param(req.uri().query(), "scope") {
+        "/v1/locks" => match query_param(query.as_deref(), "scope") {
             Some(scope) if !scope.is_empty() => match engine.status(&scope).await {
                 Ok(status) => return status_json(&status),
                 Err(detail) => Ok(Outcome::Unavailable {
@@ -166,7 +194,7 @@ pub(super) async fn handle(
             },
             _ => Err(BadRequest("the query needs scope=S".into())),
         },
-        "/v1/locks/acquire" => match read_json::<RawAcquire>(req).await {
+        "/v1/locks/acquire" => match parse_json::<RawAcquire>(&body) {
             Ok(raw) => match acquire_request(raw, max_ttl) {
                 Ok(a) => {
                     let outcome = engine.acquire(&a, stop).await;
@@ -179,10 +207,7 @@ pub(super) async fn handle(
         },
         renew_or_release => {
             let renew = renew_or_release == "/v1/locks/renew";
-            match read_json::<RawLease>(req)
-                .await
-                .and_then(|raw| lease_call(raw, renew, max_ttl))
-            {
+            match parse_json::<RawLease>(&body).and_then(|raw| lease_call(raw, renew, max_ttl)) {
                 Ok((scope, lease_id, token, Some(ttl))) => {
                     Ok(engine.renew(&scope, &lease_id, token, ttl).await)
                 }
@@ -284,13 +309,37 @@ fn lease_call(
     Ok((scope, lease_id, token, ttl))
 }
 
-async fn read_json<T: for<'de> Deserialize<'de>>(req: Request<Incoming>) -> Result<T, BadRequest> {
-    let body = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|_| BadRequest(format!("body unreadable or above {MAX_BODY} bytes")))?
-        .to_bytes();
-    serde_json::from_slice(&body).map_err(|e| BadRequest(format!("malformed JSON: {e}")))
+/// Reads a request body whole, within `timeout` of its head (a client that announces a
+/// body and sends less must not hold its connection for good): else 408, and the
+/// connection is closed (the rest of the body is unread).
+async fn read_body(body: Incoming, timeout: Duration) -> Result<Bytes, Response<Body>> {
+    match tokio::time::timeout(timeout, Limited::new(body, MAX_BODY).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(_)) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("Bad request: body unreadable or above {MAX_BODY} bytes"),
+            json_map(),
+        )),
+        Err(_) => {
+            let mut r = problem(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                &format!(
+                    "The request body did not arrive within {} ms (header_read_timeout)",
+                    timeout.as_millis()
+                ),
+                json_map(),
+            );
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Err(r)
+        }
+    }
+}
+
+fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, BadRequest> {
+    serde_json::from_slice(body).map_err(|e| BadRequest(format!("malformed JSON: {e}")))
 }
 
 fn query_param(query: Option<&str>, name: &str) -> Option<String> {

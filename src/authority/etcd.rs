@@ -8,11 +8,18 @@
 //! when the lease runs out, etcd deletes the key. `lock_delay` is a second key on a second
 //! lease that outlives the first by `lock_delay`: an expiry leaves it behind for that long
 //! (no clocks compared), a release deletes both.
+//!
+//! Tokens are `epoch:revision`. The epoch is the key `/fencegate/epoch` (absent: 0), read
+//! with the scope's keys and compared unchanged in the granting transaction, so a grant
+//! carries the epoch in force when it was made; `bump-epoch` raises it. A cluster restored
+//! from a snapshot counts revisions from the snapshot again: after a bump, every later
+//! token still outranks every earlier one.
 
 use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -22,9 +29,16 @@ use crate::token::Token;
 
 const LOCKS: &str = "/fencegate/locks/";
 const DELAYS: &str = "/fencegate/delay/";
-/// How often a waiting acquire looks again (bounded by the holder's remaining ttl).
+const EPOCH: &str = "/fencegate/epoch";
+/// The shortest `retry_after` a busy answer gives.
 const POLL: Duration = Duration::from_millis(50);
 const RETRY: Duration = Duration::from_secs(1);
+/// A waiting acquire watches the key that keeps its scope busy, and reads again when it
+/// changes; it reads again after this long in any case (a watch that went quiet, a member
+/// that lost its leader), so a wait costs at most a read a second, not leases.
+const RECHECK: Duration = Duration::from_secs(1);
+/// A waiting acquire tries again this soon after etcd could not answer.
+const RETRY_WAITING: Duration = Duration::from_millis(250);
 
 #[derive(Debug, thiserror::Error)]
 #[error("etcd: {0}")]
@@ -35,9 +49,54 @@ pub struct Etcd {
     lock_delay: Duration,
 }
 
-/// What the lock key holds besides its lease: who, and the lock_delay lease (0: none).
+/// What a read of a scope's keys found.
+enum Look {
+    Free(Epoch),
+    Busy(Busy),
+}
+
+/// The epoch key as read: its value, and its mod revision for the grant to compare (0:
+/// the key is absent, epoch 0).
+#[derive(Debug, Clone, Copy)]
+struct Epoch {
+    value: u64,
+    mod_revision: i64,
+}
+
+impl Epoch {
+    fn of(kv: Option<&etcd_client::KeyValue>) -> Result<Epoch, String> {
+        let Some(kv) = kv else {
+            return Ok(Epoch {
+                value: 0,
+                mod_revision: 0,
+            });
+        };
+        let value = std::str::from_utf8(kv.value())
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| format!("{EPOCH} holds {:?}, not an epoch", kv.value()))?;
+        Ok(Epoch {
+            value,
+            mod_revision: kv.mod_revision(),
+        })
+    }
+}
+
+/// A scope seen busy: the key in the way (the lock key, or only the lock_delay key), the
+/// revision it was seen at, and the lock's holder and lease (0: only the delay is left).
+struct Busy {
+    key: String,
+    revision: i64,
+    holder: Option<String>,
+    lease: i64,
+}
+
+/// What the lock key holds besides its lease: who, the lock_delay lease (0: none), and
+/// the epoch of its token (absent in keys written before epochs: 0).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Holding {
+    #[serde(default)]
+    epoch: u64,
     holder: String,
     delay_lease: i64,
 }
@@ -55,8 +114,15 @@ fn seconds(d: Duration) -> i64 {
     i64::try_from(s.max(1)).unwrap_or(i64::MAX)
 }
 
-fn token_of(revision: i64) -> Option<Token> {
-    u64::try_from(revision).ok().map(|r| Token::new(0, r))
+/// Seconds of the lock_delay lease: the lock lease's own whole seconds plus the delay's, so
+/// the delay key outlives the lock key by at least `lock_delay`. (Rounding up the sum
+/// instead could swallow the delay: 10.6 s + 300 ms and 10.6 s both round to 11 s.)
+fn delay_lease_seconds(ttl: Duration, lock_delay: Duration) -> i64 {
+    seconds(ttl).saturating_add(seconds(lock_delay))
+}
+
+fn token_of(epoch: u64, revision: i64) -> Option<Token> {
+    u64::try_from(revision).ok().map(|r| Token::new(epoch, r))
 }
 
 /// etcd answers a keep-alive of a revoked or expired lease with this error (ErrLeaseNotFound).
@@ -91,26 +157,141 @@ impl Etcd {
         })
     }
 
-    pub async fn acquire(&self, req: &AcquireRequest, stop: watch::Receiver<bool>) -> Outcome {
+    /// Acquires, waiting up to `req.wait` for a busy scope (but not past `stop`). Each try
+    /// reads the scope's keys first: leases are granted, and the transaction run, only
+    /// when it looks free (the transaction still decides). While it is busy the wait
+    /// watches the key in the way, so a release or an expiry is seen as it happens.
+    pub async fn acquire(&self, req: &AcquireRequest, mut stop: watch::Receiver<bool>) -> Outcome {
         let until = Instant::now() + req.wait;
         loop {
-            let outcome = self.try_acquire(req).await;
-            let retry_after = match &outcome {
-                Outcome::Busy { retry_after, .. } | Outcome::Unavailable { retry_after, .. } => {
-                    *retry_after
+            let busy = match self.look(&req.scope).await {
+                Ok(Look::Free(epoch)) => match self.try_acquire(req, epoch).await {
+                    // Taken between the look and the transaction: look again.
+                    Outcome::Busy { .. } if Instant::now() < until && !*stop.borrow() => {
+                        continue;
+                    }
+                    outcome => return outcome,
+                },
+                Ok(Look::Busy(busy)) => busy,
+                Err(e) => {
+                    let outcome = unavailable(e);
+                    let now = Instant::now();
+                    if now >= until || *stop.borrow() {
+                        return outcome;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep_until((now + RETRY_WAITING).min(until)) => {}
+                        _ = stop.changed() => return outcome,
+                    }
+                    continue;
                 }
-                _ => return outcome,
             };
             let now = Instant::now();
             if now >= until || *stop.borrow() {
-                return outcome;
+                return self.busy(busy).await;
             }
-            let wake = (now + retry_after.min(POLL)).min(until);
-            tokio::time::sleep_until(wake).await;
+            tokio::select! {
+                _ = self.changed(&busy, (now + RECHECK).min(until)) => {}
+                _ = stop.changed() => return self.busy(busy).await,
+            }
         }
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Outcome {
+    /// One read of the scope's lock and lock_delay keys, and of the epoch.
+    async fn look(&self, scope: &str) -> Result<Look, String> {
+        let (key, delay) = (lock_key(scope), delay_key(scope));
+        let mut c = self.client.clone();
+        let resp = c
+            .txn(Txn::new().and_then([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(delay.as_str(), None),
+                TxnOp::get(EPOCH, None),
+            ]))
+            .await
+            .map_err(|e| e.to_string())?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut lock = None;
+        let mut delayed = false;
+        let mut epoch = Epoch::of(None)?;
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(g) = op
+                && let Some(kv) = g.kvs().first()
+            {
+                if kv.key() == EPOCH.as_bytes() {
+                    epoch = Epoch::of(Some(kv))?;
+                } else if kv.key() == key.as_bytes() {
+                    let holder = serde_json::from_slice::<Holding>(kv.value())
+                        .ok()
+                        .map(|h| h.holder);
+                    lock = Some((kv.lease(), holder));
+                } else if kv.key() == delay.as_bytes() {
+                    delayed = true;
+                }
+            }
+        }
+        Ok(match (lock, delayed) {
+            (Some((lease, holder)), _) => Look::Busy(Busy {
+                key,
+                revision,
+                holder,
+                lease,
+            }),
+            // Only the lock_delay key is left: an expiry happened recently.
+            (None, true) => Look::Busy(Busy {
+                key: delay,
+                revision,
+                holder: None,
+                lease: 0,
+            }),
+            (None, false) => Look::Free(epoch),
+        })
+    }
+
+    /// The answer for a scope seen busy.
+    async fn busy(&self, busy: Busy) -> Outcome {
+        let retry_after = if busy.lease == 0 {
+            self.lock_delay.max(POLL)
+        } else {
+            self.remaining(busy.lease).await.unwrap_or(RETRY).max(POLL)
+        };
+        Outcome::Busy {
+            holder: busy.holder,
+            retry_after,
+        }
+    }
+
+    /// Resolves when `busy.key` changes after the read that saw it (a release, an expiry,
+    /// a new holder), or at `by`, whichever comes first.
+    async fn changed(&self, busy: &Busy, by: Instant) {
+        let mut c = self.client.clone();
+        let options = WatchOptions::new().with_start_revision(busy.revision.saturating_add(1));
+        let watch = async {
+            let mut stream = c.watch(busy.key.as_str(), Some(options)).await?;
+            while let Some(resp) = stream.message().await? {
+                if !resp.events().is_empty() {
+                    return Ok(true);
+                }
+                if resp.canceled() {
+                    break;
+                }
+            }
+            Ok::<bool, etcd_client::Error>(false)
+        };
+        let changed = tokio::select! {
+            changed = watch => changed,
+            _ = tokio::time::sleep_until(by) => return,
+        };
+        // A watch that fails or ends without an event is no reason to read again at once.
+        if !matches!(changed, Ok(true)) {
+            if let Err(e) = changed {
+                tracing::debug!(key = %busy.key, error = %e, "etcd watch failed; reading again later");
+            }
+            tokio::time::sleep_until(by).await;
+        }
+    }
+
+    /// Grants the scope if it is free and the epoch is still `epoch`.
+    async fn try_acquire(&self, req: &AcquireRequest, epoch: Epoch) -> Outcome {
         let mut c = self.client.clone();
         let lease = match c.lease_grant(seconds(req.ttl), None).await {
             Ok(l) => l.id(),
@@ -120,7 +301,7 @@ impl Etcd {
             0
         } else {
             match c
-                .lease_grant(seconds(req.ttl + self.lock_delay), None)
+                .lease_grant(delay_lease_seconds(req.ttl, self.lock_delay), None)
                 .await
             {
                 Ok(l) => l.id(),
@@ -130,7 +311,11 @@ impl Etcd {
                 }
             }
         };
-        let value = serde_json::json!({"holder": req.holder, "delay_lease": delay_lease});
+        let value = serde_json::json!({
+            "holder": req.holder,
+            "delay_lease": delay_lease,
+            "epoch": epoch.value,
+        });
         let (key, delay) = (lock_key(&req.scope), delay_key(&req.scope));
         let mut puts = vec![TxnOp::put(
             key.as_str(),
@@ -148,6 +333,9 @@ impl Etcd {
             .when([
                 Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
                 Compare::create_revision(delay.as_str(), CompareOp::Equal, 0),
+                // A bump since the look fails the grant (it is tried again): a token never
+                // carries an epoch older than one already in force.
+                Compare::mod_revision(EPOCH, CompareOp::Equal, epoch.mod_revision),
             ])
             .and_then(puts)
             .or_else([
@@ -164,7 +352,10 @@ impl Etcd {
         };
         if resp.succeeded() {
             // One put in one transaction: the key's create revision is the header's.
-            let Some(token) = resp.header().and_then(|h| token_of(h.revision())) else {
+            let Some(token) = resp
+                .header()
+                .and_then(|h| token_of(epoch.value, h.revision()))
+            else {
                 self.revoke(&[lease, delay_lease]).await;
                 return unavailable("transaction answer without a revision");
             };
@@ -241,9 +432,9 @@ impl Etcd {
         let mut c = self.client.clone();
         let resp = c.get(lock_key(scope), None).await?;
         Ok(resp.kvs().first().and_then(|kv| {
-            (kv.lease() == lease && token_of(kv.create_revision()) == Some(token))
-                .then(|| serde_json::from_slice::<Holding>(kv.value()).ok())
-                .flatten()
+            let holding = serde_json::from_slice::<Holding>(kv.value()).ok()?;
+            (kv.lease() == lease && token_of(holding.epoch, kv.create_revision()) == Some(token))
+                .then_some(holding)
         }))
     }
 
@@ -294,9 +485,6 @@ impl Etcd {
         let Ok(revision) = i64::try_from(token.counter) else {
             return Outcome::Lost;
         };
-        if token.epoch != 0 {
-            return Outcome::Lost;
-        }
         let holding = match self.current(scope, lease, token).await {
             Ok(Some(h)) => h,
             Ok(None) => return Outcome::Lost,
@@ -342,7 +530,9 @@ impl Etcd {
             });
         };
         let holding = serde_json::from_slice::<Holding>(kv.value()).ok();
-        let token = token_of(kv.create_revision());
+        let token = holding
+            .as_ref()
+            .and_then(|h| token_of(h.epoch, kv.create_revision()));
         Ok(LockStatus {
             scope: scope.to_string(),
             holder: holding.map(|h| h.holder),
@@ -351,5 +541,77 @@ impl Etcd {
             remaining: self.remaining(kv.lease()).await,
             last_issued: token,
         })
+    }
+}
+
+/// `fencegate authority bump-epoch` for the etcd backend: raises the epoch key to the
+/// larger of its value + 1 and the time in ms since 1970 (as the `local` backend does: a
+/// restored snapshot does not remember later bumps, the clock does), and answers it.
+/// Authorities may keep running: each grant reads the epoch.
+pub async fn bump_epoch(endpoints: &[String]) -> Result<u64, EtcdError> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5))
+        .with_require_leader(true);
+    let mut c = Client::connect(endpoints, Some(options))
+        .await
+        .map_err(|e| EtcdError(e.to_string()))?;
+    // Another bump at the same moment: read again and go above it.
+    for _ in 0..10 {
+        let resp = c
+            .get(EPOCH, None)
+            .await
+            .map_err(|e| EtcdError(e.to_string()))?;
+        let stored = Epoch::of(resp.kvs().first()).map_err(EtcdError)?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let next = stored
+            .value
+            .checked_add(1)
+            .ok_or_else(|| EtcdError("the epoch is exhausted".into()))?
+            .max(now_ms);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                EPOCH,
+                CompareOp::Equal,
+                stored.mod_revision,
+            )])
+            .and_then([TxnOp::put(EPOCH, next.to_string(), None)]);
+        let resp = c.txn(txn).await.map_err(|e| EtcdError(e.to_string()))?;
+        if resp.succeeded() {
+            return Ok(next);
+        }
+    }
+    Err(EtcdError(
+        "the epoch kept changing under the bump; try again".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delay_lease_outlives_the_lock_lease_by_the_whole_delay() {
+        let ms = Duration::from_millis;
+        // 10.6 s rounds up to 11 s; the 300 ms delay must still add a (whole) second.
+        assert_eq!(seconds(ms(10_600)), 11);
+        assert_eq!(delay_lease_seconds(ms(10_600), ms(300)), 12);
+        assert_eq!(delay_lease_seconds(ms(10_000), ms(2_000)), 12);
+        for (ttl, delay) in [
+            (100, 1),
+            (999, 1),
+            (1_000, 999),
+            (59_999, 1),
+            (1_500, 1_500),
+        ] {
+            let (ttl, delay) = (ms(ttl), ms(delay));
+            let gap = delay_lease_seconds(ttl, delay) - seconds(ttl);
+            assert!(
+                Duration::from_secs(u64::try_from(gap).unwrap()) >= delay,
+                "{ttl:?} + {delay:?}"
+            );
+        }
     }
 }

@@ -294,7 +294,8 @@ pub async fn serve(
     });
     tracing::info!(%addr, backend = ?config.backend, "lease authority listening");
     let max_ttl = config.max_ttl;
-    // The proxy listener's head limits and connection bounds (a bound of its own).
+    // The proxy listener's head limits, connection bounds (a bound of its own) and
+    // shutdown grace.
     let limits = api::Limits {
         header_read_timeout: server.header_read_timeout,
         max_header_bytes: server.max_header_bytes,
@@ -302,6 +303,7 @@ pub async fn serve(
             server.max_connections,
             server.max_connections_per_ip,
         ),
+        shutdown_timeout: server.shutdown_timeout,
     };
     // One handle for both tasks: when it resolves, nothing of the authority holds the
     // store any more.
@@ -313,14 +315,22 @@ pub async fn serve(
 }
 
 /// `fencegate authority bump-epoch`: every later token compares above every earlier one.
-/// Answers the new epoch. Run it with the server stopped (it opens the store file).
+/// Answers the new epoch. With `local`, run it with the server stopped (it opens the
+/// store file); with `etcd`, it writes the cluster's epoch key and authorities may run.
 pub fn bump_epoch(config: &Config) -> Result<u64, String> {
     match config.authority.as_ref().map(|a| &a.backend) {
-        None => return Err("the configuration has no [authority] section".into()),
+        None => Err("the configuration has no [authority] section".into()),
+        #[cfg(feature = "etcd")]
+        Some(Backend::Etcd { endpoints }) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the runtime: {e}"))?
+            .block_on(etcd::bump_epoch(endpoints))
+            .map_err(|e| e.to_string()),
+        #[cfg(not(feature = "etcd"))]
         Some(Backend::Etcd { .. }) => {
-            return Err("the etcd backend needs no epoch: its tokens are cluster revisions".into());
+            Err("backend = \"etcd\" needs a build with `--features etcd`".into())
         }
-        Some(Backend::Local) => {}
+        Some(Backend::Local) => local::bump_epoch(&config.store.path).map_err(|e| e.to_string()),
     }
-    local::bump_epoch(&config.store.path).map_err(|e| e.to_string())
 }

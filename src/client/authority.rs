@@ -75,8 +75,40 @@ enum Validity {
 
 struct LeaseState {
     validity: Mutex<Validity>,
+    /// Renewals in flight: while several overlap, their answers only lower the deadline
+    /// ([`Lease::renewed`]).
+    renewals: Mutex<Renewals>,
     /// Carries the deadline (None once lost) to [`Lease::lost`] waiters.
     changes: watch::Sender<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct Renewals {
+    in_flight: usize,
+    /// Renewals ever sent; a renewal that finds it moved on had company.
+    sent: u64,
+}
+
+/// One renewal in flight; ends when dropped (answered, failed or abandoned).
+struct Renewal<'a> {
+    lease: &'a Lease,
+    seq: u64,
+    /// No other renewal was in flight when this one was sent.
+    alone: bool,
+}
+
+impl Renewal<'_> {
+    /// Did another renewal run at any moment of this one's flight?
+    fn overlapped(&self) -> bool {
+        !self.alone || self.lease.renewals().sent != self.seq
+    }
+}
+
+impl Drop for Renewal<'_> {
+    fn drop(&mut self) {
+        let mut r = self.lease.renewals();
+        r.in_flight = r.in_flight.saturating_sub(1);
+    }
 }
 
 /// A granted lease: a capability to act on `scope` with `token` until the local deadline.
@@ -114,6 +146,7 @@ impl Lease {
             token,
             state: Arc::new(LeaseState {
                 validity: Mutex::new(validity),
+                renewals: Mutex::default(),
                 changes,
             }),
         }
@@ -163,13 +196,16 @@ impl Lease {
         self.deadline().is_some()
     }
 
-    /// The fence to put on requests, if the lease is still held now. Holding a `Fence`
-    /// proves nothing later: the process may pause after this call.
+    /// The fence to put on requests, if the lease is still held now. The fence shares
+    /// this lease's state: [`FencedHttp::send`](crate::client::FencedHttp::send) refuses it
+    /// once the lease is lost. That is a courtesy, not the safety: the process may pause
+    /// between that check and the request, and only the proxy's fence stops it then.
     pub fn fence(&self) -> Result<Fence, LeaseLost> {
         self.deadline().ok_or(LeaseLost)?;
         Ok(Fence {
             scope: self.scope.clone(),
             token: self.token,
+            lease: Some(self.clone()),
         })
     }
 
@@ -179,14 +215,54 @@ impl Lease {
         self.state.changes.send_replace(None);
     }
 
-    /// Moves the deadline to `until` if the lease is still held — earlier too: a renewal
-    /// for a shorter ttl shortens the lease at the authority as well. A lost lease stays
-    /// lost (a late renewal answer must not revive it).
-    fn renewed(&self, until: Instant) -> Result<(), LeaseLost> {
+    fn renewals(&self) -> std::sync::MutexGuard<'_, Renewals> {
+        self.state
+            .renewals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes a renewal sent now that, once the authority applies it, holds the lease at
+    /// least `until` (measured from sending). The authority may apply it before its answer
+    /// arrives, and a renewal for a shorter ttl shortens the lease there: from now on the
+    /// deadline is at most `until`.
+    fn renewal_sent(&self, until: Instant) -> Renewal<'_> {
+        let mut v = self.validity();
+        if let Validity::Held { deadline } = *v
+            && until < deadline
+        {
+            *v = Validity::Held { deadline: until };
+            drop(v);
+            self.state.changes.send_replace(Some(until));
+        }
+        let mut r = self.renewals();
+        r.sent += 1;
+        let renewal = Renewal {
+            lease: self,
+            seq: r.sent,
+            alone: r.in_flight == 0,
+        };
+        r.in_flight += 1;
+        renewal
+    }
+
+    /// The authority renewed the lease until at least `until` (measured from sending), if
+    /// it is still held. A renewal that ran alone sets the deadline to `until`, earlier
+    /// too: a renewal for a shorter ttl shortens the lease at the authority as well. When
+    /// renewals overlap, the authority keeps whichever it applied last, and requests on
+    /// separate connections may be applied in any order, so the client cannot know which:
+    /// an overlapped renewal only ever lowers the deadline (the minimum is a bound on every
+    /// order). The next renewal that runs alone extends it again. A lost lease stays lost
+    /// (a late renewal answer must not revive it).
+    fn renewed(&self, renewal: &Renewal<'_>, until: Instant) -> Result<(), LeaseLost> {
         let mut v = self.validity();
         match *v {
             Validity::Held { deadline } if Instant::now() < deadline => {
-                let deadline = until;
+                let deadline = if renewal.overlapped() {
+                    until.min(deadline)
+                } else {
+                    until
+                };
                 *v = Validity::Held { deadline };
                 drop(v);
                 self.state.changes.send_replace(Some(deadline));
@@ -390,6 +466,7 @@ impl AuthorityClient {
             return Err(LeaseLost.into());
         }
         let sent = Instant::now();
+        let renewal = lease.renewal_sent(sent + self.options.usable(ttl));
         let body = serde_json::json!({
             "scope": lease.scope,
             "lease_id": lease.lease_id,
@@ -408,7 +485,7 @@ impl AuthorityClient {
         match (a.status, a.result()) {
             (StatusCode::OK, "renewed") => {
                 let granted = a.millis("ttl_ms").unwrap_or(Duration::ZERO);
-                lease.renewed(sent + self.options.usable(ttl.min(granted)))?;
+                lease.renewed(&renewal, sent + self.options.usable(ttl.min(granted)))?;
                 Ok(())
             }
             (_, "lost") => {
@@ -529,17 +606,68 @@ mod tests {
             now + Duration::from_secs(1),
         );
         assert!(lease.is_held());
-        assert!(lease.renewed(now + Duration::from_secs(2)).is_ok());
+        let renew = |until: Instant| {
+            let renewal = lease.renewal_sent(until);
+            lease.renewed(&renewal, until)
+        };
+        assert!(renew(now + Duration::from_secs(2)).is_ok());
         assert_eq!(lease.deadline(), Some(now + Duration::from_secs(2)));
         // A renewal for a shorter ttl shortens the lease (the authority's view is shorter
         // too): the holder must not believe it holds longer than the authority grants.
-        assert!(lease.renewed(now + Duration::from_millis(1500)).is_ok());
+        assert!(renew(now + Duration::from_millis(1500)).is_ok());
         assert_eq!(lease.deadline(), Some(now + Duration::from_millis(1500)));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(!lease.is_held());
         // A late renewal answer cannot revive it.
-        assert_eq!(lease.renewed(now + Duration::from_secs(10)), Err(LeaseLost));
+        assert_eq!(renew(now + Duration::from_secs(10)), Err(LeaseLost));
         assert!(lease.fence().is_err());
+    }
+
+    /// Two renewals in flight at once, answered in either order: the authority may have
+    /// applied either one last, so the client relies on the shorter.
+    #[tokio::test(start_paused = true)]
+    async fn overlapping_renewals_keep_the_shorter_deadline() {
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        for short_answers_first in [true, false] {
+            let lease = Lease::new("s".into(), "l".into(), Token::new(0, 1), now + secs(5));
+            let long = lease.renewal_sent(now + secs(60));
+            let short = lease.renewal_sent(now + secs(10));
+            // The shorter one may be in force at the authority already.
+            assert_eq!(lease.deadline(), Some(now + secs(5)));
+            if short_answers_first {
+                lease.renewed(&short, now + secs(10)).unwrap();
+                drop(short);
+                lease.renewed(&long, now + secs(60)).unwrap();
+            } else {
+                lease.renewed(&long, now + secs(60)).unwrap();
+                drop(long);
+                lease.renewed(&short, now + secs(10)).unwrap();
+            }
+            assert_eq!(
+                lease.deadline(),
+                Some(now + secs(5)),
+                "{short_answers_first}"
+            );
+        }
+        // Overlapping renewals from a later deadline: the answers keep the minimum.
+        let lease = Lease::new("s".into(), "l".into(), Token::new(0, 1), now + secs(30));
+        let long = lease.renewal_sent(now + secs(60));
+        let short = lease.renewal_sent(now + secs(10));
+        assert_eq!(
+            lease.deadline(),
+            Some(now + secs(10)),
+            "shortened at sending"
+        );
+        lease.renewed(&short, now + secs(10)).unwrap();
+        drop(short);
+        lease.renewed(&long, now + secs(60)).unwrap();
+        drop(long);
+        assert_eq!(lease.deadline(), Some(now + secs(10)));
+        // A renewal alone again extends it.
+        let alone = lease.renewal_sent(now + secs(20));
+        lease.renewed(&alone, now + secs(20)).unwrap();
+        assert_eq!(lease.deadline(), Some(now + secs(20)));
     }
 
     #[tokio::test(start_paused = true)]

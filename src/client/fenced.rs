@@ -8,15 +8,40 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use super::{BadUrl, ClientOptions, Http, base_url, http_client, retry_after};
+use super::{BadUrl, ClientOptions, Http, Lease, base_url, http_client, retry_after};
 use crate::token::Token;
 
-/// What a request is fenced with: the scope of the lock and its token.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a request is fenced with: the scope of the lock and its token, and the lease they
+/// came from when [`Lease::fence`] made it.
+#[derive(Debug, Clone)]
 pub struct Fence {
     pub scope: String,
     pub token: Token,
+    /// Shared with the lease, so a fence kept past its lease's loss (the local deadline
+    /// passed, a renewal answered lost, a release) is refused before sending.
+    pub(super) lease: Option<Lease>,
 }
+
+impl Fence {
+    /// A fence not tied to a lease of this client (a token from another lock service, or
+    /// handed over from another process): nothing here checks a deadline, only the proxy
+    /// fences it.
+    pub fn new(scope: impl Into<String>, token: Token) -> Fence {
+        Fence {
+            scope: scope.into(),
+            token,
+            lease: None,
+        }
+    }
+}
+
+impl PartialEq for Fence {
+    fn eq(&self, other: &Fence) -> bool {
+        (&self.scope, self.token) == (&other.scope, other.token)
+    }
+}
+
+impl Eq for Fence {}
 
 /// The outcome of one fenced request.
 #[derive(Debug, Clone)]
@@ -66,6 +91,24 @@ pub enum FencedError {
     NotFenced { status: u16 },
     #[error("cannot build the request: {0}")]
     Request(String),
+    /// The fence's lease is lost (its local deadline passed, a renewal answered lost, or
+    /// it was released): nothing was sent. Re-acquire.
+    #[error("the fence's lease is lost; nothing was sent")]
+    LeaseLost,
+}
+
+/// The request's URI: the proxy's base and a path that must start with `/`. Anything
+/// else would be read as part of the authority: `@evil.example/x` after
+/// `http://proxy:8080` names the host `evil.example`.
+fn target(base: &str, path_and_query: &str) -> Result<http::Uri, FencedError> {
+    if !path_and_query.starts_with('/') {
+        return Err(FencedError::Request(format!(
+            "the path {path_and_query:?} does not start with '/'"
+        )));
+    }
+    format!("{base}{path_and_query}")
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| FencedError::Request(e.to_string()))
 }
 
 /// An HTTP client for a fencegate proxy.
@@ -90,7 +133,9 @@ impl FencedHttp {
         })
     }
 
-    /// Sends `method path` with the fence's token and scope, plus `headers`.
+    /// Sends `method path` with the fence's token and scope, plus `headers`. A fence from
+    /// a lease that is lost by now is refused ([`FencedError::LeaseLost`]); `path_and_query`
+    /// must start with `/`.
     pub async fn send(
         &self,
         fence: &Fence,
@@ -99,9 +144,14 @@ impl FencedHttp {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<FenceResult, FencedError> {
+        // An optimisation, not the safety: the lease may be lost right after this check,
+        // and only the proxy's fence stops a request sent then.
+        if fence.lease.as_ref().is_some_and(|l| !l.is_held()) {
+            return Err(FencedError::LeaseLost);
+        }
         let mut req = Request::builder()
             .method(method)
-            .uri(format!("{}{path_and_query}", self.base))
+            .uri(target(&self.base, path_and_query)?)
             .body(Full::new(body))
             .map_err(|e| FencedError::Request(e.to_string()))?;
         let h = req.headers_mut();
@@ -233,6 +283,81 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("fencing-result", HeaderValue::from_str(result).unwrap());
         h
+    }
+
+    #[test]
+    fn paths_must_start_with_a_slash() {
+        let base = "http://127.0.0.1:8080";
+        for bad in [
+            "@evil.example/x",
+            "evil.example/x",
+            "",
+            "?x=1",
+            "#x",
+            ":81/x",
+        ] {
+            assert!(
+                matches!(target(base, bad), Err(FencedError::Request(ref m)) if m.contains("'/'")),
+                "{bad:?}"
+            );
+        }
+        let uri = target(base, "/reports/july?x=1").unwrap();
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some("127.0.0.1:8080"));
+        assert_eq!(
+            uri.path_and_query().map(|p| p.as_str()),
+            Some("/reports/july?x=1")
+        );
+        // Even `//host/x` stays on the proxy: it is a path there.
+        let uri = target(base, "//evil.example/x").unwrap();
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some("127.0.0.1:8080"));
+    }
+
+    /// Nothing is sent for a fence whose lease is lost: not to the proxy, not anywhere.
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_outliving_its_lease_is_refused() {
+        use tokio::time::Instant;
+        // Nothing listens here: a request that went out comes back Transient (or Unknown,
+        // should the paused clock run out the request timeout first), never LeaseLost.
+        let http = FencedHttp::new("http://127.0.0.1:1").unwrap();
+        let lease = Lease::from_parts(
+            "s".into(),
+            "l".into(),
+            Token::new(0, 1),
+            Instant::now() + Duration::from_secs(1),
+        );
+        let fence = lease.fence().unwrap();
+        let early = http.put(&fence, "/x", "x").await;
+        let went_out = |r: &Result<FenceResult, FencedError>| {
+            matches!(
+                r,
+                Ok(FenceResult::Transient { .. } | FenceResult::Unknown { .. })
+            )
+        };
+        assert!(went_out(&early), "{early:?}");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let late = http.put(&fence, "/x", "x").await;
+        assert!(matches!(late, Err(FencedError::LeaseLost)), "{late:?}");
+        // Released (or answered lost) before its deadline: refused as well.
+        let released = Lease::from_parts(
+            "s".into(),
+            "l".into(),
+            Token::new(0, 2),
+            Instant::now() + Duration::from_secs(60),
+        );
+        let fence = released.fence().unwrap();
+        released.mark_lost();
+        assert!(matches!(
+            http.put(&fence, "/x", "x").await,
+            Err(FencedError::LeaseLost)
+        ));
+        // A fence made apart from any lease is the proxy's to judge.
+        let apart = Fence::new("s", Token::new(0, 1));
+        assert!(went_out(&http.put(&apart, "/x", "x").await));
+        assert_eq!(apart, fence_of(&lease));
+    }
+
+    fn fence_of(lease: &Lease) -> Fence {
+        Fence::new(lease.scope(), lease.token())
     }
 
     #[test]

@@ -119,6 +119,29 @@ impl EtcdCluster {
         None
     }
 
+    /// The sum over the live members of every sample of `metric` whose labels contain
+    /// `labels` (`""`: all), from their `/metrics`: what the cluster was asked to do.
+    pub async fn metric(&self, metric: &str, labels: &str) -> f64 {
+        let mut sum = 0.0;
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            let addr = m
+                .client_url
+                .trim_start_matches("http://")
+                .parse()
+                .expect("member address");
+            let text = super::Client::new(addr).get("/metrics").await.body;
+            sum += text
+                .lines()
+                .filter(|l| {
+                    l.strip_prefix(metric)
+                        .is_some_and(|rest| rest.starts_with(['{', ' ']) && rest.contains(labels))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+        }
+        sum
+    }
+
     /// SIGKILL one member and reap it.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {
