@@ -571,15 +571,61 @@ mod tests {
 
     /// An acquisition whose caller goes away while its token commits (an HTTP client that
     /// disconnects drops the handler's future) leaves the scope free, not pending forever.
+    /// An in-memory disk whose syncs wait while it is held: a commit stopped mid-way.
+    #[derive(Debug, Clone, Default)]
+    struct HeldDisk {
+        inner: Arc<redb::backends::InMemoryBackend>,
+        held: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    }
+
+    impl HeldDisk {
+        fn set_held(&self, held: bool) {
+            *self.held.0.lock().unwrap() = held;
+            self.held.1.notify_all();
+        }
+    }
+
+    impl redb::StorageBackend for HeldDisk {
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            let (held, released) = &*self.held;
+            let mut h = held.lock().unwrap();
+            while *h {
+                h = released.wait(h).unwrap();
+            }
+            drop(h);
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.inner.write(offset, data)
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_acquire_dropped_during_its_commit_leaves_the_scope_free() {
-        let local = Local::open(memory_db(), &config(60, 0)).await.unwrap();
+        let disk = HeldDisk::default();
+        let db = Database::builder()
+            .create_with_backend(disk.clone())
+            .unwrap();
+        let local = Local::open(Arc::new(db), &config(60, 0)).await.unwrap();
+        // The commit cannot land while the disk is held: the acquisition is certainly
+        // dropped mid-commit.
+        disk.set_held(true);
         let dropped = tokio::time::timeout(
             Duration::ZERO,
             local.acquire(&req("s", "a", 10, 0), no_stop()),
         )
         .await;
         assert!(dropped.is_err(), "dropped while committing: {dropped:?}");
+        disk.set_held(false);
         // Granted at once (before, the slot stayed pending: busy, forever). The dropped
         // acquisition's commit may have issued a token of its own; it is never granted.
         let b = grant(local.acquire(&req("s", "b", 10, 0), no_stop()).await);

@@ -452,7 +452,13 @@ impl Gates {
                     return Ok(a);
                 }
                 Step::Commit => {
-                    self.commit(&key, &gate, token, deadline).await?;
+                    self.commit(
+                        &key,
+                        &gate,
+                        token,
+                        commit_deadline(arrived, self.drain_timeout),
+                    )
+                    .await?;
                     advanced = true;
                     continue;
                 }
@@ -585,8 +591,13 @@ impl Gates {
         if let Some(c) = current.filter(|c| *c >= token) {
             return Ok(c);
         }
-        let deadline = Instant::now() + self.drain_timeout;
-        self.commit(&key, &gate, token, deadline).await
+        self.commit(
+            &key,
+            &gate,
+            token,
+            commit_deadline(Instant::now(), self.drain_timeout),
+        )
+        .await
     }
 
     /// The mark as the gates see it (memory if hot, else disk).
@@ -654,6 +665,16 @@ fn shard_index(seed: u64, scope: &str) -> usize {
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 33;
     (h % SHARDS as u64) as usize
+}
+
+/// The shortest time a commit is waited for, whatever `drain_timeout` says: a zero
+/// `drain_timeout` (never wait for older generations) must not fail every advance.
+const MIN_COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// When a request that arrived at `arrived` stops waiting for its mark's commit (a hung
+/// fsync): its drain deadline, but not before [`MIN_COMMIT_WAIT`].
+fn commit_deadline(arrived: Instant, drain_timeout: Duration) -> Instant {
+    arrived + drain_timeout.max(MIN_COMMIT_WAIT)
 }
 
 #[cfg(test)]
