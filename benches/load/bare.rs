@@ -1,5 +1,6 @@
 //! The HTTP floor: a bare reverse proxy on the stack fencegate is built on — hyper's
-//! HTTP/1.1 server, fencegate's upstream pool, one single-threaded tokio runtime per
+//! HTTP/1.1 server, fencegate's upstream pools (its lean exchange for bodies in memory,
+//! hyper's client connection for streamed ones), one single-threaded tokio runtime per
 //! worker thread on a shared listener — with no routing, no fencing, no header policy and
 //! no timeouts. fencegate cannot be faster than this; the gap between the two is
 //! fencegate's own work, and the gap between this and nginx is the stack's.
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fencegate::proxy::h1::H1Pool;
 use fencegate::proxy::pool::Pool;
 use fencegate::proxy::{Body, BoxError, Outcome};
 use fencegate::token::Token;
@@ -106,7 +108,10 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
             .name(format!("bare-proxy-{i}"))
             .spawn(move || {
                 runtime.block_on(async move {
-                    let pool = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
+                    let pool = (
+                        Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5)),
+                        H1Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5)),
+                    );
                     while let Some(stream) = rx.recv().await {
                         let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
                             continue;
@@ -166,7 +171,7 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
 }
 
 async fn forward(
-    pool: Arc<Pool>,
+    (pool, h1): (Arc<Pool>, Arc<H1Pool>),
     authority: Authority,
     req: hyper::Request<Incoming>,
 ) -> hyper::Response<Body> {
@@ -178,6 +183,21 @@ async fn forward(
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
     );
+    // A body in memory (none, or a small one read whole) takes the lean exchange, as in
+    // fencegate.
+    if http_body::Body::is_end_stream(&body)
+        || http_body::Body::size_hint(&body)
+            .exact()
+            .is_some_and(|n| n <= 64 * 1024)
+    {
+        let Ok(body) = body.collect().await else {
+            return status(400);
+        };
+        return match h1.send(Some(&authority), &parts, &body.to_bytes()).await {
+            Ok(resp) => resp.map(|b| b.boxed()),
+            Err(_) => status(502),
+        };
+    }
     let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
     match pool
         .send(Some(&authority), hyper::Request::from_parts(parts, body))
