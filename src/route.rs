@@ -337,6 +337,37 @@ pub fn find<'r, 'p, R: RouteMatch>(
     })
 }
 
+/// The bytes of an RFC 3986 reg-name: unreserved, pct-encoded and sub-delims (no `@`, no
+/// `:`), as a table (one lookup per byte).
+const HOST_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        i += 1;
+    }
+    t
+};
+
 /// The host of a Host/authority value, without its port and without one trailing dot
 /// (`files.internal.` names the same host as `files.internal`, and backends such as nginx
 /// match it so); IPv6 brackets stay. Anything that is not an authority's `host[:port]` is
@@ -362,19 +393,32 @@ pub fn host_of(authority: &str) -> Result<&str, &'static str> {
         }
         (host, port)
     } else {
-        let (host, port) = authority.rsplit_once(':').unwrap_or((authority, ""));
+        // One pass: every byte up to the first `:` (which no host name holds) must be one
+        // a host name may hold.
+        let bytes = authority.as_bytes();
+        let mut split = bytes.len();
+        for (i, &b) in bytes.iter().enumerate() {
+            if b == b':' {
+                split = i;
+                break;
+            }
+            if !HOST_BYTE[usize::from(b)] {
+                return Err("a character no host name has");
+            }
+        }
+        let host = &authority[..split];
+        let port = authority.get(split + 1..).unwrap_or("");
         let host = host.strip_suffix('.').unwrap_or(host);
         if host.is_empty() {
             return Err("no host");
         }
-        // RFC 3986 reg-name: unreserved, pct-encoded and sub-delims (no `@`, no `:`).
-        let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(&b);
-        if !host.bytes().all(allowed) {
-            return Err("a character no host name has");
-        }
         (host, port)
     };
-    if !port.is_empty() && port.parse::<u16>().is_err() {
+    if !port.is_empty()
+        && (port.len() > 5
+            || !port.bytes().all(|b| b.is_ascii_digit())
+            || port.parse::<u16>().is_err())
+    {
         return Err("a port that is not a number below 65536");
     }
     Ok(host)
@@ -491,6 +535,8 @@ mod tests {
             ":80",
             "example.com:x",
             "example.com:65536",
+            "example.com:+80",
+            "example.com:080000",
             "user@example.com",
             "example.com:80:80",
             "exa mple.com",

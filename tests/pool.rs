@@ -376,3 +376,46 @@ async fn every_framing_arrives_whole_and_reuse_follows_it() {
     );
     running.shutdown().await;
 }
+
+/// The lean exchange's pool on its own: a connection back from a finished exchange waits
+/// idle and is reused; sweeps close it once it has idled through the idle timeout's worth
+/// of them (60 s at one sweep per 10 s: the seventh sweep after its last use).
+#[tokio::test]
+async fn lean_exchange_connections_are_closed_by_the_sweeps() {
+    use fencegate::proxy::h1::H1Pool;
+    use std::time::Duration;
+
+    let upstream = Upstream::start().await;
+    let pool = H1Pool::new(8, Duration::from_secs(60), Duration::from_secs(5));
+    let authority: http::uri::Authority = upstream.addr.to_string().parse().unwrap();
+    let empty = bytes::Bytes::new();
+    for i in 0..2 {
+        let (parts, ()) = http::Request::builder()
+            .uri(format!("/keep/p{i}"))
+            .body(())
+            .unwrap()
+            .into_parts();
+        let resp = tokio::time::timeout(BOUND, pool.send(Some(&authority), &parts, &empty))
+            .await
+            .expect("answer within bound")
+            .expect("answer");
+        assert_eq!(resp.status(), 200);
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&body[..], b"ok");
+        assert_eq!(pool.idle(), 1);
+    }
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "the second exchange reused the first's connection"
+    );
+    for _ in 0..6 {
+        pool.sweep();
+    }
+    assert_eq!(pool.idle(), 1, "not idle for long enough yet");
+    pool.sweep();
+    assert_eq!(pool.idle(), 0);
+}

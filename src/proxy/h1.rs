@@ -24,9 +24,10 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -80,7 +81,8 @@ struct Conn {
     io: TcpStream,
     /// Bytes read and not yet used.
     buf: BytesMut,
-    idle_since: Instant,
+    /// The pool's sweep count when it was last put back (no clock read per request).
+    idle_since: u64,
 }
 
 impl Conn {
@@ -115,7 +117,12 @@ pub struct H1Pool {
     #[allow(clippy::vec_box)]
     idle: Mutex<Vec<(Authority, Vec<Box<Conn>>)>>,
     max_idle_per_host: usize,
-    idle_timeout: Duration,
+    /// Sweeps a connection may stay idle through: it is closed by the first sweep after it
+    /// has idled `idle_timeout` (so `idle_timeout` to `idle_timeout` plus one sweep
+    /// period, at one sweep per [`super::pool::SWEEP_EVERY`]).
+    idle_sweeps: u64,
+    /// Sweeps so far.
+    sweeps: AtomicU64,
     connect_timeout: Duration,
 }
 
@@ -125,10 +132,14 @@ impl H1Pool {
         idle_timeout: Duration,
         connect_timeout: Duration,
     ) -> Arc<H1Pool> {
+        let period = super::pool::SWEEP_EVERY.as_millis().max(1);
+        let idle_sweeps =
+            u64::try_from(idle_timeout.as_millis().div_ceil(period)).unwrap_or(u64::MAX);
         Arc::new(H1Pool {
             idle: Mutex::new(Vec::new()),
             max_idle_per_host,
-            idle_timeout,
+            idle_sweeps,
+            sweeps: AtomicU64::new(0),
             connect_timeout,
         })
     }
@@ -191,8 +202,9 @@ impl H1Pool {
             .iter_mut()
             .find(|(a, _)| a.as_str() == authority.as_str())
             .map(|(_, list)| list)?;
+        // Idle too long is the sweep's to close; closed by the upstream, this look's.
         while let Some(c) = list.pop() {
-            if c.idle_since.elapsed() < self.idle_timeout && c.alive() {
+            if c.alive() {
                 return Some(c);
             }
         }
@@ -200,7 +212,7 @@ impl H1Pool {
     }
 
     fn put(&self, authority: &Authority, mut conn: Box<Conn>) {
-        conn.idle_since = Instant::now();
+        conn.idle_since = self.sweeps.load(Ordering::Relaxed);
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = match idle
             .iter()
@@ -218,12 +230,14 @@ impl H1Pool {
         }
     }
 
-    /// Closes connections idle past the idle timeout (see [`super::pool::Pool::sweep`]).
+    /// One sweep (each worker runs one every [`super::pool::SWEEP_EVERY`]): closes the
+    /// connections that have idled through `idle_timeout`'s worth of sweeps.
     pub fn sweep(&self) {
+        let now = self.sweeps.fetch_add(1, Ordering::Relaxed) + 1;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let timeout = self.idle_timeout;
+        let keep = self.idle_sweeps;
         idle.retain_mut(|(_, list)| {
-            list.retain(|c| c.idle_since.elapsed() < timeout);
+            list.retain(|c| now - c.idle_since <= keep);
             !list.is_empty()
         });
     }
@@ -248,7 +262,7 @@ impl H1Pool {
         Ok(Box::new(Conn {
             io,
             buf: BytesMut::with_capacity(READ_SIZE),
-            idle_since: Instant::now(),
+            idle_since: 0,
         }))
     }
 }
