@@ -69,8 +69,8 @@ async fn sink(
     Ok(Response::new(reply.boxed()))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_gib_each_way_is_streamed() {
+/// An upstream serving [`sink`] on loopback.
+async fn start_sink() -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -82,6 +82,12 @@ async fn one_gib_each_way_is_streamed() {
             });
         }
     });
+    upstream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gib_each_way_is_streamed() {
+    let upstream = start_sink().await;
     let dir = tempfile::tempdir().unwrap();
     let (config, p, a) = write_config(dir.path(), upstream);
     let mut proc = spawn(&config, p, a);
@@ -151,17 +157,7 @@ async fn one_gib_each_way_is_streamed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_reader_does_not_hold_up_the_next_generation() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), service_fn(sink))
-                    .await;
-            });
-        }
-    });
+    let upstream = start_sink().await;
     let dir = tempfile::tempdir().unwrap();
     let text = support::config_text(upstream, "5s", "0s", "300ms");
     let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();

@@ -249,16 +249,9 @@ impl H1Pool {
     }
 
     async fn connect(&self, authority: &Authority) -> Result<Box<Conn>, Error> {
-        let port = authority.port_u16().unwrap_or(80);
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let io = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+        let io = super::pool::connect_tcp(authority, self.connect_timeout)
             .await
-            .map_err(|_| Error::not_sent(format!("connect to {authority} timed out")))?
-            .map_err(|e| Error::not_sent(format!("connect to {authority}: {e}")))?;
-        let _ = io.set_nodelay(true);
+            .map_err(Error::not_sent)?;
         Ok(Box::new(Conn {
             io,
             buf: BytesMut::with_capacity(READ_SIZE),

@@ -233,16 +233,9 @@ impl Pool {
     }
 
     async fn connect(&self, authority: &Authority) -> Result<Box<Pooled>, SendError> {
-        let port = authority.port_u16().unwrap_or(80);
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+        let stream = connect_tcp(authority, self.connect_timeout)
             .await
-            .map_err(|_| SendError::NotSent(format!("connect to {authority} timed out")))?
-            .map_err(|e| SendError::NotSent(format!("connect to {authority}: {e}")))?;
-        let _ = stream.set_nodelay(true);
+            .map_err(SendError::NotSent)?;
         // Flattened writes, as on the listener (`server::http_builder`).
         let (send, conn) = http1::Builder::new()
             .writev(false)
@@ -256,6 +249,25 @@ impl Pool {
             idle_since: Instant::now(),
         }))
     }
+}
+
+/// A new TCP connection to a plain-HTTP upstream, with Nagle off; on failure, what went
+/// wrong (nothing was sent).
+pub(crate) async fn connect_tcp(
+    authority: &Authority,
+    timeout: Duration,
+) -> Result<TcpStream, String> {
+    let port = authority.port_u16().unwrap_or(80);
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
+        .await
+        .map_err(|_| format!("connect to {authority} timed out"))?
+        .map_err(|e| format!("connect to {authority}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }
 
 /// A response body from a pooled connection: reading it drives the connection, and its
