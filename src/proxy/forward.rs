@@ -225,6 +225,9 @@ struct Names {
     forwarding: bool,
     forwarded_for: bool,
     forwarded_proto: bool,
+    expect: bool,
+    /// A `cookie` field (HTTP/2 clients send one per cookie).
+    cookie: bool,
 }
 
 impl Names {
@@ -244,6 +247,8 @@ impl Names {
                 "x-forwarded-host" | "x-forwarded-port" | "forwarded" | "x-real-ip" => {
                     names.forwarding = true;
                 }
+                "expect" => names.expect = true,
+                "cookie" => names.cookie = true,
                 other => {
                     if let Some(i) = hop_by_hop_index(other) {
                         names.hop_by_hop[i] = true;
@@ -413,6 +418,33 @@ pub fn upstream_parts(
             X_FORWARDED_PROTO,
             HeaderValue::from_static(if tls { "https" } else { "http" }),
         );
+    }
+    // The proxy has answered `100-continue` itself (hyper does, as the body is read) and
+    // sends the whole body at once: an upstream told to expect it could answer first and
+    // read the body as a request of its own.
+    if names.expect {
+        parts.headers.remove(header::EXPECT);
+    }
+    // HTTP/2 splits cookies over several fields; HTTP/1.1 wants one (RFC 9113 §8.2.3).
+    if parts.version == Version::HTTP_2
+        && names.cookie
+        && parts
+            .headers
+            .get_all(header::COOKIE)
+            .iter()
+            .nth(1)
+            .is_some()
+    {
+        let joined: Vec<u8> = parts
+            .headers
+            .get_all(header::COOKIE)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect::<Vec<_>>()
+            .join(&b"; "[..]);
+        if let Ok(v) = HeaderValue::from_bytes(&joined) {
+            parts.headers.insert(header::COOKIE, v);
+        }
     }
     parts.uri = uri;
     parts.version = Version::HTTP_11;
@@ -609,6 +641,45 @@ mod tests {
             HeaderName::from_static("tes"),
         ] {
             assert_eq!(hop_by_hop_index(name.as_str()), None, "{name}");
+        }
+    }
+
+    /// What reaches the upstream: no `Expect` (the proxy sends the whole body at once),
+    /// and an HTTP/2 request's cookie fields as one `cookie` line.
+    #[test]
+    fn expect_goes_and_http2_cookies_are_joined() {
+        let upstream = crate::config::Config::parse(
+            "[store]\npath = \"m.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n[[route]]\nname = \"r\"\npath = \"/{*p}\"\nscope = \"s\"\nupstream = \"u\"\n",
+            std::path::Path::new("."),
+        )
+        .unwrap()
+        .upstreams
+        .remove(0);
+        for (version, cookie) in [
+            (Version::HTTP_2, vec!["a=1; b=2; c=3"]),
+            (Version::HTTP_11, vec!["a=1; b=2", "c=3"]),
+        ] {
+            let (mut parts, ()) = Request::builder()
+                .version(version)
+                .uri("http://h/x")
+                .header("expect", "100-continue")
+                .header("cookie", "a=1; b=2")
+                .header("cookie", "c=3")
+                .body(())
+                .unwrap()
+                .into_parts();
+            upstream_parts(
+                &mut parts,
+                &upstream,
+                IpAddr::from([127, 0, 0, 1]),
+                false,
+                false,
+                false,
+            )
+            .unwrap();
+            assert!(!parts.headers.contains_key(header::EXPECT));
+            let cookies: Vec<_> = parts.headers.get_all(header::COOKIE).iter().collect();
+            assert_eq!(cookies, cookie, "{version:?}");
         }
     }
 

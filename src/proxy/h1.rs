@@ -11,8 +11,9 @@
 //! is handed over whole, and its connection goes back to the pool at once.
 //!
 //! Compared with driving hyper's client connection inline, this leaves out its message
-//! queue, its state machine and its read/write strategies: about a third of the proxy's
-//! instructions per request, with the same system calls (one `sendto`, one `recvfrom`).
+//! queue, its state machine and its read/write strategies: a sixth of the proxy's
+//! instructions per request (callgrind, sequential W1 requests: 39,065 → 32,468), with
+//! the same system calls (one `sendto` and one `recvfrom` upstream; `strace -c`).
 //!
 //! Safety of reuse, as in [`super::pool`]: a connection is pooled again only after a
 //! response that ended at a known boundary, with nothing read past it, on an HTTP/1.1
@@ -26,7 +27,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -98,15 +99,10 @@ impl Conn {
     /// Whether a connection that waited in the pool is still open: its socket has not
     /// turned readable (nothing, not even its end, arrived), or reads nothing yet.
     fn alive(&self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        match self.io.poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            Poll::Ready(Ok(())) => {
-                let mut probe = [0u8; 1];
-                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
-        }
+        // `try_read` answers WouldBlock without a system call while the socket has not
+        // turned readable, and, unlike a readiness poll, never on a spent task budget.
+        let mut probe = [0u8; 1];
+        matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
 
@@ -176,8 +172,8 @@ impl H1Pool {
                 Err((_, e)) => return Err(Error::sent(format!("write to {authority}: {e}"))),
             }
         };
-        let head = read_head(&mut conn).await?;
-        let framing = framing(head.status, parts.method == Method::HEAD, &head.headers)
+        let mut head = read_head(&mut conn).await?;
+        let framing = framing(head.status, parts.method == Method::HEAD, &mut head.headers)
             .map_err(Error::sent)?;
         let reusable = head.keep_alive && framing.reusable;
         let mut response = Response::new(());
@@ -397,8 +393,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         };
         if name == header::CONNECTION
             && value
-                .to_str()
-                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+                .as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
         {
             close = true;
         }
@@ -419,7 +416,13 @@ struct Framing {
 }
 
 /// RFC 9112 §6.3.
-fn framing(status: StatusCode, head_request: bool, headers: &HeaderMap) -> Result<Framing, String> {
+/// Leaves one framing header as the client should see it: a length beside a transfer
+/// coding is removed (§6.3 ¶3), a repeated length is one value.
+fn framing(
+    status: StatusCode,
+    head_request: bool,
+    headers: &mut HeaderMap,
+) -> Result<Framing, String> {
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing {
             state: State::Done,
@@ -434,20 +437,24 @@ fn framing(status: StatusCode, head_request: bool, headers: &HeaderMap) -> Resul
                 .map_err(|_| "malformed Transfer-Encoding from the upstream")?;
             codings.extend(v.split(',').map(str::trim).filter(|t| !t.is_empty()));
         }
-        let chunked = codings
+        // Only chunked can be taken off here (the coding header goes, as hop-by-hop);
+        // another coding would reach the client still applied and unannounced.
+        if !codings
             .last()
-            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
+            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"))
+        {
+            return Err("a transfer coding other than chunked from the upstream".into());
+        }
+        // A length beside a transfer coding is a message to be wary of: dropped, and the
+        // connection not used again.
+        let had_length = headers.remove(header::CONTENT_LENGTH).is_some();
         return Ok(Framing {
-            state: if chunked {
-                State::Chunked(Chunk::Size)
-            } else {
-                State::Close
-            },
-            // A length beside a transfer coding is a message to be wary of.
-            reusable: chunked && !headers.contains_key(header::CONTENT_LENGTH),
+            state: State::Chunked(Chunk::Size),
+            reusable: !had_length,
         });
     }
     let mut length = None;
+    let mut values = 0;
     for v in headers.get_all(header::CONTENT_LENGTH) {
         let v = v
             .to_str()
@@ -464,7 +471,13 @@ fn framing(status: StatusCode, head_request: bool, headers: &HeaderMap) -> Resul
                 return Err("conflicting Content-Length from the upstream".into());
             }
             length = Some(n);
+            values += 1;
         }
+    }
+    if values > 1
+        && let Some(n) = length
+    {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     }
     Ok(match length {
         Some(0) => Framing {
@@ -627,6 +640,17 @@ fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxError> {
         State::Close => Step::Data(buf.split().freeze()),
         State::Chunked(chunk) => match chunk {
             Chunk::Size => match httparse::parse_chunk_size(buf) {
+                // As strict as hyper's decoder: a hex digit first, and no line feed before
+                // the line's CRLF (httparse takes an empty line as size 0, and a bare LF
+                // in an extension).
+                Ok(httparse::Status::Complete((used, _)))
+                    if !buf[0].is_ascii_hexdigit()
+                        || used < 2
+                        || &buf[used - 2..used] != b"\r\n"
+                        || buf[..used - 2].contains(&b'\n') =>
+                {
+                    return Err("malformed chunk size from the upstream".into());
+                }
                 Ok(httparse::Status::Complete((used, size))) => {
                     buf.advance(used);
                     *chunk = if size == 0 {
@@ -734,7 +758,7 @@ mod tests {
         let f = framing(
             StatusCode::from_u16(status).unwrap(),
             head_request,
-            &headers,
+            &mut headers,
         )?;
         Ok((matches!(f.state, State::Done), f.reusable))
     }
@@ -804,10 +828,15 @@ mod tests {
         // Cut short: no clean end.
         let (_, clean) = decode(State::Chunked(Chunk::Size), b"5\r\nhel", 2).unwrap();
         assert!(!clean);
+        // A stray empty line is not the last chunk; nor is a bare LF an end of line.
         for bad in [
             &b"zz\r\n"[..],
             b"5\r\nhelloXX0\r\n\r\n",
             b"10000000000000000\r\n",
+            b"\r\n",
+            b";x\r\n",
+            b"3\r\nabc\r\n\r\n3\r\ndef\r\n0\r\n\r\n",
+            b"3;a\nb\r\nabc\r\n0\r\n\r\n",
         ] {
             assert!(
                 decode(State::Chunked(Chunk::Size), bad, 64).is_err(),
@@ -857,12 +886,26 @@ mod tests {
             ),
             Ok((false, false))
         );
-        // Not chunked last, or no length at all: up to the end of the stream.
-        assert_eq!(
-            frame(200, false, &[("transfer-encoding", "gzip")]),
-            Ok((false, false))
-        );
+        // A coding that cannot be taken off here is refused; no length at all: up to the
+        // end of the stream.
+        assert!(frame(200, false, &[("transfer-encoding", "gzip")]).is_err());
+        assert!(frame(200, false, &[("transfer-encoding", "chunked, gzip")]).is_err());
         assert_eq!(frame(200, false, &[]), Ok((false, false)));
+        // What the client is shown: one length, none beside chunked.
+        let mut headers = HeaderMap::new();
+        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("5, 5"));
+        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        framing(StatusCode::OK, false, &mut headers).unwrap();
+        let lengths: Vec<_> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
+        assert_eq!(lengths, ["5"]);
+        let mut headers = HeaderMap::new();
+        headers.append(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("7"));
+        framing(StatusCode::OK, false, &mut headers).unwrap();
+        assert!(!headers.contains_key(header::CONTENT_LENGTH));
         for bad in ["5, 6", "-1", "x", "", "+5", "18446744073709551616"] {
             assert!(
                 frame(200, false, &[("content-length", bad)]).is_err(),
