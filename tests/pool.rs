@@ -111,6 +111,16 @@ async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<
                     }
                 }
             }
+            // An upstream that claims a fencing result of its own.
+            "claims" => {
+                if s
+                    .write_all(b"HTTP/1.1 200 OK\r\nFencing-Result: accepted\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
             // An interim answer, then the final one.
             "continue" => {
                 if s
@@ -418,4 +428,31 @@ async fn lean_exchange_connections_are_closed_by_the_sweeps() {
     assert_eq!(pool.idle(), 1, "not idle for long enough yet");
     pool.sweep();
     assert_eq!(pool.idle(), 0);
+}
+
+/// `Fencing-Result` is fencegate's word: an upstream's own is dropped from an unfenced
+/// answer (it would make it look fenced) and replaced on a fenced one.
+#[tokio::test]
+async fn an_upstreams_fencing_result_is_not_passed_on() {
+    let (_upstream, running, client, _dir) = setup().await;
+    let unfenced = tokio::time::timeout(BOUND, client.get("/claims/a"))
+        .await
+        .expect("answered within bound");
+    assert_eq!((unfenced.status, unfenced.body.as_str()), (200, "ok"));
+    assert!(
+        unfenced.headers.get("fencing-result").is_none(),
+        "{unfenced:?}"
+    );
+    let fenced = tokio::time::timeout(BOUND, client.put("/claims/b", "1", "x"))
+        .await
+        .expect("answered within bound");
+    assert_eq!(
+        fenced
+            .headers
+            .get_all("fencing-result")
+            .iter()
+            .collect::<Vec<_>>(),
+        ["accepted"]
+    );
+    running.shutdown().await;
 }

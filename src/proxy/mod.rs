@@ -433,6 +433,10 @@ impl Forwarder {
                 if fenced {
                     resp.headers_mut()
                         .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
+                } else {
+                    // The header is fencegate's word: an upstream's own must not make an
+                    // unfenced answer look fenced.
+                    resp.headers_mut().remove(FENCING_RESULT);
                 }
                 resp
             }
