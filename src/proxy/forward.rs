@@ -317,23 +317,14 @@ static FORWARDING: [HeaderName; 6] = [
     HeaderName::from_static("x-real-ip"),
 ];
 
-/// Builds the upstream request. The path and query go out byte for byte as received;
-/// Host is preserved (signatures such as SigV4 cover it), or taken from the h2 authority.
-/// Forwarding headers are kept only from a trusted proxy. The URI is in origin form for
-/// the pool, absolute (`absolute`) for an https upstream's client. Answers the request
-/// and a flag that turns true if the body outgrew `max_body` on the way.
-#[allow(clippy::too_many_arguments)]
+/// The upstream request for hyper's client, from a head prepared by [`upstream_parts`]
+/// and the body to stream. Answers the request and a flag that turns true if the body
+/// outgrew `max_body` on the way.
 pub fn upstream_request(
-    req: Request<Body>,
-    upstream: &Upstream,
-    peer: IpAddr,
-    tls: bool,
-    trusted: bool,
+    mut parts: http::request::Parts,
+    body: Body,
     max_body: Option<u64>,
-    absolute: bool,
-) -> Result<(Request<Body>, Arc<AtomicBool>), http::Error> {
-    let (mut parts, body) = req.into_parts();
-    upstream_parts(&mut parts, upstream, peer, tls, trusted, absolute)?;
+) -> (Request<Body>, Arc<AtomicBool>) {
     // hyper's client sends a GET or HEAD whose body has no known length as if it had
     // none, and drops the body. A chunked GET (or an HTTP/2 one with data and no length)
     // goes upstream as received instead: chunked, since the length is not known.
@@ -356,10 +347,14 @@ pub fn upstream_request(
         .boxed(),
         None => body,
     };
-    Ok((Request::from_parts(parts, body), tripped))
+    (Request::from_parts(parts, body), tripped)
 }
 
-/// The head of the upstream request (see [`upstream_request`]), made from the client's.
+/// The head of the upstream request, made from the client's. The path and query go out
+/// byte for byte as received; Host is preserved (signatures such as SigV4 cover it), or
+/// taken from the h2 authority. Forwarding headers are kept only from a trusted proxy.
+/// The URI is in origin form for the pools, absolute (`absolute`) for an https
+/// upstream's client.
 pub fn upstream_parts(
     parts: &mut http::request::Parts,
     upstream: &Upstream,

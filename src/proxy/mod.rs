@@ -362,20 +362,25 @@ impl Forwarder {
                 _ => Err(body),
             }
         };
+        if let Err(e) = forward::upstream_parts(
+            &mut parts,
+            upstream,
+            peer.ip(),
+            tls,
+            trusted,
+            tls_client.is_some(),
+        ) {
+            if let Some(g) = guard.as_mut() {
+                g.complete();
+            }
+            return fail(Outcome::InvalidRequest {
+                detail: format!("cannot forward: {e}"),
+            });
+        }
         let mut too_large = None;
         let result = match (body, tls_client) {
             // A plain-HTTP upstream and a body in hand: the lean exchange.
             (Ok(bytes), None) => {
-                if let Err(e) =
-                    forward::upstream_parts(&mut parts, upstream, peer.ip(), tls, trusted, false)
-                {
-                    if let Some(g) = guard.as_mut() {
-                        g.complete();
-                    }
-                    return fail(Outcome::InvalidRequest {
-                        detail: format!("cannot forward: {e}"),
-                    });
-                }
                 crate::timer::timeout_from(
                     started,
                     upstream.timeout,
@@ -390,26 +395,7 @@ impl Forwarder {
                         .boxed(),
                     Err(streamed) => streamed,
                 };
-                let req = Request::from_parts(parts, body);
-                let (out, tripped) = match forward::upstream_request(
-                    req,
-                    upstream,
-                    peer.ip(),
-                    tls,
-                    trusted,
-                    max_body,
-                    tls_client.is_some(),
-                ) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        if let Some(g) = guard.as_mut() {
-                            g.complete();
-                        }
-                        return fail(Outcome::InvalidRequest {
-                            detail: format!("cannot forward: {e}"),
-                        });
-                    }
-                };
+                let (out, tripped) = forward::upstream_request(parts, body, max_body);
                 too_large = Some(tripped);
                 crate::timer::timeout_from(
                     started,
