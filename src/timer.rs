@@ -298,6 +298,14 @@ pub fn timeout_from<F: Future>(from: Instant, duration: Duration, fut: F) -> Tim
     }
 }
 
+/// `fut`, unless `at` passes first.
+pub fn timeout_at<F: Future>(at: Instant, fut: F) -> Timeout<F> {
+    Timeout {
+        fut,
+        deadline: Deadline::at(at),
+    }
+}
+
 pin_project_lite::pin_project! {
     /// [`timeout_from`]'s future. A type of its own rather than an `async fn`, whose state would
     /// hold `fut` twice (the argument and its pinned copy): this one is on every forwarded

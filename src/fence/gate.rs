@@ -578,7 +578,9 @@ impl Gates {
                 return Err(Refusal::Unavailable);
             }
         };
-        match tokio::time::timeout_at(deadline, pending.wait()).await {
+        // On a worker, a slot in its deadline wheel rather than a tokio timer entry: the
+        // deadline is seconds away and almost never reached.
+        match crate::timer::timeout_at(deadline.into_std(), pending.wait()).await {
             Ok(result) => result.map_err(|_| Refusal::Unavailable),
             Err(_) => Err(Refusal::Unavailable),
         }

@@ -18,6 +18,7 @@ use redb::{
 };
 use tokio::sync::oneshot;
 
+use super::replies::{self, Mailbox, Outbox, Reply};
 use crate::metrics::Histogram;
 use crate::token::Token;
 
@@ -60,7 +61,9 @@ enum Op {
     Advance {
         scope: Arc<str>,
         token: Token,
-        reply: oneshot::Sender<Result<Token, StoreError>>,
+        reply: Reply,
+        /// The queuing worker's mailbox, if it has one: answered there, once per batch.
+        to: Option<Arc<Mailbox>>,
     },
     Floor {
         epoch: u64,
@@ -276,6 +279,7 @@ impl MarkStore {
             scope,
             token,
             reply,
+            to: replies::here(),
         })?;
         Ok(rx)
     }
@@ -595,6 +599,7 @@ impl Writer {
                     self.stats.commit_batch_size.observe(batch.len() as f64);
                 }
                 self.floor.store(floor, Ordering::Release);
+                let mut outbox = Outbox::default();
                 for (op, answer) in batch.into_iter().zip(answers) {
                     match op {
                         Op::Claim { reply, .. } => {
@@ -612,12 +617,14 @@ impl Writer {
                                 _ => 0,
                             }));
                         }
-                        Op::Advance { scope, reply, .. } => {
+                        Op::Advance {
+                            scope, reply, to, ..
+                        } => {
                             let stored = marks
                                 .binary_search_by(|(s, _)| s.cmp(&scope))
                                 .map(|i| marks[i].1)
                                 .map_err(|_| StoreError::Failed("scope missing from batch".into()));
-                            let _ = reply.send(stored);
+                            outbox.put(to.as_ref(), reply, stored);
                         }
                         Op::Floor { reply, .. } => {
                             let _ = reply.send(Ok(floor));
@@ -625,6 +632,7 @@ impl Writer {
                         Op::Close { .. } => {}
                     }
                 }
+                outbox.post();
             }
             Err(e) => {
                 // A failed commit may still have become durable: fail closed.
@@ -825,6 +833,7 @@ mod tests {
             scope: Arc::from(scope),
             token: Token::new(1, token),
             reply,
+            to: None,
         };
         (op, rx)
     }
