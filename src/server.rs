@@ -427,8 +427,6 @@ where
             .spawn(move || {
                 // This worker's request deadlines (head and upstream timeouts).
                 runtime.spawn(crate::timer::drive());
-                // Committed advances are answered here once per batch, not one wake each.
-                runtime.spawn(crate::fence::replies::deliver());
                 // Idle upstream connections close on time even when no request comes.
                 runtime.spawn(async {
                     let mut tick = tokio::time::interval(crate::proxy::pool::SWEEP_EVERY);

@@ -18,7 +18,6 @@ use redb::{
 };
 use tokio::sync::oneshot;
 
-use super::replies::{self, Mailbox, Outbox, Reply};
 use crate::metrics::Histogram;
 use crate::token::Token;
 
@@ -61,9 +60,7 @@ enum Op {
     Advance {
         scope: Arc<str>,
         token: Token,
-        reply: Reply,
-        /// The queuing worker's mailbox, if it has one: answered there, once per batch.
-        to: Option<Arc<Mailbox>>,
+        reply: oneshot::Sender<Result<Token, StoreError>>,
     },
     Floor {
         epoch: u64,
@@ -279,7 +276,6 @@ impl MarkStore {
             scope,
             token,
             reply,
-            to: replies::here(),
         })?;
         Ok(rx)
     }
@@ -599,7 +595,6 @@ impl Writer {
                     self.stats.commit_batch_size.observe(batch.len() as f64);
                 }
                 self.floor.store(floor, Ordering::Release);
-                let mut outbox = Outbox::default();
                 for (op, answer) in batch.into_iter().zip(answers) {
                     match op {
                         Op::Claim { reply, .. } => {
@@ -617,14 +612,12 @@ impl Writer {
                                 _ => 0,
                             }));
                         }
-                        Op::Advance {
-                            scope, reply, to, ..
-                        } => {
+                        Op::Advance { scope, reply, .. } => {
                             let stored = marks
                                 .binary_search_by(|(s, _)| s.cmp(&scope))
                                 .map(|i| marks[i].1)
                                 .map_err(|_| StoreError::Failed("scope missing from batch".into()));
-                            outbox.put(to.as_ref(), reply, stored);
+                            let _ = reply.send(stored);
                         }
                         Op::Floor { reply, .. } => {
                             let _ = reply.send(Ok(floor));
@@ -632,7 +625,6 @@ impl Writer {
                         Op::Close { .. } => {}
                     }
                 }
-                outbox.post();
             }
             Err(e) => {
                 // A failed commit may still have become durable: fail closed.
@@ -833,7 +825,6 @@ mod tests {
             scope: Arc::from(scope),
             token: Token::new(1, token),
             reply,
-            to: None,
         };
         (op, rx)
     }

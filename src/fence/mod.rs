@@ -4,7 +4,6 @@
 pub mod gate;
 pub mod marks;
 pub mod policy;
-pub mod replies;
 
 pub use gate::{Admission, Gates, InflightGuard, Refusal};
 pub use marks::{MarkStore, Snapshot, StoreError};
