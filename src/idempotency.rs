@@ -186,16 +186,25 @@ impl Idempotency {
         };
 
         // The fingerprint covers the body, so the body is read before anything is recorded.
+        // The read is bounded by the upstream's timeout, as a body read or streamed on the
+        // way upstream is: the admission counts this generation in flight meanwhile, and a
+        // paused sender must not keep a newer owner out for as long as it stays connected.
         let (parts, body) = req.into_parts();
         let limit = settings.max_request_body;
-        let body = match read_up_to(body, limit).await {
-            Ok((bytes, None)) => bytes,
-            Ok((_, Some(_))) => return refuse(&mut plan, Outcome::PayloadTooLarge { limit }),
-            Err(_) => {
+        let timeout = table.config.upstreams[route.upstream].timeout;
+        let read =
+            crate::timer::timeout_from(std::time::Instant::now(), timeout, read_up_to(body, limit))
+                .await;
+        let body = match read {
+            Ok(Ok((bytes, None))) => bytes,
+            Ok(Ok((_, Some(_)))) => {
+                return refuse(&mut plan, Outcome::PayloadTooLarge { limit });
+            }
+            Ok(Err(_)) | Err(_) => {
                 return refuse(
                     &mut plan,
                     Outcome::InvalidRequest {
-                        detail: "the request body could not be read".into(),
+                        detail: "the request body could not be read (in time)".into(),
                     },
                 );
             }

@@ -377,6 +377,58 @@ async fn a_stalled_response_body_ends_at_the_upstream_timeout() {
     }
 }
 
+/// An old owner that sends its head and part of its body on an idempotency route, then
+/// pauses with its connection open, holds its generation only for the upstream's timeout:
+/// the body is read under that timeout (as on routes without idempotency), the old request
+/// is answered 400 with nothing of it forwarded, and the new owner's write goes through
+/// instead of draining until the old owner hangs up.
+#[tokio::test]
+async fn a_stalled_request_body_does_not_hold_up_the_next_generation() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::config_text(double.addr, "10s", "0s", "300ms");
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+    let admin = Client::new(proxy.admin_addr);
+
+    let mut old = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .unwrap();
+    old.write_all(
+        b"PUT /idem/p HTTP/1.1\r\nHost: a\r\nFencing-Token: 41\r\nIdempotency-Key: \"k\"\r\n\
+          Content-Length: 100\r\n\r\nonly part of it",
+    )
+    .await
+    .unwrap();
+    // Its advance becomes the scope's mark in the same step that admits it; from then on
+    // it waits for the rest of its body.
+    tokio::time::timeout(BOUND, async {
+        while admin.get("/v1/scopes/idem%2Fp").await.json()["highest_accepted"] != "41" {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the old owner is admitted");
+
+    let newer = Client::new(proxy.proxy_addr)
+        .put("/idem/p", "42", "newer")
+        .await;
+    assert_eq!((newer.status, newer.result()), (200, "accepted"));
+    let mut answer = Vec::new();
+    tokio::time::timeout(BOUND, old.read_to_end(&mut answer))
+        .await
+        .expect("the old owner is answered")
+        .unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 400"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(double.count_token("41"), 0, "nothing of it was forwarded");
+    proxy.shutdown().await;
+}
+
 /// kill -9 while the first attempt is at the upstream: the durable record survives; after
 /// the restart the retry is not silently applied again.
 #[tokio::test]
