@@ -161,6 +161,111 @@ async fn a_hung_commit_answers_unavailable_by_the_deadline() {
     assert_eq!(store.get("s").unwrap(), Some(token));
 }
 
+/// A request whose token another request is committing waits for that commit, however
+/// short the drain timeout: with `drain_timeout = 0` (never wait for older generations) it
+/// was refused `draining` at once, though nothing older was in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_behind_anothers_commit_waits_for_it_not_for_the_drain() {
+    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::fence::Gates;
+    use fencegate::token::Token;
+    use std::time::Duration;
+
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let gates = Arc::new(Gates::new(
+        store.clone(),
+        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
+        Duration::ZERO,
+        Duration::ZERO,
+    ));
+    let token = Token::new(0, 7);
+    disk.hold();
+    let g = gates.clone();
+    let first = tokio::spawn(async move { g.admit("s", token, Accept).await });
+    tokio::time::timeout(support::BOUND, async {
+        while !disk.syncing() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the commit reaches the disk");
+    let g = gates.clone();
+    let second = tokio::spawn(async move { g.admit("s", token, Accept).await });
+    // Bounded wait until the second request either waits at the gate or is answered.
+    tokio::time::timeout(support::BOUND, async {
+        while gates.waiting() == 0 && !second.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the second request waits or is answered");
+    assert!(
+        !second.is_finished(),
+        "answered while the commit was under way"
+    );
+    disk.release();
+    let first = first
+        .await
+        .unwrap()
+        .expect("the committing request is admitted");
+    let second = tokio::time::timeout(support::BOUND, second)
+        .await
+        .expect("answered once the commit landed")
+        .unwrap()
+        .expect("admitted");
+    assert!(first.advanced && !second.advanced);
+}
+
+/// A request mid-commit when its worker's runtime stops (shutdown) leaves no advance
+/// behind: the gate was left believing the commit still under way, and every later
+/// request of that token on that scope waited for it in vain.
+#[test]
+fn a_commit_cut_off_by_its_runtimes_end_leaves_no_advance_behind() {
+    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::fence::Gates;
+    use fencegate::token::Token;
+    use std::time::Duration;
+
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let gates = Arc::new(Gates::new(
+        store.clone(),
+        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
+        Duration::from_secs(1),
+        Duration::ZERO,
+    ));
+    let token = Token::new(0, 7);
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    disk.hold();
+    let worker = runtime();
+    let g = gates.clone();
+    worker.spawn(async move { g.admit("s", token, Accept).await.map(|_| ()) });
+    worker.block_on(async {
+        tokio::time::timeout(support::BOUND, async {
+            while !disk.syncing() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the commit reaches the disk")
+    });
+    drop(worker);
+    disk.release();
+    let admitted = runtime().block_on(async {
+        tokio::time::timeout(support::BOUND, gates.admit("s", token, Accept))
+            .await
+            .expect("answered within the bound")
+    });
+    assert!(admitted.is_ok(), "{:?}", admitted.err());
+    assert_eq!(store.get("s").unwrap(), Some(token));
+}
+
 /// A writer thread that dies (here it panics inside a commit) fails the store closed, as a
 /// failed commit does: /readyz and `fencegate_store_failed` say so, and every later
 /// advance is refused.

@@ -198,17 +198,43 @@ impl Drop for PendingCommit {
         let Some(rx) = self.rx.take() else {
             return;
         };
-        let (gate, token) = (self.gate.clone(), self.token);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let result = rx.await.unwrap_or_else(|_| Err(writer_stopped()));
-                    finish_commit(&gate, token, &result);
-                });
-            }
-            // No runtime (shutting down): clear the advance without trusting it; memory
-            // stays at or behind disk, and the next request advances again.
-            Err(_) => finish_commit(&gate, token, &Err(writer_stopped())),
+        let finish = Finish {
+            rx: Some(rx),
+            gate: self.gate.clone(),
+            token: self.token,
+        };
+        // With no runtime, or one shutting down (which drops the task unrun), `finish` is
+        // dropped unfinished and clears the advance there and then.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(finish.run());
+        }
+    }
+}
+
+/// The rest of a dropped request's commit: the gate takes the stored mark once it lands.
+/// Dropped before that (its runtime stopped), it clears the advance without trusting it:
+/// memory stays at or behind disk, and the next request of the token advances again.
+struct Finish {
+    rx: Option<oneshot::Receiver<Result<Token, StoreError>>>,
+    gate: Arc<Gate>,
+    token: Token,
+}
+
+impl Finish {
+    async fn run(mut self) {
+        let result = match self.rx.as_mut() {
+            Some(rx) => rx.await.unwrap_or_else(|_| Err(writer_stopped())),
+            None => return,
+        };
+        self.rx = None;
+        finish_commit(&self.gate, self.token, &result);
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if self.rx.take().is_some() {
+            finish_commit(&self.gate, self.token, &Err(writer_stopped()));
         }
     }
 }
@@ -247,8 +273,12 @@ enum Step {
     Admit(Admission),
     /// Commit the advance to `token` (the gate now records it as advancing).
     Commit,
-    /// Wait for a wake-up, or until this instant.
+    /// Wait for a wake-up, or until this instant (for an older generation to drain or
+    /// settle; refused `Draining` at the drain deadline).
     Wait(Instant),
+    /// Wait for another request's commit of an advance that covers ours, as long as the
+    /// committing request itself waits for it (refused `Unavailable` then).
+    AwaitCommit(Instant),
 }
 
 /// The hot gates of the scopes that hash to one shard.
@@ -433,7 +463,7 @@ impl Gates {
             let notified = gate.notify.notified();
             tokio::pin!(notified);
             let step = match step {
-                Step::Wait(_) => {
+                Step::Wait(_) | Step::AwaitCommit(_) => {
                     // Register, then look again: a wake-up between the first look and the
                     // registration would otherwise be lost.
                     notified.as_mut().enable();
@@ -442,7 +472,7 @@ impl Gates {
                 }
                 decided => decided,
             };
-            let wake_at = match step {
+            let (wake_at, give_up, for_commit) = match step {
                 Step::Refuse(r) => return Err(r),
                 Step::Admit(a) => {
                     // Only requests that really waited for an older generation count.
@@ -462,7 +492,8 @@ impl Gates {
                     advanced = true;
                     continue;
                 }
-                Step::Wait(until) => until,
+                Step::Wait(until) => (until, deadline, false),
+                Step::AwaitCommit(until) => (until, until, true),
             };
             if waiting.is_none() {
                 let mut st = gate.lock();
@@ -479,11 +510,16 @@ impl Gates {
                     gate: gate.clone(),
                 });
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= give_up {
                 let highest = gate.lock().current;
                 self.metrics
                     .gate_wait_seconds
-                    .observe_duration(deadline - arrived);
+                    .observe_duration(give_up - arrived);
+                // Another request's commit that has not landed in time: a hung disk, as for
+                // the committing request itself.
+                if for_commit {
+                    return Err(Refusal::Unavailable);
+                }
                 return Err(Refusal::Draining { highest });
             }
             tokio::select! {
@@ -519,7 +555,9 @@ impl Gates {
                 highest: st.current,
             }),
             // An advance that covers ours is being committed; wait for it.
-            Decision::Advance if st.advancing.is_some_and(|a| a >= token) => Step::Wait(deadline),
+            Decision::Advance if st.advancing.is_some_and(|a| a >= token) => {
+                Step::AwaitCommit(commit_deadline(arrived, self.drain_timeout))
+            }
             Decision::Advance => {
                 st.advancing = Some(token);
                 Step::Commit
