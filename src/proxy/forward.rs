@@ -191,14 +191,16 @@ fn strip_present(headers: &mut HeaderMap, present: [bool; HOP_BY_HOP.len()]) -> 
     if present[0] {
         // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
         // needs a name parsed, so the common `Connection: keep-alive` costs no allocation.
+        // Split as bytes: one element that is not visible ASCII (which `to_str` refuses)
+        // must not hide the names listed beside it.
         let listed: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|t| !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close"))
+            // Lowercased: names match whatever their case.
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
             // Host chose the route and so the scope: the upstream must see the same one
             // (an upstream that fell back to its own authority could read the path as
             // another resource, under another scope).
@@ -689,7 +691,12 @@ mod tests {
             header::CONNECTION,
             HeaderValue::from_static("keep-alive,x-b"),
         );
-        for name in ["x-a", "x-b", "x-kept"] {
+        // An element that is not ASCII does not hide the names beside it.
+        headers.append(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"X-C,\t\xff , x-d").unwrap(),
+        );
+        for name in ["x-a", "x-b", "x-c", "x-d", "x-kept"] {
             headers.append(name, HeaderValue::from_static("1"));
         }
         strip_hop_by_hop(&mut headers);
