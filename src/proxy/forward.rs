@@ -23,7 +23,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
-use crate::proxy::h1::{H1Body, H1Pool};
+use crate::proxy::h1::{self, H1Body, H1Pool};
 use crate::proxy::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
 use crate::timer::Deadline;
@@ -86,20 +86,21 @@ pub async fn send(
     tls_client: Option<&Client>,
     req: Request<Body>,
 ) -> Result<Upstreamed, UpstreamError> {
+    let head_request = req.method() == http::Method::HEAD;
     match tls_client {
         Some(c) => c
             .request(req)
             .await
-            .map(Upstreamed::Tls)
             .map_err(|e| UpstreamError {
                 not_sent: e.is_connect(),
                 detail: error_chain(&e),
-            }),
+            })
+            .and_then(|r| checked(r, head_request))
+            .map(Upstreamed::Tls),
         None => POOL
             .with(Arc::clone)
             .send(upstream.url.authority(), req)
             .await
-            .map(Upstreamed::Pooled)
             .map_err(|e| match e {
                 SendError::NotSent(detail) => UpstreamError {
                     not_sent: true,
@@ -109,8 +110,26 @@ pub async fn send(
                     not_sent: false,
                     detail: error_chain(&e),
                 },
-            }),
+            })
+            .and_then(|r| checked(r, head_request))
+            .map(Upstreamed::Pooled),
     }
+}
+
+/// A response from hyper's client with its framing headers checked as the lean exchange
+/// checks its own ([`h1::check_framing`]): hyper has delimited the body, but a length
+/// left beside the coding it took off would frame the body again, wrongly, on the way to
+/// the client. A refused response fails the exchange after the request was sent (the
+/// upstream may have acted on it), as on the lean exchange.
+fn checked<B>(mut resp: Response<B>, head_request: bool) -> Result<Response<B>, UpstreamError> {
+    let status = resp.status();
+    h1::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
+        UpstreamError {
+            not_sent: false,
+            detail,
+        }
+    })?;
+    Ok(resp)
 }
 
 pub fn error_chain(e: &dyn std::error::Error) -> String {
