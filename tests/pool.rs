@@ -26,7 +26,8 @@ struct Log {
 /// connection and says so), `conn-close` (200 "ok" with `Connection: close`),
 /// `big` (200 with an 8 MiB body), `chunked` (a chunked body with a trailer), `continue`
 /// (100 Continue, then 201), `eof` (no length: the body ends with the connection),
-/// `extra` (bytes after the body).
+/// `extra` (bytes after the body), and heads a proxy must not pass on as they are:
+/// `te-and-length`, `gzip`, `lengths`, `conflict`, `switch`, `listed`.
 struct Upstream {
     addr: SocketAddr,
     log: Arc<Mutex<Log>>,
@@ -141,6 +142,56 @@ async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<
                 let _ = s
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n\r\n")
                     .await;
+            }
+            // A length beside chunked, and wrong: the body is the chunked one.
+            "te-and-length" => {
+                if s
+                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nb\r\nhello world\r\n0\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            // A transfer coding other than chunked: the body up to the end of the stream.
+            "gzip" => {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n\x1f\x8bcompressed")
+                    .await;
+                return;
+            }
+            // One length, said three times.
+            "lengths" => {
+                if s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            "conflict" => {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok!")
+                    .await;
+                return;
+            }
+            // An upgrade nobody asked for.
+            "switch" => {
+                let _ = s
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+                    .await;
+                return;
+            }
+            // `Connection` lists a header beside an element that is not ASCII.
+            "listed" => {
+                if s
+                    .write_all(b"HTTP/1.1 200 OK\r\nConnection: x-secret, \xff\r\nX-Secret: s3cr3t\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
             "conn-close" => {
                 let _ = s
@@ -384,6 +435,81 @@ async fn every_framing_arrives_whole_and_reuse_follows_it() {
             (3, "/keep/i".to_string()),
         ]
     );
+    running.shutdown().await;
+}
+
+/// Framing headers the client must not see as the upstream sent them (RFC 9112 §6.3),
+/// answered to a request that took the lean exchange (a small body) and to one whose
+/// body streamed through hyper's client (over 64 KiB): both get the same answer. A length
+/// beside chunked goes and the whole body arrives (not the length's worth of it); one
+/// length said three times is said once; a coding other than chunked, conflicting
+/// lengths and an upgrade nobody asked for are refused as a failed exchange; every name
+/// `Connection` lists is stripped, whatever else it lists.
+#[tokio::test]
+async fn framing_headers_are_checked_whichever_way_the_request_went() {
+    let (_upstream, running, client, _dir) = setup().await;
+    let big = "s".repeat(70 * 1024);
+    for (how, body) in [("lean", "x"), ("streamed", big.as_str())] {
+        let put = |kind: &str| {
+            let path = format!("/{kind}/{how}");
+            let client = client.clone();
+            async move {
+                tokio::time::timeout(BOUND, client.put(&path, "1", body))
+                    .await
+                    .unwrap_or_else(|_| panic!("{path}: no answer within bound"))
+            }
+        };
+        let lengths = |r: &support::Resp| -> Vec<String> {
+            r.headers
+                .get_all("content-length")
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect()
+        };
+
+        let r = put("te-and-length").await;
+        assert_eq!(
+            (r.status, r.result(), r.body.as_str()),
+            (200, "accepted", "hello world"),
+            "{how}: {r:?}"
+        );
+        assert!(
+            lengths(&r).iter().all(|l| l == "11"),
+            "{how}: {:?}",
+            lengths(&r)
+        );
+
+        let r = put("lengths").await;
+        assert_eq!(
+            (r.status, r.result(), r.body.as_str()),
+            (200, "accepted", "ok"),
+            "{how}: {r:?}"
+        );
+        assert_eq!(lengths(&r), ["2"], "{how}");
+
+        for kind in ["gzip", "conflict", "switch"] {
+            let r = put(kind).await;
+            assert_eq!(
+                (r.status, r.result()),
+                (504, "upstream_timeout"),
+                "{how} {kind}: {r:?}"
+            );
+            assert_eq!(
+                r.headers.get("content-type").map(|v| v.as_bytes()),
+                Some(&b"application/problem+json"[..]),
+                "{how} {kind}"
+            );
+        }
+
+        let r = put("listed").await;
+        assert_eq!(
+            (r.status, r.result(), r.body.as_str()),
+            (200, "accepted", "ok"),
+            "{how}: {r:?}"
+        );
+        assert!(r.headers.get("x-secret").is_none(), "{how}: {r:?}");
+        assert!(r.headers.get("connection").is_none(), "{how}: {r:?}");
+    }
     running.shutdown().await;
 }
 

@@ -1036,6 +1036,32 @@ async fn hop_by_hop_headers_stay_at_the_proxy() {
     env.stop().await;
 }
 
+/// Every name `Connection` lists stays at the proxy, even beside an element that is not
+/// ASCII. (On a fenced route such a `Connection` is refused, as it might ask for an
+/// upgrade; a pass-through route forwards the request without what it lists.)
+#[tokio::test]
+async fn names_listed_beside_a_non_ascii_connection_element_stay_at_the_proxy() {
+    let env = Env::start().await;
+    let request = b"GET /public/listed HTTP/1.1\r\n\
+                    Host: 127.0.0.1\r\n\
+                    Connection: close\r\n\
+                    Connection: X-Secret, \xff\r\n\
+                    X-Secret: s3cr3t\r\n\
+                    X-Kept: yes\r\n\r\n";
+    let (status, text) = support::raw(env.addr(), request).await;
+    assert_eq!(status, 200, "{text}");
+    let seen = env.seen();
+    assert_eq!(seen.len(), 1);
+    assert!(
+        !seen[0].headers.contains_key("x-secret"),
+        "x-secret reached the upstream: {:?}",
+        seen[0].headers
+    );
+    assert!(!seen[0].headers.contains_key("connection"));
+    assert_eq!(seen[0].header("x-kept"), Some("yes"));
+    env.stop().await;
+}
+
 /// From a peer that is not a trusted proxy, forwarding headers are stripped: a client must
 /// not claim another address or HTTPS to the backend (nginx and Envoy set them too).
 #[tokio::test]

@@ -27,7 +27,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -473,6 +473,129 @@ async fn an_upstream_certificate_from_another_ca_is_unavailable() {
         r.body
     );
     assert!(upstream.seen.lock().unwrap().is_empty());
+    running.shutdown().await;
+}
+
+/// An https upstream that answers `/reports/KIND/...` with a scripted head: `te-and-length`
+/// (chunked, with a wrong length beside it), `lengths` (one length said twice), `gzip` (a
+/// coding other than chunked, body up to the end of the stream), `switch` (an upgrade
+/// nobody asked for).
+async fn scripted_https_upstream(cert: &Leaf) -> SocketAddr {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(cert.chain(), cert.key())
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut s) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                loop {
+                    // One request head (the proxy sends these requests without a body).
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end);
+                    let path = head.split_whitespace().nth(1).unwrap_or("");
+                    let (answer, close): (&[u8], bool) = match path.split('/').nth(2) {
+                        Some("te-and-length") => (
+                            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nb\r\nhello world\r\n0\r\n\r\n",
+                            false,
+                        ),
+                        Some("lengths") => (
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nok",
+                            false,
+                        ),
+                        Some("gzip") => (
+                            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n\x1f\x8bcompressed",
+                            true,
+                        ),
+                        Some("switch") => (
+                            b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+                            true,
+                        ),
+                        _ => (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", false),
+                    };
+                    if s.write_all(answer).await.is_err() || s.flush().await.is_err() {
+                        return;
+                    }
+                    if close {
+                        let _ = s.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// An https upstream's answers (through hyper's client) get the framing checks of the
+/// lean exchange: a length beside chunked goes, and the whole body arrives; a repeated
+/// length is said once; a coding other than chunked and an unasked-for upgrade are
+/// refused as a failed exchange.
+#[tokio::test]
+async fn an_https_upstreams_framing_headers_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("private ca");
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let upstream = scripted_https_upstream(&ca.server("upstream", &["upstream.test"])).await;
+    let running = proxy_to_https(
+        dir.path(),
+        upstream,
+        r#"tls = { ca = "ca.pem", server_name = "upstream.test" }"#,
+    )
+    .await;
+    let client = support::Client::new(running.proxy_addr);
+    let lengths = |r: &support::Resp| -> Vec<String> {
+        r.headers
+            .get_all("content-length")
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect()
+    };
+
+    let r = client.put("/reports/te-and-length/x", "1", "").await;
+    assert_eq!(
+        (r.status, r.result(), r.body.as_str()),
+        (200, "accepted", "hello world"),
+        "{r:?}"
+    );
+    assert!(lengths(&r).iter().all(|l| l == "11"), "{:?}", lengths(&r));
+
+    let r = client.put("/reports/lengths/x", "1", "").await;
+    assert_eq!(
+        (r.status, r.result(), r.body.as_str()),
+        (200, "accepted", "ok"),
+        "{r:?}"
+    );
+    assert_eq!(lengths(&r), ["2"]);
+
+    for kind in ["gzip", "switch"] {
+        let r = client.put(&format!("/reports/{kind}/x"), "1", "").await;
+        assert_eq!(
+            (r.status, r.result()),
+            (504, "upstream_timeout"),
+            "{kind}: {r:?}"
+        );
+    }
     running.shutdown().await;
 }
 

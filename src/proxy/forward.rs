@@ -23,7 +23,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
-use crate::proxy::h1::{H1Body, H1Pool};
+use crate::proxy::h1::{self, H1Body, H1Pool};
 use crate::proxy::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
 use crate::timer::Deadline;
@@ -86,20 +86,21 @@ pub async fn send(
     tls_client: Option<&Client>,
     req: Request<Body>,
 ) -> Result<Upstreamed, UpstreamError> {
+    let head_request = req.method() == http::Method::HEAD;
     match tls_client {
         Some(c) => c
             .request(req)
             .await
-            .map(Upstreamed::Tls)
             .map_err(|e| UpstreamError {
                 not_sent: e.is_connect(),
                 detail: error_chain(&e),
-            }),
+            })
+            .and_then(|r| checked(r, head_request))
+            .map(Upstreamed::Tls),
         None => POOL
             .with(Arc::clone)
             .send(upstream.url.authority(), req)
             .await
-            .map(Upstreamed::Pooled)
             .map_err(|e| match e {
                 SendError::NotSent(detail) => UpstreamError {
                     not_sent: true,
@@ -109,8 +110,26 @@ pub async fn send(
                     not_sent: false,
                     detail: error_chain(&e),
                 },
-            }),
+            })
+            .and_then(|r| checked(r, head_request))
+            .map(Upstreamed::Pooled),
     }
+}
+
+/// A response from hyper's client with its framing headers checked as the lean exchange
+/// checks its own ([`h1::check_framing`]): hyper has delimited the body, but a length
+/// left beside the coding it took off would frame the body again, wrongly, on the way to
+/// the client. A refused response fails the exchange after the request was sent (the
+/// upstream may have acted on it), as on the lean exchange.
+fn checked<B>(mut resp: Response<B>, head_request: bool) -> Result<Response<B>, UpstreamError> {
+    let status = resp.status();
+    h1::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
+        UpstreamError {
+            not_sent: false,
+            detail,
+        }
+    })?;
+    Ok(resp)
 }
 
 pub fn error_chain(e: &dyn std::error::Error) -> String {
@@ -191,14 +210,16 @@ fn strip_present(headers: &mut HeaderMap, present: [bool; HOP_BY_HOP.len()]) -> 
     if present[0] {
         // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
         // needs a name parsed, so the common `Connection: keep-alive` costs no allocation.
+        // Split as bytes: one element that is not visible ASCII (which `to_str` refuses)
+        // must not hide the names listed beside it.
         let listed: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|t| !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close"))
+            // Lowercased: names match whatever their case.
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
             // Host chose the route and so the scope: the upstream must see the same one
             // (an upstream that fell back to its own authority could read the path as
             // another resource, under another scope).
@@ -689,7 +710,12 @@ mod tests {
             header::CONNECTION,
             HeaderValue::from_static("keep-alive,x-b"),
         );
-        for name in ["x-a", "x-b", "x-kept"] {
+        // An element that is not ASCII does not hide the names beside it.
+        headers.append(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"X-C,\t\xff , x-d").unwrap(),
+        );
+        for name in ["x-a", "x-b", "x-c", "x-d", "x-kept"] {
             headers.append(name, HeaderValue::from_static("1"));
         }
         strip_hop_by_hop(&mut headers);

@@ -408,6 +408,23 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     }))
 }
 
+/// The lean exchange's checks of a response head, for one that hyper's client has read
+/// (the streamed and https paths): hyper delimits the body itself, but leaves the framing
+/// headers as the upstream sent them, for the client to be shown. They leave as
+/// [`framing`] leaves them, or the response is refused as it would be here: an upgrade
+/// nobody asked for (`Upgrade` never reaches the upstream), a transfer coding other than
+/// chunked, a malformed or conflicting length.
+pub(crate) fn check_framing(
+    status: StatusCode,
+    head_request: bool,
+    headers: &mut HeaderMap,
+) -> Result<(), String> {
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err("the upstream switched protocols unasked".into());
+    }
+    framing(status, head_request, headers).map(|_| ())
+}
+
 /// How a response body is delimited.
 struct Framing {
     state: State,
