@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::fence::{InflightGuard, MarkStore};
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Forwarder, Outcome, Plan, Table};
+use crate::timer::ReadTimedOut;
 
 /// Route option `idempotency`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,12 +332,14 @@ impl Idempotency {
                         crate::timer::timeout_from(started, timeout, read_up_to(body, cap)).await;
                     let (prefix, rest, broken) = match read {
                         Ok(Ok((prefix, rest))) => (prefix, rest, false),
-                        Ok(Err(_)) => (Bytes::new(), None, true),
-                        // The body did not end within the upstream timeout: the exchange is
-                        // treated as one that timed out (504, outcome unknown), and `held`
-                        // drops uncompleted, so the scope settles before a newer generation
-                        // goes. (Counted once already, as accepted, when the head came.)
-                        Err(_) => {
+                        Ok(Err(e)) if !e.is::<ReadTimedOut>() => (Bytes::new(), None, true),
+                        // The body did not end within the upstream timeout (or a wait for
+                        // more of it outlasted that timeout, whichever came first): the
+                        // exchange is treated as one that timed out (504, outcome unknown),
+                        // and `held` drops uncompleted, so the scope settles before a newer
+                        // generation goes. (Counted once already, as accepted, when the
+                        // head came.)
+                        Ok(Err(_)) | Err(_) => {
                             drop(held);
                             let _ = store
                                 .put_record(record_key, record(State::Unknown, &[]))

@@ -425,7 +425,8 @@ where
         std::thread::Builder::new()
             .name(format!("fencegate-worker-{i}"))
             .spawn(move || {
-                // This worker's request deadlines (head and upstream timeouts).
+                // This worker's request deadlines (the head, upstream and upstream body
+                // read timeouts).
                 runtime.spawn(crate::timer::drive());
                 // Idle upstream connections close on time even when no request comes.
                 runtime.spawn(async {

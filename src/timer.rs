@@ -285,6 +285,58 @@ impl Drop for Deadline {
     }
 }
 
+/// A limit on each wait for a source that delivers in pieces (an upstream's response
+/// body): the clock starts when a read finds nothing and stops when one brings something.
+/// Time in which nobody reads — a slow consumer that is not asking for more — never counts.
+pub struct ReadTimeout {
+    limit: Duration,
+    /// Armed while a read is waiting: when the wait began, plus `limit`.
+    waiting: Option<Deadline>,
+}
+
+impl ReadTimeout {
+    pub fn new(limit: Duration) -> ReadTimeout {
+        ReadTimeout {
+            limit,
+            waiting: None,
+        }
+    }
+
+    /// A read found nothing (and registered `cx` with its source). Ready, with the error
+    /// to end the read with, once the wait, counted from the first such read with nothing
+    /// arriving since, has lasted the limit; until then `cx` is also woken when it will have.
+    pub fn poll_waiting(&mut self, cx: &mut Context<'_>) -> Poll<ReadTimedOut> {
+        let limit = self.limit;
+        let deadline = self.waiting.get_or_insert_with(|| Deadline::after(limit));
+        Pin::new(deadline).poll(cx).map(|()| ReadTimedOut { limit })
+    }
+
+    /// A read brought something: the next wait starts afresh.
+    pub fn progressed(&mut self) {
+        // Dropping the deadline frees its slot in the wheel.
+        self.waiting = None;
+    }
+}
+
+/// A wait for more of a body outlasted its [`ReadTimeout`]. A type of its own, so that
+/// whoever reads the body can tell it from a body that broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadTimedOut {
+    pub limit: Duration,
+}
+
+impl std::fmt::Display for ReadTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the upstream sent no more of the body for {:?}",
+            self.limit
+        )
+    }
+}
+
+impl std::error::Error for ReadTimedOut {}
+
 /// The future did not finish before its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Elapsed;
@@ -452,6 +504,45 @@ mod tests {
                 .await,
                 Err(Elapsed)
             );
+        });
+    }
+
+    /// When each armed slot of this thread's wheel is due.
+    fn armed_at() -> Vec<Instant> {
+        WHEEL.with(|w| {
+            let w = w.borrow();
+            let wheel = w.as_ref().expect("wheel");
+            wheel
+                .slots
+                .iter()
+                .filter_map(|s| s.armed.as_ref().map(|(at, _)| *at))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn a_read_timeout_counts_each_wait_from_its_start_and_progress_stops_it() {
+        on_worker(async {
+            let limit = Duration::from_millis(80);
+            let mut read = ReadTimeout::new(limit);
+            // The first read that finds nothing starts the clock; later ones keep it.
+            let before = Instant::now();
+            let first = std::future::poll_fn(|cx| Poll::Ready(read.poll_waiting(cx))).await;
+            assert!(first.is_pending());
+            let after = Instant::now();
+            let at = armed_at();
+            assert_eq!(at.len(), 1);
+            assert!(at[0] >= before + limit && at[0] <= after + limit, "{at:?}");
+            let again = std::future::poll_fn(|cx| Poll::Ready(read.poll_waiting(cx))).await;
+            assert!(again.is_pending());
+            assert_eq!(armed_at(), at, "a repeated poll does not move the deadline");
+            // Something arrived: nothing is armed until the next wait, counted from then.
+            read.progressed();
+            assert!(armed_at().is_empty());
+            let restarted = Instant::now();
+            let waited = bounded(std::future::poll_fn(|cx| read.poll_waiting(cx))).await;
+            assert_eq!(waited, ReadTimedOut { limit });
+            assert!(restarted.elapsed() >= limit, "{:?}", restarted.elapsed());
         });
     }
 

@@ -369,10 +369,13 @@ async fn idle_connections_past_the_timeout_are_closed() {
                     .boxed(),
             )
             .unwrap();
-        let resp = tokio::time::timeout(BOUND, pool.send(Some(&authority), req))
-            .await
-            .expect("answer within bound")
-            .expect("answer");
+        let resp = tokio::time::timeout(
+            BOUND,
+            pool.send(Some(&authority), req, Duration::from_secs(10)),
+        )
+        .await
+        .expect("answer within bound")
+        .expect("answer");
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"ok");
         assert_eq!(pool.idle(), 1);
@@ -531,10 +534,13 @@ async fn lean_exchange_connections_are_closed_by_the_sweeps() {
             .body(())
             .unwrap()
             .into_parts();
-        let resp = tokio::time::timeout(BOUND, pool.send(Some(&authority), &parts, &empty))
-            .await
-            .expect("answer within bound")
-            .expect("answer");
+        let resp = tokio::time::timeout(
+            BOUND,
+            pool.send(Some(&authority), &parts, &empty, Duration::from_secs(10)),
+        )
+        .await
+        .expect("answer within bound")
+        .expect("answer");
         assert_eq!(resp.status(), 200);
         let body = http_body_util::BodyExt::collect(resp.into_body())
             .await

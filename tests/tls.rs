@@ -8,14 +8,17 @@ mod support;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::pin::Pin;
 use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use fencegate::config::Config;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body::{Frame, SizeHint};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{
@@ -337,7 +340,7 @@ async fn client_certificates_are_required_with_client_ca() {
 }
 
 /// An https upstream that wants a client certificate from `clients`; it records the
-/// headers of what it is sent.
+/// headers of what it is sent. A request for `/reports/stall/...` gets a [`Stalled`] body.
 struct TlsUpstream {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<HeaderMap>>>,
@@ -373,7 +376,12 @@ impl TlsUpstream {
                         let record = record.clone();
                         async move {
                             record.lock().unwrap().push(req.headers().clone());
-                            Ok::<_, io::Error>(Response::new(Full::new(Bytes::from("secure"))))
+                            let body = if req.uri().path().starts_with("/reports/stall/") {
+                                Either::Right(Stalled { sent: false })
+                            } else {
+                                Either::Left(Full::new(Bytes::from("secure")))
+                            };
+                            Ok::<_, io::Error>(Response::new(body))
                         }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -386,9 +394,44 @@ impl TlsUpstream {
     }
 }
 
+/// A body announced as 10 bytes that sends 3, then nothing ever again.
+struct Stalled {
+    sent: bool,
+}
+
+impl http_body::Body for Stalled {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        if self.sent {
+            return Poll::Pending;
+        }
+        self.sent = true;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"abc")))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(10)
+    }
+}
+
 /// A proxy (plain HTTP in front) whose one upstream is `https://{addr}` with `tls`.
 async fn proxy_to_https(dir: &Path, addr: SocketAddr, tls: &str) -> fencegate::server::Running {
-    let text = config_text(addr, "10s", "0s", "10s").replace(
+    proxy_to_https_within(dir, addr, tls, "10s").await
+}
+
+/// [`proxy_to_https`] with the upstream `timeout` given.
+async fn proxy_to_https_within(
+    dir: &Path,
+    addr: SocketAddr,
+    tls: &str,
+    timeout: &str,
+) -> fencegate::server::Running {
+    let text = config_text(addr, "10s", "0s", timeout).replace(
         &format!("url = \"http://{addr}\"\n"),
         &format!("url = \"https://{addr}\"\n{tls}\n"),
     );
@@ -446,6 +489,57 @@ async fn https_upstream_with_private_ca_server_name_and_client_certificate() {
         r.body
     );
     assert_eq!(upstream.seen.lock().unwrap().len(), 1);
+    running.shutdown().await;
+}
+
+/// An https upstream's body that stalls mid-way is cut off after the upstream's timeout,
+/// as a plain-HTTP one's is: the client's connection closes short of the length.
+#[tokio::test]
+async fn an_https_upstreams_stalled_body_is_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let timeout = std::time::Duration::from_millis(500);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("private ca");
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    ca.client("fencegate").write(dir.path(), "client");
+    let upstream = TlsUpstream::start(&ca.server("upstream", &["upstream.test"]), &ca).await;
+    let running = proxy_to_https_within(
+        dir.path(),
+        upstream.addr,
+        r#"tls = { ca = "ca.pem", server_name = "upstream.test", cert = "client.pem", key = "client.key" }"#,
+        "500ms",
+    )
+    .await;
+    let mut s = TcpStream::connect(running.proxy_addr).await.unwrap();
+    let sent = std::time::Instant::now();
+    s.write_all(b"GET /reports/stall/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(BOUND, async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "still open after {BOUND:?}: {:?}",
+            String::from_utf8_lossy(&got)
+        )
+    });
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    assert!(text.contains("content-length: 10\r\n"), "{text}");
+    assert!(
+        text.ends_with("\r\n\r\nabc"),
+        "closed short of the length: {text:?}"
+    );
+    assert!(sent.elapsed() >= timeout, "{:?}", sent.elapsed());
     running.shutdown().await;
 }
 

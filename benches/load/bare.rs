@@ -2,8 +2,9 @@
 //! HTTP/1.1 server, fencegate's upstream pools (its lean exchange for bodies in memory,
 //! hyper's client connection for streamed ones), one single-threaded tokio runtime per
 //! worker thread on a shared listener — with no routing, no fencing, no header policy and
-//! no timeouts. fencegate cannot be faster than this; the gap between the two is
-//! fencegate's own work, and the gap between this and nginx is the stack's.
+//! no timeouts but the pools' own (a response body's wait for its upstream, on a worker
+//! deadline wheel as in fencegate). fencegate cannot be faster than this; the gap between
+//! the two is fencegate's own work, and the gap between this and nginx is the stack's.
 //!
 //! Without an upstream it is W3's floor instead: the same server answering every request
 //! with fencegate's stale-fence refusal (rendered once by fencegate's own code, then
@@ -29,6 +30,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
+
+/// How long a response body may wait for its upstream (fencegate's default `timeout`).
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The running floor proxy; dropping it stops its workers.
 pub struct Bare {
@@ -108,6 +112,8 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
             .name(format!("bare-proxy-{i}"))
             .spawn(move || {
                 runtime.block_on(async move {
+                    // The pools' body read deadlines, as on a fencegate worker.
+                    tokio::spawn(fencegate::timer::drive());
                     let pool = (
                         Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5)),
                         H1Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5)),
@@ -193,14 +199,21 @@ async fn forward(
         let Ok(body) = body.collect().await else {
             return status(400);
         };
-        return match h1.send(Some(&authority), &parts, &body.to_bytes()).await {
+        return match h1
+            .send(Some(&authority), &parts, &body.to_bytes(), READ_TIMEOUT)
+            .await
+        {
             Ok(resp) => resp.map(|b| b.boxed()),
             Err(_) => status(502),
         };
     }
     let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
     match pool
-        .send(Some(&authority), hyper::Request::from_parts(parts, body))
+        .send(
+            Some(&authority),
+            hyper::Request::from_parts(parts, body),
+            READ_TIMEOUT,
+        )
         .await
     {
         Ok(resp) => resp.map(|b| b.boxed()),

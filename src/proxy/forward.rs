@@ -26,7 +26,7 @@ use crate::fence::InflightGuard;
 use crate::proxy::h1::{self, H1Body, H1Pool};
 use crate::proxy::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
-use crate::timer::Deadline;
+use crate::timer::{Deadline, ReadTimeout};
 use crate::tls::UpstreamTls;
 
 pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;
@@ -59,18 +59,19 @@ pub struct UpstreamError {
 pub enum Upstreamed {
     Pooled(Response<PooledBody>),
     H1(Response<H1Body>),
-    Tls(Response<Incoming>),
+    Tls(Response<TlsBody>),
 }
 
 /// Sends a prepared request (see [`upstream_parts`]) whose body is `body`, in memory, to a
-/// plain-HTTP upstream through this thread's lean HTTP/1.1 pool.
+/// plain-HTTP upstream through this thread's lean HTTP/1.1 pool. Here and in [`send`], the
+/// upstream's `timeout` also bounds every wait for more of the response body.
 pub async fn send_whole(
     upstream: &Upstream,
     parts: &http::request::Parts,
     body: &Bytes,
 ) -> Result<Upstreamed, UpstreamError> {
     H1.with(Arc::clone)
-        .send(upstream.url.authority(), parts, body)
+        .send(upstream.url.authority(), parts, body, upstream.timeout)
         .await
         .map(Upstreamed::H1)
         .map_err(|e| UpstreamError {
@@ -96,10 +97,15 @@ pub async fn send(
                 detail: error_chain(&e),
             })
             .and_then(|r| checked(r, head_request))
-            .map(Upstreamed::Tls),
+            .map(|resp| {
+                Upstreamed::Tls(resp.map(|inner| TlsBody {
+                    inner,
+                    read_timeout: ReadTimeout::new(upstream.timeout),
+                }))
+            }),
         None => POOL
             .with(Arc::clone)
-            .send(upstream.url.authority(), req)
+            .send(upstream.url.authority(), req, upstream.timeout)
             .await
             .map_err(|e| match e {
                 SendError::NotSent(detail) => UpstreamError {
@@ -130,6 +136,47 @@ fn checked<B>(mut resp: Response<B>, head_request: bool) -> Result<Response<B>, 
         }
     })?;
     Ok(resp)
+}
+
+/// A response body from an https upstream's client, failing if a wait for more of it
+/// lasts the upstream's timeout. Failing drops it unfinished, so the client does not pool
+/// its connection again (an HTTP/2 upstream gets its stream reset).
+pub struct TlsBody {
+    inner: Incoming,
+    read_timeout: ReadTimeout,
+}
+
+impl http_body::Body for TlsBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.read_timeout.progressed();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            // Waiting for the upstream (a client that reads slowly is not polling at all).
+            Poll::Pending => this
+                .read_timeout
+                .poll_waiting(cx)
+                .map(|e| Some(Err(Box::new(e) as BoxError))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 pub fn error_chain(e: &dyn std::error::Error) -> String {

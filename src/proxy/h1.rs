@@ -8,7 +8,9 @@
 //! read as the client's connection takes it, framed as RFC 9112 §6.3 says: no body for a
 //! HEAD, 1xx, 204 or 304; chunked if the last transfer coding is chunked; else the
 //! `Content-Length`; else up to the connection's end. A body already read with the head
-//! is handed over whole, and its connection goes back to the pool at once.
+//! is handed over whole, and its connection goes back to the pool at once. A wait for more
+//! of a body lasts at most the upstream's timeout: past it the body fails, and its
+//! connection is closed.
 //!
 //! Compared with driving hyper's client connection inline, this leaves out its message
 //! queue, its state machine and its read/write strategies: a sixth of the proxy's
@@ -39,6 +41,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::proxy::BoxError;
+use crate::timer::ReadTimeout;
 
 /// Largest response head read.
 const MAX_HEAD: usize = 64 * 1024;
@@ -141,12 +144,14 @@ impl H1Pool {
     }
 
     /// Sends a request (origin-form URI, headers prepared for the upstream) with `body` to
-    /// `authority` and answers the response once its head has arrived.
+    /// `authority` and answers the response once its head has arrived. The response body
+    /// fails if a wait for more of it from the upstream lasts `read_timeout`.
     pub async fn send(
         self: &Arc<H1Pool>,
         authority: Option<&Authority>,
         parts: &request::Parts,
         body: &Bytes,
+        read_timeout: Duration,
     ) -> Result<Response<H1Body>, Error> {
         let authority =
             authority.ok_or_else(|| Error::not_sent("upstream URL has no authority"))?;
@@ -187,6 +192,7 @@ impl H1Pool {
             reusable,
             pool: self.clone(),
             authority: authority.clone(),
+            read_timeout: ReadTimeout::new(read_timeout),
         };
         body.take_ready();
         Ok(response.map(|()| body))
@@ -540,6 +546,9 @@ pub struct H1Body {
     reusable: bool,
     pool: Arc<H1Pool>,
     authority: Authority,
+    /// An upstream that stops sending mid-body would otherwise hold the client's
+    /// connection and this one for as long as it keeps the socket open.
+    read_timeout: ReadTimeout,
 }
 
 impl H1Body {
@@ -601,7 +610,14 @@ impl H1Body {
                 Step::More => {}
             }
             match conn.poll_fill(cx) {
-                Poll::Pending => return Poll::Pending,
+                // Only here is the body waiting for the upstream: a client that reads
+                // slowly is not polling at all.
+                Poll::Pending => {
+                    return self
+                        .read_timeout
+                        .poll_waiting(cx)
+                        .map(|e| Err(Box::new(e) as BoxError));
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(Box::new(e))),
                 Poll::Ready(Ok(0)) => {
                     if matches!(self.state, State::Close) {
@@ -613,7 +629,7 @@ impl H1Body {
                         "the upstream closed the connection before the body's end".into(),
                     ));
                 }
-                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Ok(_)) => self.read_timeout.progressed(),
             }
         }
     }

@@ -28,6 +28,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::proxy::{Body, BoxError};
+use crate::timer::ReadTimeout;
 
 type Conn = http1::Connection<TokioIo<TcpStream>, Body>;
 
@@ -102,11 +103,13 @@ impl Pool {
     }
 
     /// Sends `req` (origin-form URI) to `authority` and answers the response, whose body
-    /// drives the connection and returns it to the pool when it ends.
+    /// drives the connection and returns it to the pool when it ends. The body fails
+    /// instead if a wait for more of it from the upstream lasts `read_timeout`.
     pub async fn send(
         self: &Arc<Pool>,
         authority: Option<&Authority>,
         mut req: Request<Body>,
+        read_timeout: Duration,
     ) -> Result<Response<PooledBody>, SendError> {
         let authority = authority
             .cloned()
@@ -161,6 +164,7 @@ impl Pool {
                         conn: Some(pooled),
                         pool,
                         authority,
+                        read_timeout: ReadTimeout::new(read_timeout),
                     }));
                 }
                 Err(mut e) => match e.take_message() {
@@ -278,6 +282,9 @@ pub struct PooledBody {
     conn: Option<Box<Pooled>>,
     pool: Arc<Pool>,
     authority: Authority,
+    /// An upstream that stops sending mid-body would otherwise hold the client's
+    /// connection and this one for as long as it keeps the socket open.
+    read_timeout: ReadTimeout,
 }
 
 impl PooledBody {
@@ -311,12 +318,21 @@ impl http_body::Body for PooledBody {
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(Some(Ok(frame))) => {
+                this.read_timeout.progressed();
                 if this.inner.is_end_stream() {
                     this.release();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Pending => Poll::Pending,
+            // Waiting for the upstream (a client that reads slowly is not polling at all).
+            Poll::Pending => match this.read_timeout.poll_waiting(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(e) => {
+                    // Mid-body: the connection is closed, never pooled.
+                    this.conn = None;
+                    Poll::Ready(Some(Err(Box::new(e))))
+                }
+            },
         }
     }
 
