@@ -371,7 +371,12 @@ async fn idle_connections_past_the_timeout_are_closed() {
             .unwrap();
         let resp = tokio::time::timeout(
             BOUND,
-            pool.send(Some(&authority), req, Duration::from_secs(10)),
+            pool.send(
+                Some(&authority),
+                req,
+                Duration::from_secs(10),
+                std::time::Instant::now() + BOUND,
+            ),
         )
         .await
         .expect("answer within bound")
@@ -536,7 +541,13 @@ async fn lean_exchange_connections_are_closed_by_the_sweeps() {
             .into_parts();
         let resp = tokio::time::timeout(
             BOUND,
-            pool.send(Some(&authority), &parts, &empty, Duration::from_secs(10)),
+            pool.send(
+                Some(&authority),
+                &parts,
+                &empty,
+                Duration::from_secs(10),
+                std::time::Instant::now() + BOUND,
+            ),
         )
         .await
         .expect("answer within bound")
@@ -587,4 +598,51 @@ async fn an_upstreams_fencing_result_is_not_passed_on() {
         ["accepted"]
     );
     running.shutdown().await;
+}
+
+/// An upstream whose connections never complete (its listen queue is full, so handshakes
+/// go unanswered) never received the request: once the upstream's timeout runs out the
+/// answer is 502 `upstream_unavailable`, not 504 (outcome unknown), and the scope does not
+/// settle, so the next generation is tried at once instead of waiting out `settle`.
+#[tokio::test]
+async fn a_connect_that_never_completes_is_unavailable_and_settles_nothing() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let upstream = listener.local_addr().unwrap();
+    // Fill the queue nobody accepts from (bounded): the first connect that does not
+    // complete promptly shows it full.
+    let mut queued = Vec::new();
+    let mut full = false;
+    for _ in 0..16 {
+        match tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            TcpStream::connect(upstream),
+        )
+        .await
+        {
+            Ok(Ok(s)) => queued.push(s),
+            _ => {
+                full = true;
+                break;
+            }
+        }
+    }
+    assert!(full, "the listen queue filled");
+
+    let dir = tempfile::tempdir().unwrap();
+    // A settle that outlasts the test: a scope that settled would answer 503 draining.
+    let text = support::config_text(upstream, "1s", "1h", "300ms");
+    let proxy = support::start(Config::parse(&text, dir.path()).unwrap()).await;
+    let client = support::Client::new(proxy.proxy_addr);
+    for token in ["1", "2"] {
+        let r = client.put("/reports/q/x", token, "never sent").await;
+        assert_eq!(
+            (r.status, r.result()),
+            (502, "upstream_unavailable"),
+            "token {token}"
+        );
+    }
+    drop(queued);
+    drop(listener);
 }

@@ -33,6 +33,9 @@ use tokio::sync::watch;
 
 /// How long a response body may wait for its upstream (fencegate's default `timeout`).
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// No exchange deadline for connects (fencegate's comes from a clock read it makes anyway).
+static CONNECT_BY: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(|| std::time::Instant::now() + Duration::from_secs(86_400 * 365));
 
 /// The running floor proxy; dropping it stops its workers.
 pub struct Bare {
@@ -200,7 +203,13 @@ async fn forward(
             return status(400);
         };
         return match h1
-            .send(Some(&authority), &parts, &body.to_bytes(), READ_TIMEOUT)
+            .send(
+                Some(&authority),
+                &parts,
+                &body.to_bytes(),
+                READ_TIMEOUT,
+                *CONNECT_BY,
+            )
             .await
         {
             Ok(resp) => resp.map(|b| b.boxed()),
@@ -213,6 +222,7 @@ async fn forward(
             Some(&authority),
             hyper::Request::from_parts(parts, body),
             READ_TIMEOUT,
+            *CONNECT_BY,
         )
         .await
     {

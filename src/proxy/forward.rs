@@ -69,9 +69,16 @@ pub async fn send_whole(
     upstream: &Upstream,
     parts: &http::request::Parts,
     body: &Bytes,
+    connect_by: Instant,
 ) -> Result<Upstreamed, UpstreamError> {
     H1.with(Arc::clone)
-        .send(upstream.url.authority(), parts, body, upstream.timeout)
+        .send(
+            upstream.url.authority(),
+            parts,
+            body,
+            upstream.timeout,
+            connect_by,
+        )
         .await
         .map(Upstreamed::H1)
         .map_err(|e| UpstreamError {
@@ -86,6 +93,7 @@ pub async fn send(
     upstream: &Upstream,
     tls_client: Option<&Client>,
     req: Request<Body>,
+    connect_by: Instant,
 ) -> Result<Upstreamed, UpstreamError> {
     let head_request = req.method() == http::Method::HEAD;
     match tls_client {
@@ -105,7 +113,7 @@ pub async fn send(
             }),
         None => POOL
             .with(Arc::clone)
-            .send(upstream.url.authority(), req, upstream.timeout)
+            .send(upstream.url.authority(), req, upstream.timeout, connect_by)
             .await
             .map_err(|e| match e {
                 SendError::NotSent(detail) => UpstreamError {

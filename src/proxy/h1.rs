@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -145,13 +145,15 @@ impl H1Pool {
 
     /// Sends a request (origin-form URI, headers prepared for the upstream) with `body` to
     /// `authority` and answers the response once its head has arrived. The response body
-    /// fails if a wait for more of it from the upstream lasts `read_timeout`.
+    /// fails if a wait for more of it from the upstream lasts `read_timeout`. A new
+    /// connection not made by `connect_by` is given up (the request was not sent).
     pub async fn send(
         self: &Arc<H1Pool>,
         authority: Option<&Authority>,
         parts: &request::Parts,
         body: &Bytes,
         read_timeout: Duration,
+        connect_by: Instant,
     ) -> Result<Response<H1Body>, Error> {
         let authority =
             authority.ok_or_else(|| Error::not_sent("upstream URL has no authority"))?;
@@ -167,7 +169,7 @@ impl H1Pool {
             let reused = pooled.is_some();
             let mut conn = match pooled {
                 Some(c) => c,
-                None => self.connect(authority).await?,
+                None => self.connect(authority, connect_by).await?,
             };
             match write_all(&mut conn.io, &out).await {
                 Ok(()) => break conn,
@@ -250,8 +252,8 @@ impl H1Pool {
         idle.iter().map(|(_, list)| list.len()).sum()
     }
 
-    async fn connect(&self, authority: &Authority) -> Result<Box<Conn>, Error> {
-        let io = super::pool::connect_tcp(authority, self.connect_timeout)
+    async fn connect(&self, authority: &Authority, until: Instant) -> Result<Box<Conn>, Error> {
+        let io = super::pool::connect_tcp(authority, self.connect_timeout, until)
             .await
             .map_err(Error::not_sent)?;
         Ok(Box::new(Conn {

@@ -12,7 +12,7 @@ pub mod problem;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -337,6 +337,12 @@ impl Forwarder {
         // The upstream timeout counts from here: reading the body is part of the exchange
         // (as it was when the body streamed upstream), and the clock is read once.
         let started = Instant::now();
+        // A connection not made by the exchange's end is given up on its own, so that
+        // the request is known not to have reached the upstream: 502 and no settle,
+        // rather than the exchange's 504 (outcome unknown).
+        let connect_by = started
+            .checked_add(upstream.timeout)
+            .unwrap_or(started + Duration::from_secs(86_400 * 365));
         let (mut parts, body) = req.into_parts();
         // The body in memory (none, or a small one read whole), or still to stream.
         let body: Result<Bytes, Body> = if http_body::Body::is_end_stream(&body) {
@@ -384,7 +390,7 @@ impl Forwarder {
                 crate::timer::timeout_from(
                     started,
                     upstream.timeout,
-                    forward::send_whole(upstream, &parts, &bytes),
+                    forward::send_whole(upstream, &parts, &bytes, connect_by),
                 )
                 .await
             }
@@ -400,7 +406,7 @@ impl Forwarder {
                 crate::timer::timeout_from(
                     started,
                     upstream.timeout,
-                    forward::send(upstream, tls_client, out),
+                    forward::send(upstream, tls_client, out, connect_by),
                 )
                 .await
             }

@@ -104,12 +104,14 @@ impl Pool {
 
     /// Sends `req` (origin-form URI) to `authority` and answers the response, whose body
     /// drives the connection and returns it to the pool when it ends. The body fails
-    /// instead if a wait for more of it from the upstream lasts `read_timeout`.
+    /// instead if a wait for more of it from the upstream lasts `read_timeout`. A new
+    /// connection not made by `connect_by` is given up (the request was not sent).
     pub async fn send(
         self: &Arc<Pool>,
         authority: Option<&Authority>,
         mut req: Request<Body>,
         read_timeout: Duration,
+        connect_by: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
         let authority = authority
             .cloned()
@@ -129,7 +131,7 @@ impl Pool {
             };
             let (mut pooled, reused) = match taken {
                 Some(p) => (p, true),
-                None => (self.connect(&authority).await?, false),
+                None => (self.connect(&authority, connect_by).await?, false),
             };
             // Drive the connection until it takes a request (or turns out closed).
             let ready = poll_fn(|cx| {
@@ -236,8 +238,12 @@ impl Pool {
         idle.by_host.iter().map(|(_, list)| list.len()).sum()
     }
 
-    async fn connect(&self, authority: &Authority) -> Result<Box<Pooled>, SendError> {
-        let stream = connect_tcp(authority, self.connect_timeout)
+    async fn connect(
+        &self,
+        authority: &Authority,
+        until: Instant,
+    ) -> Result<Box<Pooled>, SendError> {
+        let stream = connect_tcp(authority, self.connect_timeout, until)
             .await
             .map_err(SendError::NotSent)?;
         // Flattened writes, as on the listener (`server::http_builder`).
@@ -255,18 +261,23 @@ impl Pool {
     }
 }
 
-/// A new TCP connection to a plain-HTTP upstream, with Nagle off; on failure, what went
-/// wrong (nothing was sent).
+/// A new TCP connection to a plain-HTTP upstream, with Nagle off, given up after `timeout`
+/// or at `until` (the end of the exchange it is for), whichever comes first; on failure,
+/// what went wrong (nothing was sent).
 pub(crate) async fn connect_tcp(
     authority: &Authority,
     timeout: Duration,
+    until: Instant,
 ) -> Result<TcpStream, String> {
     let port = authority.port_u16().unwrap_or(80);
     let host = authority
         .host()
         .trim_start_matches('[')
         .trim_end_matches(']');
-    let stream = tokio::time::timeout(timeout, TcpStream::connect((host, port)))
+    let until = Instant::now()
+        .checked_add(timeout)
+        .map_or(until, |t| t.min(until));
+    let stream = tokio::time::timeout_at(until.into(), TcpStream::connect((host, port)))
         .await
         .map_err(|_| format!("connect to {authority} timed out"))?
         .map_err(|e| format!("connect to {authority}: {e}"))?;
