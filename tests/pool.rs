@@ -455,7 +455,7 @@ async fn every_framing_arrives_whole_and_reuse_follows_it() {
 /// `Connection` lists is stripped, whatever else it lists.
 #[tokio::test]
 async fn framing_headers_are_checked_whichever_way_the_request_went() {
-    let (_upstream, running, client, _dir) = setup().await;
+    let (upstream, running, client, _dir) = setup().await;
     let big = "s".repeat(70 * 1024);
     for (how, body) in [("lean", "x"), ("streamed", big.as_str())] {
         let put = |kind: &str| {
@@ -485,6 +485,21 @@ async fn framing_headers_are_checked_whichever_way_the_request_went() {
             lengths(&r).iter().all(|l| l == "11"),
             "{how}: {:?}",
             lengths(&r)
+        );
+        // A message to be wary of: its connection carries nothing more.
+        let r = put("keep").await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ok"), "{how}: {r:?}");
+        let conn_of = |path: String| {
+            upstream
+                .requests()
+                .into_iter()
+                .find(|(_, p)| *p == path)
+                .map(|(conn, _)| conn)
+        };
+        assert_ne!(
+            conn_of(format!("/te-and-length/{how}")),
+            conn_of(format!("/keep/{how}")),
+            "{how}: reused after a length beside chunked"
         );
 
         let r = put("lengths").await;

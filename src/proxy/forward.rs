@@ -104,7 +104,7 @@ pub async fn send(
                 not_sent: e.is_connect(),
                 detail: error_chain(&e),
             })
-            .and_then(|r| checked(r, head_request))
+            .and_then(|r| checked(r, head_request).map(|(r, _)| r))
             .map(|resp| {
                 Upstreamed::Tls(resp.map(|inner| TlsBody {
                     inner,
@@ -126,7 +126,12 @@ pub async fn send(
                 },
             })
             .and_then(|r| checked(r, head_request))
-            .map(Upstreamed::Pooled),
+            .map(|(mut resp, reusable)| {
+                if !reusable {
+                    resp.body_mut().forbid_reuse();
+                }
+                Upstreamed::Pooled(resp)
+            }),
     }
 }
 
@@ -134,16 +139,21 @@ pub async fn send(
 /// checks its own ([`h1::check_framing`]): hyper has delimited the body, but a length
 /// left beside the coding it took off would frame the body again, wrongly, on the way to
 /// the client. A refused response fails the exchange after the request was sent (the
-/// upstream may have acted on it), as on the lean exchange.
-fn checked<B>(mut resp: Response<B>, head_request: bool) -> Result<Response<B>, UpstreamError> {
+/// upstream may have acted on it), as on the lean exchange. Also answers whether the
+/// connection may be used again (an https client's pool decides that for itself).
+fn checked<B>(
+    mut resp: Response<B>,
+    head_request: bool,
+) -> Result<(Response<B>, bool), UpstreamError> {
     let status = resp.status();
-    h1::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
-        UpstreamError {
-            not_sent: false,
-            detail,
-        }
-    })?;
-    Ok(resp)
+    let reusable =
+        h1::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
+            UpstreamError {
+                not_sent: false,
+                detail,
+            }
+        })?;
+    Ok((resp, reusable))
 }
 
 /// A response body from an https upstream's client, failing if a wait for more of it

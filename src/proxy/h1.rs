@@ -421,16 +421,17 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
 /// headers as the upstream sent them, for the client to be shown. They leave as
 /// [`framing`] leaves them, or the response is refused as it would be here: an upgrade
 /// nobody asked for (`Upgrade` never reaches the upstream), a transfer coding other than
-/// chunked, a malformed or conflicting length.
+/// chunked, a malformed or conflicting length. Answers whether the connection may carry
+/// another request afterwards (not after a length beside chunked, as here).
 pub(crate) fn check_framing(
     status: StatusCode,
     head_request: bool,
     headers: &mut HeaderMap,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Err("the upstream switched protocols unasked".into());
     }
-    framing(status, head_request, headers).map(|_| ())
+    framing(status, head_request, headers).map(|f| f.reusable)
 }
 
 /// How a response body is delimited.

@@ -167,6 +167,7 @@ impl Pool {
                         pool,
                         authority,
                         read_timeout: ReadTimeout::new(read_timeout),
+                        reuse: true,
                     }));
                 }
                 Err(mut e) => match e.take_message() {
@@ -277,7 +278,9 @@ pub(crate) async fn connect_tcp(
     let until = Instant::now()
         .checked_add(timeout)
         .map_or(until, |t| t.min(until));
-    let stream = tokio::time::timeout_at(until.into(), TcpStream::connect((host, port)))
+    // On the worker's deadline wheel, as the exchange's own deadline is: at `until` both
+    // expire in one pass, and this one, polled first, says the request was never sent.
+    let stream = crate::timer::timeout_at(until, TcpStream::connect((host, port)))
         .await
         .map_err(|_| format!("connect to {authority} timed out"))?
         .map_err(|e| format!("connect to {authority}: {e}"))?;
@@ -296,11 +299,21 @@ pub struct PooledBody {
     /// An upstream that stops sending mid-body would otherwise hold the client's
     /// connection and this one for as long as it keeps the socket open.
     read_timeout: ReadTimeout,
+    /// False: the connection is closed at the end, not pooled.
+    reuse: bool,
 }
 
 impl PooledBody {
+    /// The connection is closed at the body's end instead of pooled (its response was one
+    /// to be wary of: a length beside chunked).
+    pub(crate) fn forbid_reuse(&mut self) {
+        self.reuse = false;
+    }
+
     fn release(&mut self) {
-        if let Some(p) = self.conn.take() {
+        if let Some(p) = self.conn.take()
+            && self.reuse
+        {
             self.pool.put(self.authority.clone(), p);
         }
     }
