@@ -55,8 +55,20 @@ fn authorized(app: &App, req: &Request<Incoming>) -> bool {
     };
     req.headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|v| bearer_credentials(v.as_bytes()))
         .is_some_and(|got| same_secret(got, want.as_bytes()))
+}
+
+/// The credentials of `Authorization: Bearer <token>`. RFC 9110 §11.1: the scheme is
+/// case-insensitive and one or more spaces separate it from the credentials.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"Bearer";
+    let (scheme, rest) = value.split_at_checked(SCHEME.len())?;
+    if !scheme.eq_ignore_ascii_case(SCHEME) || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let start = rest.iter().position(|&b| b != b' ')?;
+    Some(&rest[start..])
 }
 
 fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
@@ -97,9 +109,12 @@ fn mark_json(scope: &str, mark: Option<Token>) -> serde_json::Value {
 pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    // Probes answer HEAD as GET (hyper sends no body for HEAD) and need no token.
     match (&method, path.as_str()) {
-        (&Method::GET, "/healthz") => return respond(StatusCode::OK, "text/plain", "ok\n"),
-        (&Method::GET, "/readyz") => {
+        (&Method::GET | &Method::HEAD, "/healthz") => {
+            return respond(StatusCode::OK, "text/plain", "ok\n");
+        }
+        (&Method::GET | &Method::HEAD, "/readyz") => {
             return if app.store.is_failed() {
                 respond(
                     StatusCode::SERVICE_UNAVAILABLE,

@@ -646,6 +646,15 @@ impl Config {
                 &mut errors,
             ),
         };
+        if overlaps(admin.listen, server.listen) {
+            errors.push(
+                "admin.listen",
+                format!(
+                    "{} is also server.listen ({}): the admin API needs a listener of its own",
+                    admin.listen, server.listen
+                ),
+            );
+        }
         let raw_authority = table.remove("authority");
         let has_authority = raw_authority.is_some();
         let authority =
@@ -904,6 +913,17 @@ fn validate_route(
         }
         bare.to_string()
     });
+    // An empty list would fence no method: an implicit pass-through (SPEC §2).
+    if fenced && raw.methods.as_ref().is_some_and(Vec::is_empty) {
+        errors.push(
+            format!("{path}.methods"),
+            format!(
+                "empty on fenced route `{}`: no method would need a token; \
+                 write `fenced = false` for a pass-through route",
+                raw.name
+            ),
+        );
+    }
     let methods = raw.methods.map(|list| {
         list.iter()
             .filter_map(|m| match Method::from_bytes(m.as_bytes()) {
@@ -1150,6 +1170,39 @@ colour = "red"
         let text = format!("{GOOD}\n[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"t\"\n");
         let c = Config::parse(&text, dir.path()).unwrap();
         assert_eq!(c.admin.token.as_deref(), Some("secret"));
+    }
+
+    #[test]
+    fn the_admin_api_listens_apart_from_the_proxy() {
+        for listen in ["127.0.0.1:8080", "0.0.0.0:8080"] {
+            let text = format!("{GOOD}\n[admin]\nlisten = \"{listen}\"\ntoken_file = \"t\"\n");
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("t"), "secret").unwrap();
+            let errs = Config::parse(&text, dir.path()).unwrap_err().0;
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert_eq!(errs[0].path, "admin.listen");
+            assert!(errs[0].message.contains("server.listen"), "{errs:?}");
+        }
+        let other = format!("{GOOD}\n[admin]\nlisten = \"127.0.0.1:8081\"\n");
+        Config::parse(&other, Path::new(".")).expect("another port");
+    }
+
+    /// A fenced route must fence something: an empty `methods` list would let every
+    /// tokenless request through unchecked, an implicit pass-through (SPEC §2).
+    #[test]
+    fn a_fenced_route_needs_a_fenced_method() {
+        let empty = format!("{GOOD}methods = []\n");
+        let errs = errors_at(&empty, &["route[0].methods"]);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].message.contains("`reports`"), "{errs:?}");
+        assert!(errs[0].message.contains("fenced = false"), "{errs:?}");
+        // Said explicitly, a pass-through is fine; so is a list naming any method.
+        let open = format!("{GOOD}fenced = false\nmethods = []\n");
+        Config::parse(&open, Path::new(".")).expect("an explicit pass-through");
+        let one = format!("{GOOD}methods = [\"PUT\"]\n");
+        let c = Config::parse(&one, Path::new(".")).expect("one fenced method");
+        assert!(c.routes[0].fences_method(&Method::PUT));
+        assert!(!c.routes[0].fences_method(&Method::POST));
     }
 
     #[test]

@@ -248,3 +248,62 @@ async fn bearer_token_guards_all_but_probes() {
     assert_eq!(raise.status, 401);
     proxy.shutdown().await;
 }
+
+/// RFC 9110 §11.1: the auth scheme is case-insensitive and one or more spaces may
+/// separate it from the token.
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), "s3cret\n").unwrap();
+    let text = support::config_text(double.addr, "10s", "0s", "10s")
+        .replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
+    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let proxy = support::start(config).await;
+    let admin = Client::new(proxy.admin_addr);
+    let status = |value: &'static str| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .send("GET", "/v1/floor", &[("authorization", value)], "")
+                .await
+                .status
+        }
+    };
+    for ok in ["bearer s3cret", "BEARER s3cret", "BeArEr   s3cret"] {
+        assert_eq!(status(ok).await, 200, "{ok}");
+    }
+    for denied in [
+        "Bearers3cret",
+        "Bearer s3cre",
+        "Basic s3cret",
+        "Bearer",
+        "s3cret",
+    ] {
+        assert_eq!(status(denied).await, 401, "{denied}");
+    }
+    proxy.shutdown().await;
+}
+
+/// Load balancers probe with HEAD as often as with GET: the probes answer it, with the
+/// same status and no body, with or without an admin token.
+#[tokio::test]
+async fn probes_answer_head() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), "s3cret\n").unwrap();
+    let plain = support::config_text(double.addr, "10s", "0s", "10s");
+    let guarded = plain.replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
+    for text in [plain, guarded] {
+        let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+        let proxy = support::start(config).await;
+        for path in ["/healthz", "/readyz"] {
+            let request = format!("HEAD {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+            let (status, wire) = support::raw(proxy.admin_addr, request.as_bytes()).await;
+            assert_eq!(status, 200, "{path}: {wire}");
+            let (_, body) = wire.split_once("\r\n\r\n").expect("headers end");
+            assert_eq!(body, "", "{path}: HEAD has no body");
+        }
+        proxy.shutdown().await;
+    }
+}
