@@ -346,6 +346,15 @@ async fn backup_and_restore_merge_by_max() {
     );
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
+    // With the server stopped the file is read directly: the same backup, end line too.
+    let offline = dir.path().join("marks-offline.jsonl");
+    let out = run(&["backup", "--out", offline.to_str().unwrap()], &config);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&offline).unwrap(), text);
 
     // A second store already has a higher mark for c: restore must not lower it.
     let other = tempfile::tempdir().unwrap();
