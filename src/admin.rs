@@ -255,52 +255,77 @@ const BACKUP_CHUNK: usize = 64 * 1024;
 /// holds a read transaction, which keeps the store from reusing freed pages).
 const BACKUP_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// What the backup's producer hands the response body.
+enum Piece {
+    Data(Bytes),
+    /// Everything was sent, the footer included. Without it a closed channel means the
+    /// producer gave up (a stalled client, a failed read), so the body must not end cleanly.
+    End,
+    Failed(String),
+}
+
+/// Writes the backup of `snapshot` through `send`, which answers false once the piece
+/// could not be handed on (the client stalled or went away). [`Piece::End`] is sent only
+/// after every mark and the footer were; a stop before that sends nothing more.
+fn produce_backup(
+    snapshot: Result<crate::fence::Snapshot, crate::fence::StoreError>,
+    mut send: impl FnMut(Piece) -> bool,
+) {
+    let mut text = String::new();
+    let mut open = true;
+    let mut count = 0u64;
+    // The floor from the marks' own transaction: the two are of one moment.
+    let res = snapshot.and_then(|snapshot| {
+        text = backup_header(snapshot.floor()?);
+        snapshot.for_each(|scope, token| {
+            text.push_str(&backup_line(scope, token));
+            count += 1;
+            if text.len() >= BACKUP_CHUNK {
+                open = send(Piece::Data(Bytes::from(std::mem::take(&mut text))));
+            }
+            open
+        })
+    });
+    match res {
+        Ok(()) if open => {
+            text.push_str(&backup_footer(count));
+            if send(Piece::Data(Bytes::from(text))) {
+                send(Piece::End);
+            }
+        }
+        Ok(()) => {}
+        Err(e) => {
+            send(Piece::Failed(e.to_string()));
+        }
+    }
+}
+
 /// `GET /v1/backup`: the epoch floor and every mark from one read transaction (a
 /// consistent snapshot), streamed in pieces so that memory does not grow with the number
 /// of scopes. A failure before the first piece is a 503; one later aborts the body, so
 /// the client sees a truncated transfer, never a short backup that looks whole.
 async fn backup(app: &App) -> Response<Body> {
-    type Piece = Result<Bytes, String>;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
     let store = app.store.clone();
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        let send = |piece: Piece| {
+        produce_backup(store.snapshot(), |piece| {
             runtime
                 .block_on(tokio::time::timeout(BACKUP_STALL, tx.send(piece)))
                 .is_ok_and(|sent| sent.is_ok())
-        };
-        let mut text = String::new();
-        let mut open = true;
-        // The floor from the marks' own transaction: the two are of one moment.
-        let res = store.snapshot().and_then(|snapshot| {
-            text = backup_header(snapshot.floor()?);
-            snapshot.for_each(|scope, token| {
-                text.push_str(&backup_line(scope, token));
-                if text.len() >= BACKUP_CHUNK {
-                    open = send(Ok(Bytes::from(std::mem::take(&mut text))));
-                }
-                open
-            })
-        });
-        match res {
-            Ok(()) if open => {
-                send(Ok(Bytes::from(text)));
-            }
-            Ok(()) => {}
-            Err(e) => {
-                send(Err(e.to_string()));
-            }
-        }
+        })
     });
     let first = match rx.recv().await {
-        Some(Ok(first)) => first,
-        Some(Err(e)) => return problem(StatusCode::SERVICE_UNAVAILABLE, &e),
-        None => return problem(StatusCode::SERVICE_UNAVAILABLE, "the backup stopped"),
+        Some(Piece::Data(first)) => first,
+        Some(Piece::Failed(e)) => return problem(StatusCode::SERVICE_UNAVAILABLE, &e),
+        Some(Piece::End) | None => {
+            return problem(StatusCode::SERVICE_UNAVAILABLE, "the backup stopped");
+        }
     };
     let body = Pieces {
         first: Some(first),
         rest: rx,
+        ended: false,
     };
     let mut r = Response::new(body.boxed());
     r.headers_mut().insert(
@@ -310,10 +335,13 @@ async fn backup(app: &App) -> Response<Body> {
     r
 }
 
-/// A body made of the pieces a backup sends.
+/// A body made of the pieces a backup sends. It ends cleanly only on [`Piece::End`]; a
+/// channel closed before it is an error, so hyper aborts the chunked body instead of
+/// writing the final chunk that would make a short backup look whole.
 struct Pieces {
     first: Option<Bytes>,
-    rest: tokio::sync::mpsc::Receiver<Result<Bytes, String>>,
+    rest: tokio::sync::mpsc::Receiver<Piece>,
+    ended: bool,
 }
 
 impl http_body::Body for Pieces {
@@ -324,22 +352,34 @@ impl http_body::Body for Pieces {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
         let this = self.get_mut();
         if let Some(first) = this.first.take() {
-            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(first))));
+            return Poll::Ready(Some(Ok(http_body::Frame::data(first))));
         }
-        this.rest
-            .poll_recv(cx)
-            .map(|piece| piece.map(|p| p.map(http_body::Frame::data).map_err(Into::into)))
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match std::task::ready!(this.rest.poll_recv(cx)) {
+            Some(Piece::Data(data)) => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+            Some(Piece::End) => {
+                this.ended = true;
+                Poll::Ready(None)
+            }
+            Some(Piece::Failed(e)) => Poll::Ready(Some(Err(e.into()))),
+            None => Poll::Ready(Some(Err("the backup stopped before its end".into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
     }
 }
 
-/// The first line of a backup: what it is and the epoch floor.
+/// The first line of a backup: what it is (format 2: it has an end line) and the epoch
+/// floor.
 pub fn backup_header(floor: u64) -> String {
-    format!(
-        "{}\n",
-        serde_json::json!({"fencegate_backup": 1, "epoch_floor": floor})
-    )
+    format!("{{\"fencegate_backup\":2,\"epoch_floor\":{floor}}}\n")
 }
 
 pub fn backup_line(scope: &str, token: Token) -> String {
@@ -347,4 +387,95 @@ pub fn backup_line(scope: &str, token: Token) -> String {
         "{}\n",
         serde_json::json!({"scope": scope, "token": token.to_string()})
     )
+}
+
+/// The last line of a backup (format 2): how many mark lines came before it, so a
+/// restore can tell a whole backup from one cut short.
+pub fn backup_footer(marks: u64) -> String {
+    format!("{{\"fencegate_backup_end\":{marks}}}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+
+    fn pieces(rest: Vec<Piece>) -> Pieces {
+        let (tx, rx) = tokio::sync::mpsc::channel(rest.len().max(1));
+        for piece in rest {
+            assert!(tx.try_send(piece).is_ok());
+        }
+        Pieces {
+            first: Some(Bytes::from_static(b"head\n")),
+            rest: rx,
+            ended: false,
+        }
+    }
+
+    /// A producer that stops without its end item (a stalled client, a failed read)
+    /// leaves a body that fails, so hyper aborts the transfer instead of ending it cleanly.
+    #[tokio::test]
+    async fn pieces_closed_without_the_end_item_fail() {
+        let body = pieces(vec![Piece::Data(Bytes::from_static(b"more\n"))]);
+        let err = body.collect().await.err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("the backup stopped before its end"));
+
+        let body = pieces(vec![Piece::Data(Bytes::from_static(b"more\n")), Piece::End]);
+        let whole = body.collect().await.map(|c| c.to_bytes());
+        assert_eq!(whole.ok().as_deref(), Some(&b"head\nmore\n"[..]));
+    }
+
+    async fn store_of(marks: u64) -> crate::fence::MarkStore {
+        let store =
+            crate::fence::MarkStore::open_with_backend(redb::backends::InMemoryBackend::new())
+                .expect("store");
+        let advances: Vec<_> = (0..marks)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let scope: Arc<str> = format!("bulk/{i:05}").into();
+                    store.advance(scope, Token::new(0, i + 1)).await
+                })
+            })
+            .collect();
+        for a in advances {
+            a.await.expect("task").expect("advance");
+        }
+        store
+    }
+
+    /// A whole backup is its header, the marks and the end line counting them, then the
+    /// end item; a send that fails midway (the client stalled) ends it with nothing more.
+    #[tokio::test]
+    async fn a_backup_sends_its_end_only_when_whole() {
+        let store = store_of(3_000).await;
+        let mut sent = Vec::new();
+        produce_backup(store.snapshot(), |piece| {
+            sent.push(piece);
+            true
+        });
+        assert!(sent.len() > 2, "{} pieces", sent.len());
+        assert!(matches!(sent.pop(), Some(Piece::End)));
+        let mut text = Vec::new();
+        for piece in sent {
+            match piece {
+                Piece::Data(data) => text.extend_from_slice(&data),
+                _ => panic!("only data before the end"),
+            }
+        }
+        let text = String::from_utf8(text).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + 3_000 + 1);
+        assert_eq!(lines[0], r#"{"fencegate_backup":2,"epoch_floor":0}"#);
+        assert_eq!(lines[3_001], r#"{"fencegate_backup_end":3000}"#);
+
+        let mut sent = Vec::new();
+        produce_backup(store.snapshot(), |piece| {
+            sent.push(piece);
+            false
+        });
+        assert_eq!(sent.len(), 1, "nothing after a failed send");
+        assert!(matches!(sent[0], Piece::Data(_)));
+    }
 }

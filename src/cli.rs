@@ -356,21 +356,34 @@ fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
                 std::fs::File::create(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
             let mut w = std::io::BufWriter::new(file);
             let mut lines = 0usize;
+            let mut last = LastLine::default();
             let streamed = admin_stream(config, "/v1/backup", |piece| {
                 lines += piece.iter().filter(|b| **b == b'\n').count();
+                last.push(piece);
                 w.write_all(piece)
             });
-            if let Err(code) = streamed {
-                drop(w);
-                let _ = std::fs::remove_file(&tmp);
-                return Err(code);
-            }
+            // A body that ended cleanly is whole only if its end line says so: a server
+            // that gave up midway must never leave a short backup in place.
+            let marks = streamed.and_then(|()| {
+                streamed_marks(last.line(), lines).map_err(|e| {
+                    fail(format!(
+                        "the backup from the running server is incomplete: {e}"
+                    ))
+                })
+            });
+            let marks = match marks {
+                Ok(marks) => marks,
+                Err(code) => {
+                    drop(w);
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(code);
+                }
+            };
             let file = w.into_inner().map_err(|e| fail(e.error()))?;
             file.sync_all().map_err(fail)?;
             std::fs::rename(&tmp, out).map_err(fail)?;
             eprintln!(
-                "backed up {} marks to {} (from the running server)",
-                lines.saturating_sub(1),
+                "backed up {marks} marks to {} (from the running server)",
                 out.display()
             );
             return Ok(ExitCode::SUCCESS);
@@ -404,11 +417,62 @@ fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
     if let Some(e) = io_err {
         return Err(fail(e));
     }
+    w.write_all(crate::admin::backup_footer(count).as_bytes())
+        .map_err(fail)?;
     let file = w.into_inner().map_err(|e| fail(e.error()))?;
     file.sync_all().map_err(fail)?;
     std::fs::rename(&tmp, out).map_err(fail)?;
     eprintln!("backed up {count} marks to {}", out.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The last complete line of a stream that arrives in pieces, and what follows it.
+#[derive(Default)]
+struct LastLine {
+    line: Vec<u8>,
+    rest: Vec<u8>,
+}
+
+impl LastLine {
+    fn push(&mut self, piece: &[u8]) {
+        let Some(end) = piece.iter().rposition(|b| *b == b'\n') else {
+            self.rest.extend_from_slice(piece);
+            return;
+        };
+        match piece[..end].iter().rposition(|b| *b == b'\n') {
+            Some(start) => self.line = piece[start + 1..end].to_vec(),
+            None => {
+                self.rest.extend_from_slice(&piece[..end]);
+                self.line = std::mem::take(&mut self.rest);
+            }
+        }
+        self.rest = piece[end + 1..].to_vec();
+    }
+
+    /// The last line, if the stream ended with a newline.
+    fn line(&self) -> Option<&[u8]> {
+        self.rest.is_empty().then_some(self.line.as_slice())
+    }
+}
+
+/// The marks in a streamed backup of `lines` lines whose last line is `last`: the end
+/// line must close it and count every line between it and the header.
+fn streamed_marks(last: Option<&[u8]>, lines: usize) -> Result<u64, String> {
+    let last = last.ok_or("it does not end with a whole line")?;
+    match serde_json::from_slice::<BackupLine>(last) {
+        Ok(BackupLine::End {
+            fencegate_backup_end,
+        }) if usize::try_from(fencegate_backup_end).ok() == lines.checked_sub(2) => {
+            Ok(fencegate_backup_end)
+        }
+        Ok(BackupLine::End {
+            fencegate_backup_end,
+        }) => Err(format!(
+            "its end line counts {fencegate_backup_end} marks, but {} mark lines came before it",
+            lines.saturating_sub(2)
+        )),
+        _ => Err("it does not end with its end line".to_string()),
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -418,37 +482,93 @@ enum BackupLine {
         fencegate_backup: u64,
         epoch_floor: u64,
     },
+    End {
+        fencegate_backup_end: u64,
+    },
     Mark {
         scope: String,
         token: Token,
     },
 }
 
-fn restore(config: &Config, input: &Path) -> Result<ExitCode, ExitCode> {
-    let file = std::fs::File::open(input).map_err(|e| fail(format!("{}: {e}", input.display())))?;
+/// The epoch floor and the marks of a backup, read whole before anything is restored.
+/// Format 2 is checked: one header, first; the end line last, counting the marks.
+/// Format 1 has no end line, so a cut-short one cannot be told from a whole one.
+fn read_backup(input: impl BufRead, name: &str) -> Result<(u64, Vec<(String, Token)>), String> {
     let mut entries = Vec::new();
     let mut floor = 0;
-    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(fail)?;
+    let mut format = None;
+    let mut end = None;
+    let mut first = true;
+    for (n, line) in input.lines().enumerate() {
+        let line = line.map_err(|e| format!("{name}: {e}"))?;
         if line.trim().is_empty() {
             continue;
         }
+        let at = format!("{name}:{}", n + 1);
+        if end.is_some() {
+            return Err(format!(
+                "the backup is incomplete: {at}: a line follows the end line"
+            ));
+        }
         match serde_json::from_str::<BackupLine>(&line) {
+            Ok(BackupLine::Header { .. }) if format.is_some() => {
+                return Err(format!("{at}: a second header line"));
+            }
             Ok(BackupLine::Header {
-                fencegate_backup: 1,
+                fencegate_backup: 2,
+                ..
+            }) if !first => {
+                return Err(format!("{at}: the header must be the first line"));
+            }
+            Ok(BackupLine::Header {
+                fencegate_backup: version @ (1 | 2),
                 epoch_floor,
-            }) => floor = epoch_floor,
+            }) => {
+                format = Some(version);
+                floor = epoch_floor;
+            }
             Ok(BackupLine::Header {
                 fencegate_backup, ..
             }) => {
-                return Err(fail(format!(
-                    "backup format {fencegate_backup} is not supported"
-                )));
+                return Err(format!("backup format {fencegate_backup} is not supported"));
+            }
+            Ok(BackupLine::End {
+                fencegate_backup_end,
+            }) if format == Some(2) => end = Some(fencegate_backup_end),
+            Ok(BackupLine::End { .. }) => {
+                return Err(format!(
+                    "{at}: an end line, but the header does not say format 2"
+                ));
             }
             Ok(BackupLine::Mark { scope, token }) => entries.push((scope, token)),
-            Err(e) => return Err(fail(format!("{}:{}: {e}", input.display(), n + 1))),
+            Err(e) => return Err(format!("{at}: {e}")),
+        }
+        first = false;
+    }
+    if format == Some(2) {
+        match end {
+            None => {
+                return Err(format!(
+                    "the backup is incomplete: {name} has no end line (it was cut short)"
+                ));
+            }
+            Some(n) if n != entries.len() as u64 => {
+                return Err(format!(
+                    "the backup is incomplete: its end line counts {n} marks, but {name} holds {}",
+                    entries.len()
+                ));
+            }
+            Some(_) => {}
         }
     }
+    Ok((floor, entries))
+}
+
+fn restore(config: &Config, input: &Path) -> Result<ExitCode, ExitCode> {
+    let file = std::fs::File::open(input).map_err(|e| fail(format!("{}: {e}", input.display())))?;
+    let (floor, entries) = read_backup(std::io::BufReader::new(file), &input.display().to_string())
+        .map_err(|e| fail(format!("{e}; nothing was restored")))?;
     let store = MarkStore::open(&config.store.path).map_err(|e| {
         fail(format!("{e} (restore needs the server stopped; to raise marks online use POST /v1/scopes/{{scope}}/raise)"))
     })?;
@@ -512,5 +632,42 @@ mod tests {
             [10_000, 2_345, 10_000, 10_000, 10_000, 7],
             "pages asked for"
         );
+    }
+
+    /// The last line is found however the stream is cut into pieces, and a stream that
+    /// stops inside a line has none.
+    #[test]
+    fn the_last_line_is_found_across_pieces() {
+        let text = b"{\"fencegate_backup\":2,\"epoch_floor\":0}\n{\"scope\":\"a\",\"token\":\"1\"}\n{\"fencegate_backup_end\":1}\n";
+        for a in 0..=text.len() {
+            for b in a..=text.len() {
+                let mut last = LastLine::default();
+                for piece in [&text[..a], &text[a..b], &text[b..]] {
+                    last.push(piece);
+                }
+                assert_eq!(
+                    last.line(),
+                    Some(&b"{\"fencegate_backup_end\":1}"[..]),
+                    "cut at {a} and {b}"
+                );
+                assert_eq!(streamed_marks(last.line(), 3), Ok(1));
+            }
+        }
+        let mut last = LastLine::default();
+        last.push(&text[..text.len() - 1]);
+        assert_eq!(last.line(), None);
+    }
+
+    /// A streamed backup is whole only if it ends with an end line counting its marks.
+    #[test]
+    fn a_streamed_backup_without_its_end_line_is_incomplete() {
+        let end = b"{\"fencegate_backup_end\":2}".as_slice();
+        assert_eq!(streamed_marks(Some(end), 4), Ok(2));
+        assert!(streamed_marks(Some(end), 3).is_err(), "a wrong count");
+        assert!(streamed_marks(None, 4).is_err(), "cut inside a line");
+        let mark = b"{\"scope\":\"a\",\"token\":\"1\"}".as_slice();
+        assert!(streamed_marks(Some(mark), 4).is_err(), "cut after a mark");
+        let header = b"{\"fencegate_backup\":2,\"epoch_floor\":0}".as_slice();
+        assert!(streamed_marks(Some(header), 1).is_err(), "only a header");
     }
 }

@@ -91,16 +91,24 @@ async fn marks_api_lists_gets_raises_and_never_lowers() {
 
     let backup = admin.get("/v1/backup").await;
     assert_eq!(backup.status, 200);
-    assert_eq!(backup.body.lines().count(), 1 + 5, "{}", backup.body);
+    assert_eq!(backup.body.lines().count(), 1 + 5 + 1, "{}", backup.body);
     assert!(
         backup
             .body
-            .starts_with(r#"{"epoch_floor":1,"fencegate_backup":1}"#)
+            .starts_with("{\"fencegate_backup\":2,\"epoch_floor\":1}\n"),
+        "{}",
+        backup.body
+    );
+    assert!(
+        backup.body.ends_with("\n{\"fencegate_backup_end\":5}\n"),
+        "{}",
+        backup.body
     );
     proxy.shutdown().await;
 }
 
-/// A backup larger than one piece of the stream (64 KiB) arrives whole and in order.
+/// A backup larger than one piece of the stream (64 KiB) arrives whole and in order, its
+/// end line last.
 #[tokio::test]
 async fn a_large_backup_streams_whole() {
     let double = Double::start().await;
@@ -126,8 +134,9 @@ async fn a_large_backup_streams_whole() {
     assert_eq!(backup.status, 200);
     assert!(backup.body.len() > 64 * 1024, "{} bytes", backup.body.len());
     let lines: Vec<&str> = backup.body.lines().collect();
-    assert_eq!(lines.len(), 1 + 3_000);
-    for (i, line) in lines[1..].iter().enumerate() {
+    assert_eq!(lines.len(), 1 + 3_000 + 1);
+    assert_eq!(lines[3_001], r#"{"fencegate_backup_end":3000}"#);
+    for (i, line) in lines[1..3_001].iter().enumerate() {
         let want = format!(r#"{{"scope":"bulk/{i:05}","token":"{}"}}"#, i + 1);
         assert_eq!(*line, want);
     }

@@ -332,7 +332,12 @@ async fn backup_and_restore_merge_by_max() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&backup).unwrap();
-    assert_eq!(text.lines().count(), 4, "{text}");
+    assert_eq!(text.lines().count(), 5, "{text}");
+    assert_eq!(
+        text.lines().last(),
+        Some(r#"{"fencegate_backup_end":3}"#),
+        "{text}"
+    );
     // Restore refuses while the server holds the store.
     assert!(
         !run(&["restore", "--in", backup.to_str().unwrap()], &config)
@@ -341,6 +346,15 @@ async fn backup_and_restore_merge_by_max() {
     );
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
+    // With the server stopped the file is read directly: the same backup, end line too.
+    let offline = dir.path().join("marks-offline.jsonl");
+    let out = run(&["backup", "--out", offline.to_str().unwrap()], &config);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&offline).unwrap(), text);
 
     // A second store already has a higher mark for c: restore must not lower it.
     let other = tempfile::tempdir().unwrap();
@@ -406,4 +420,150 @@ async fn marks_list_limits_are_the_same_online_and_offline() {
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
     check("offline");
+}
+
+/// `restore` checks a format-2 backup before it touches the store: one header, first; the
+/// end line last, counting the marks. A file failing that restores nothing. Format 1 has
+/// no end line and is still accepted.
+#[test]
+fn restore_refuses_a_backup_that_is_not_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _, _) = write_config(dir.path(), ([127, 0, 0, 1], 9).into());
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let restore = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = run(&["restore", "--in", path.to_str().unwrap()]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let header = "{\"fencegate_backup\":2,\"epoch_floor\":0}\n";
+    let (ok, err) = restore(
+        "whole.jsonl",
+        &format!("{header}{{\"scope\":\"a\",\"token\":\"1\"}}\n{{\"fencegate_backup_end\":1}}\n"),
+    );
+    assert!(ok, "{err}");
+
+    // Each would raise a and the floor, were it restored.
+    let higher = "{\"fencegate_backup\":2,\"epoch_floor\":3}\n";
+    let marks = "{\"scope\":\"a\",\"token\":\"3:9\"}\n{\"scope\":\"b\",\"token\":\"3:1\"}\n";
+    for (name, text, want) in [
+        (
+            "no-end.jsonl",
+            format!("{higher}{marks}"),
+            "the backup is incomplete: ",
+        ),
+        (
+            "wrong-count.jsonl",
+            format!("{higher}{marks}{{\"fencegate_backup_end\":3}}\n"),
+            "the backup is incomplete: its end line counts 3 marks",
+        ),
+        (
+            "after-end.jsonl",
+            format!(
+                "{higher}{marks}{{\"fencegate_backup_end\":2}}\n{{\"scope\":\"c\",\"token\":\"3:1\"}}\n"
+            ),
+            "a line follows the end line",
+        ),
+        (
+            "two-headers.jsonl",
+            format!("{higher}{marks}{higher}{{\"fencegate_backup_end\":2}}\n"),
+            "a second header line",
+        ),
+        (
+            "two-headers-v1.jsonl",
+            format!(
+                "{{\"fencegate_backup\":1,\"epoch_floor\":0}}\n{marks}{{\"fencegate_backup\":1,\"epoch_floor\":3}}\n"
+            ),
+            "a second header line",
+        ),
+        (
+            "header-late.jsonl",
+            format!("{marks}{higher}{{\"fencegate_backup_end\":2}}\n"),
+            "the header must be the first line",
+        ),
+    ] {
+        let (ok, err) = restore(name, &text);
+        assert!(!ok, "{name} was restored");
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(err.contains("nothing was restored"), "{name}: {err}");
+    }
+    let list = |args: &[&str]| String::from_utf8_lossy(&run(args).stdout).into_owned();
+    assert_eq!(list(&["marks", "list"]), "1\ta\n");
+
+    // Format 1: no end line to check, restored as before.
+    let (ok, err) = restore(
+        "v1.jsonl",
+        "{\"epoch_floor\":0,\"fencegate_backup\":1}\n{\"scope\":\"b\",\"token\":\"4\"}\n",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(list(&["marks", "list"]), "1\ta\n4\tb\n");
+}
+
+/// The online backup renames its file into place only if the stream ended with its end
+/// line: a server that ends the body cleanly but short (as one that gave up on a stalled
+/// client once did) leaves no backup behind, and the command fails.
+#[tokio::test]
+async fn an_online_backup_without_its_end_line_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _, admin) = write_config(dir.path(), ([127, 0, 0, 1], 9).into());
+    let store_path = dir.path().join("marks.redb");
+    // Held here, so the command asks the admin API, which this test answers.
+    let store = fencegate::fence::MarkStore::open(&store_path).expect("store");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", admin))
+        .await
+        .expect("bind the admin port");
+    let server = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.expect("read");
+            assert!(n > 0, "request cut short");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let body =
+            "{\"fencegate_backup\":2,\"epoch_floor\":0}\n{\"scope\":\"a\",\"token\":\"1\"}\n";
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n\
+             transfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        );
+        conn.write_all(answer.as_bytes()).await.expect("write");
+        conn.shutdown().await.expect("shutdown");
+    });
+    let out_path = dir.path().join("marks.jsonl");
+    let out = tokio::task::spawn_blocking({
+        let (config, out_path) = (config.clone(), out_path.clone());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_fencegate"))
+                .args(["backup", "--out", out_path.to_str().unwrap(), "--config"])
+                .arg(&config)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    server.await.expect("the admin double answered");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the backup from the running server is incomplete"),
+        "{err}"
+    );
+    assert!(!out_path.exists(), "a short backup was put in place");
+    assert!(!out_path.with_extension("partial").exists());
+    store.close().await;
 }
