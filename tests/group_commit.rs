@@ -12,6 +12,30 @@ use fencegate::fence::MarkStore;
 use support::disk::Disk;
 use support::{Client, Double, spawn, write_config};
 
+/// Gates over a store on `disk` committed by the writer thread (as in production), with
+/// `drain` as the drain timeout and no settle.
+fn gates_on(disk: &Disk, drain: std::time::Duration) -> (MarkStore, Arc<fencegate::fence::Gates>) {
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let gates = Arc::new(fencegate::fence::Gates::new(
+        store.clone(),
+        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
+        drain,
+        std::time::Duration::ZERO,
+    ));
+    (store, gates)
+}
+
+/// Bounded wait until the writer is inside a commit held at `disk`.
+async fn until_syncing(disk: &Disk) {
+    tokio::time::timeout(support::BOUND, async {
+        while !disk.syncing() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the commit reaches the disk");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
     let double = Double::start().await;
@@ -59,18 +83,11 @@ async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
     use fencegate::config::EqualPolicy::Accept;
-    use fencegate::fence::Gates;
     use fencegate::token::Token;
     use std::time::Duration;
 
     let disk = Disk::new();
-    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
-    let gates = Arc::new(Gates::new(
-        store.clone(),
-        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
-        Duration::from_secs(5),
-        Duration::ZERO,
-    ));
+    let (store, gates) = gates_on(&disk, Duration::from_secs(5));
     let token = Token {
         epoch: 0,
         counter: 7,
@@ -78,14 +95,7 @@ async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
     disk.hold();
     let g = gates.clone();
     let first = tokio::spawn(async move { g.admit("s", token, Accept).await });
-    // Bounded wait until the writer is inside the held commit.
-    tokio::time::timeout(support::BOUND, async {
-        while !disk.syncing() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the commit reaches the disk");
+    until_syncing(&disk).await;
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
     disk.release();
@@ -107,30 +117,17 @@ async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_commit_answers_unavailable_by_the_deadline() {
     use fencegate::config::EqualPolicy::Accept;
-    use fencegate::fence::{Gates, Refusal};
+    use fencegate::fence::Refusal;
     use fencegate::token::Token;
     use std::time::Duration;
 
     let disk = Disk::new();
-    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
-    let gates = Arc::new(Gates::new(
-        store.clone(),
-        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
-        Duration::from_millis(300),
-        Duration::ZERO,
-    ));
+    let (store, gates) = gates_on(&disk, Duration::from_millis(300));
     let token = Token::new(0, 7);
     disk.hold();
     let g = gates.clone();
     let first = tokio::spawn(async move { g.admit("s", token, Accept).await });
-    // Bounded wait until the writer is inside the held commit.
-    tokio::time::timeout(support::BOUND, async {
-        while !disk.syncing() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the commit reaches the disk");
+    until_syncing(&disk).await;
     let refused = tokio::time::timeout(support::BOUND, first)
         .await
         .expect("answered while the commit still hangs")
@@ -167,29 +164,16 @@ async fn a_hung_commit_answers_unavailable_by_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_behind_anothers_commit_waits_for_it_not_for_the_drain() {
     use fencegate::config::EqualPolicy::Accept;
-    use fencegate::fence::Gates;
     use fencegate::token::Token;
     use std::time::Duration;
 
     let disk = Disk::new();
-    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
-    let gates = Arc::new(Gates::new(
-        store.clone(),
-        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
-        Duration::ZERO,
-        Duration::ZERO,
-    ));
+    let (store, gates) = gates_on(&disk, Duration::ZERO);
     let token = Token::new(0, 7);
     disk.hold();
     let g = gates.clone();
     let first = tokio::spawn(async move { g.admit("s", token, Accept).await });
-    tokio::time::timeout(support::BOUND, async {
-        while !disk.syncing() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the commit reaches the disk");
+    until_syncing(&disk).await;
     let g = gates.clone();
     let second = tokio::spawn(async move { g.admit("s", token, Accept).await });
     // Bounded wait until the second request either waits at the gate or is answered.
@@ -215,6 +199,7 @@ async fn a_request_behind_anothers_commit_waits_for_it_not_for_the_drain() {
         .unwrap()
         .expect("admitted");
     assert!(first.advanced && !second.advanced);
+    assert_eq!(store.get("s").unwrap(), Some(token), "one durable advance");
 }
 
 /// A request mid-commit when its worker's runtime stops (shutdown) leaves no advance
@@ -223,18 +208,11 @@ async fn a_request_behind_anothers_commit_waits_for_it_not_for_the_drain() {
 #[test]
 fn a_commit_cut_off_by_its_runtimes_end_leaves_no_advance_behind() {
     use fencegate::config::EqualPolicy::Accept;
-    use fencegate::fence::Gates;
     use fencegate::token::Token;
     use std::time::Duration;
 
     let disk = Disk::new();
-    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
-    let gates = Arc::new(Gates::new(
-        store.clone(),
-        Arc::new(fencegate::metrics::Metrics::new(Vec::new())),
-        Duration::from_secs(1),
-        Duration::ZERO,
-    ));
+    let (store, gates) = gates_on(&disk, Duration::from_secs(1));
     let token = Token::new(0, 7);
     let runtime = || {
         tokio::runtime::Builder::new_current_thread()
@@ -246,15 +224,7 @@ fn a_commit_cut_off_by_its_runtimes_end_leaves_no_advance_behind() {
     let worker = runtime();
     let g = gates.clone();
     worker.spawn(async move { g.admit("s", token, Accept).await.map(|_| ()) });
-    worker.block_on(async {
-        tokio::time::timeout(support::BOUND, async {
-            while !disk.syncing() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("the commit reaches the disk")
-    });
+    worker.block_on(until_syncing(&disk));
     drop(worker);
     disk.release();
     let admitted = runtime().block_on(async {
