@@ -301,7 +301,6 @@ impl Idempotency {
             // this count keeps the generation in flight until the exchange is over, and
             // is completed unless the exchange ended without a whole response.
             let held = plan.guard.as_ref().map(InflightGuard::hold);
-            let timeout = table.config.upstreams[table.config.routes[route_idx].upstream].timeout;
             // The body's deadline counts from here, as the head's does in `forward`.
             let started = std::time::Instant::now();
             let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
