@@ -209,10 +209,15 @@ pub struct Route {
 }
 
 impl Route {
-    /// Does this method need a token on this route (SPEC §2)?
+    /// Does this method need a token on this route (SPEC §2)? A listed method is matched
+    /// without regard to case: methods are case-sensitive, but many backends upper-case
+    /// them, and to those `post` is a POST. The default set of safe methods is matched
+    /// exactly, so `get` needs a token.
     pub fn fences_method(&self, method: &Method) -> bool {
         match &self.methods {
-            Some(list) => list.contains(method),
+            Some(list) => list
+                .iter()
+                .any(|m| m.as_str().eq_ignore_ascii_case(method.as_str())),
             None => !matches!(
                 *method,
                 Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE

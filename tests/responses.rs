@@ -1246,3 +1246,191 @@ async fn a_chunked_get_keeps_its_body() {
     assert_eq!(&last.body[..], b"hello");
     env.stop().await;
 }
+
+/// Methods are case-sensitive, but backends that upper-case them take `post` for a POST:
+/// a route's `methods` list is matched without regard to case. The default safe set is
+/// matched exactly, so a lower-case `get` needs a token.
+#[tokio::test]
+async fn a_listed_method_is_fenced_whatever_its_case() {
+    let env = Env::start().await;
+    for method in ["post", "Post"] {
+        env.refused(method, "/posts/1", &[], 428, "missing_token")
+            .await;
+    }
+    env.accepted("Post", "/posts/1", &[("fencing-token", "5")])
+        .await;
+    let body = env
+        .refused(
+            "post",
+            "/posts/1",
+            &[("fencing-token", "4")],
+            409,
+            "stale_fence",
+        )
+        .await;
+    assert_members(&body, Some("post/1"), Some("4"), Some("5"));
+    env.refused("get", "/reports/c/x", &[], 428, "missing_token")
+        .await;
+    env.unfenced("GET", "/reports/c/x", &[]).await;
+    env.stop().await;
+}
+
+/// An HTTP/2 `:path` must begin with `/`: `?x` would be classified as `/` and forwarded
+/// as `?x`.
+#[tokio::test]
+async fn an_h2_path_without_its_slash_is_invalid_path() {
+    let env = Env::start().await;
+    let tcp = tokio::net::TcpStream::connect(env.addr()).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let authority = env.addr().to_string();
+    for target in ["?x", "?/reports/q/x"] {
+        let req = http::Request::put(format!("http://{authority}{target}"))
+            .header("fencing-token", "7")
+            .body(())
+            .unwrap();
+        let (resp, _) = h2.send_request(req, true).unwrap();
+        let resp = tokio::time::timeout(BOUND, resp).await.unwrap().unwrap();
+        assert_eq!(resp.status(), 400, "{target}");
+        assert_eq!(
+            header(resp.headers(), "fencing-result"),
+            Some("invalid_path"),
+            "{target}"
+        );
+        h2 = h2.ready().await.unwrap();
+    }
+    assert!(env.seen().is_empty(), "{:?}", env.seen());
+    env.stop().await;
+}
+
+/// WebDAV's COPY and MOVE write their `Destination` too. It is canonicalized and routed
+/// like a request: it must lie in the request's own scope or on a pass-through route.
+/// Headers that make a backend act on another path altogether are refused.
+#[tokio::test]
+async fn a_destination_stays_in_the_requests_scope() {
+    let env = Env::start().await;
+    env.accepted("PUT", "/reports/b/x", &[("fencing-token", "10")])
+        .await;
+    let here = env.addr();
+    let into_b = [
+        format!("http://{here}/reports/b/x"),
+        "/reports/b/x".to_string(),
+        "/r%65ports/b/x".to_string(),
+        "/reports/%62/y".to_string(),
+    ];
+    for dest in &into_b {
+        let body = env
+            .refused(
+                "COPY",
+                "/reports/a/x",
+                &[("fencing-token", "1"), ("destination", dest)],
+                400,
+                "invalid_request",
+            )
+            .await;
+        let title = body["title"].as_str().unwrap_or_default();
+        assert!(title.contains("report/b"), "{dest}: {body}");
+        // A pass-through request cannot write it either.
+        env.refused(
+            "MOVE",
+            "/public/y",
+            &[("destination", dest)],
+            400,
+            "invalid_request",
+        )
+        .await;
+    }
+    let refused = [
+        "http://other.example/reports/a/y",
+        "/nowhere/y",
+        "/reports/a/../b/x",
+        "/reports//x",
+        "ftp://127.0.0.1/reports/a/y",
+        "reports/a/y",
+        "?x",
+    ];
+    for dest in refused {
+        env.refused(
+            "COPY",
+            "/reports/a/x",
+            &[("fencing-token", "1"), ("destination", dest)],
+            400,
+            "invalid_request",
+        )
+        .await;
+    }
+    let two = [
+        ("fencing-token", "1"),
+        ("destination", "/reports/a/y"),
+        ("destination", "/reports/a/z"),
+    ];
+    env.refused("MOVE", "/reports/a/x", &two, 400, "invalid_request")
+        .await;
+    for name in ["x-original-url", "x-rewrite-url"] {
+        env.refused(
+            "PUT",
+            "/public/y",
+            &[(name, "/reports/b/x")],
+            400,
+            "invalid_request",
+        )
+        .await;
+        env.refused(
+            "PUT",
+            "/reports/a/x",
+            &[("fencing-token", "1"), (name, "/reports/a/y")],
+            400,
+            "invalid_request",
+        )
+        .await;
+    }
+    // The posts route fences only POST: a COPY there without a token may not write a
+    // fenced destination, and needs a token when that is its own scope.
+    env.refused(
+        "COPY",
+        "/posts/1",
+        &[("destination", "/posts/1")],
+        428,
+        "missing_token",
+    )
+    .await;
+    env.refused(
+        "COPY",
+        "/posts/1",
+        &[("destination", "/posts/2")],
+        400,
+        "invalid_request",
+    )
+    .await;
+    // Inside its own scope, or onto a pass-through route, it goes through as sent.
+    let dest = format!("http://{here}/reports/a/y");
+    let seen = env
+        .accepted(
+            "COPY",
+            "/reports/a/x",
+            &[("fencing-token", "1"), ("destination", &dest)],
+        )
+        .await;
+    assert_eq!(seen.header("destination"), Some(dest.as_str()));
+    env.accepted(
+        "MOVE",
+        "/reports/a/y",
+        &[("fencing-token", "1"), ("destination", "/public/a-y")],
+    )
+    .await;
+    env.unfenced("MOVE", "/public/y", &[("destination", "/public/z")])
+        .await;
+    // None of the refusals moved report/b's mark.
+    env.refused(
+        "PUT",
+        "/reports/b/x",
+        &[("fencing-token", "9")],
+        409,
+        "stale_fence",
+    )
+    .await;
+    env.accepted("PUT", "/reports/b/x", &[("fencing-token", "10")])
+        .await;
+    env.stop().await;
+}

@@ -69,6 +69,78 @@ static METHOD_OVERRIDES: [http::HeaderName; 3] = [
     http::HeaderName::from_static("x-method-override"),
 ];
 
+/// Headers with which some backends act on another path than the request's (IIS URL
+/// Rewrite, older Symfony and Zend): that path was never routed nor fenced.
+static RETARGETS: [http::HeaderName; 2] = [
+    http::HeaderName::from_static("x-original-url"),
+    http::HeaderName::from_static("x-rewrite-url"),
+];
+
+/// Where a request's WebDAV `Destination` (COPY, MOVE) points, routed like a request.
+#[derive(Debug, PartialEq)]
+enum Destination {
+    /// No `Destination` header.
+    None,
+    /// A pass-through route's path.
+    Unfenced,
+    /// A fenced route's path, in this scope.
+    Scope(String),
+}
+
+/// The target named by a request's `Destination` header, routed with the request's host
+/// (a backend such as nginx's WebDAV module writes the destination's path on the server
+/// the request reached, whatever host the header names, so another host is refused).
+/// `X-Original-URL` and `X-Rewrite-URL` are refused outright on every route. Called only
+/// when [`HeadScan`] saw one of these names.
+fn destination(
+    config: &Config,
+    req: &Request<Incoming>,
+    host: Option<&str>,
+    seen: Seen<'_>,
+) -> Result<Destination, String> {
+    if let Some(h) = RETARGETS.iter().find(|h| req.headers().contains_key(*h)) {
+        return Err(format!(
+            "{h} would make the backend act on a target that was not routed"
+        ));
+    }
+    let value = match seen {
+        Seen::None => return Ok(Destination::None),
+        Seen::Many => return Err("more than one Destination header".into()),
+        Seen::One(v) => v
+            .to_str()
+            .map_err(|_| "Destination is not ASCII".to_string())?,
+    };
+    let uri: http::Uri = value
+        .parse()
+        .map_err(|e| format!("Destination is not a URI: {e}"))?;
+    if let Some(scheme) = uri.scheme_str()
+        && !scheme.eq_ignore_ascii_case("http")
+        && !scheme.eq_ignore_ascii_case("https")
+    {
+        return Err(format!("Destination has the scheme {scheme}"));
+    }
+    if let Some(authority) = uri.authority() {
+        let named = route::host_of(authority.as_str())
+            .map_err(|e| format!("Destination's host is not valid: {e}"))?;
+        if host.is_some_and(|h| !h.eq_ignore_ascii_case(named)) {
+            return Err("Destination names another host than the request".into());
+        }
+    }
+    // `path()` of a bare `?x` would read as `/`: the path must be spelled out.
+    if !uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str().starts_with('/'))
+    {
+        return Err("Destination has no absolute path".into());
+    }
+    let segments = route::canonicalize(uri.path()).map_err(|e| format!("Destination: {e}"))?;
+    match route::find(&config.routes, host, &segments) {
+        None => Err("Destination matches no route".into()),
+        Some((_, r, _)) if !r.fenced => Ok(Destination::Unfenced),
+        Some((_, r, caps)) => Ok(Destination::Scope(r.scope.render(&caps))),
+    }
+}
+
 /// The routing table in force: a config and the metric rows of its routes. Swapped as a
 /// whole on reload, so a request sees one table from start to end.
 pub struct Table {
@@ -195,8 +267,15 @@ impl Proxy {
         if req.method() == Method::CONNECT {
             return Err((None, Outcome::MethodNotAllowed));
         }
-        // h2 always carries scheme and authority; in HTTP/1.x they mean absolute form.
-        if req.version() < http::Version::HTTP_2 && req.uri().scheme().is_some() {
+        // h2 always carries scheme and authority; in HTTP/1.x they mean absolute form. An
+        // h2 `:path` must begin with `/` too: `?x` would be routed as `/` and forwarded as
+        // `?x`, another target than the one classified.
+        if (req.version() < http::Version::HTTP_2 && req.uri().scheme().is_some())
+            || !req
+                .uri()
+                .path_and_query()
+                .is_some_and(|p| p.as_str().starts_with('/'))
+        {
             return Err((
                 None,
                 Outcome::InvalidPath {
@@ -230,7 +309,30 @@ impl Proxy {
             token: None,
             path: String::new(),
         };
+        // A COPY or MOVE writes its Destination too: that target must be fenced by this
+        // request's own scope, or be a pass-through route's.
+        let destination = if head.retarget {
+            destination(config, req, host, head.destination)
+                .map_err(|detail| at(Outcome::InvalidRequest { detail }))?
+        } else {
+            Destination::None
+        };
+        let into_other = |theirs: &str, ours: Option<&str>| {
+            at(Outcome::InvalidRequest {
+                detail: match ours {
+                    Some(ours) => format!(
+                        "Destination is in scope {theirs}, another than the request's ({ours})"
+                    ),
+                    None => format!(
+                        "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
+                    ),
+                },
+            })
+        };
         if !route.fenced {
+            if let Destination::Scope(theirs) = &destination {
+                return Err(into_other(theirs, None));
+            }
             return Ok(unfenced());
         }
         if head.suspect {
@@ -242,8 +344,17 @@ impl Proxy {
             Ok(None) if route.fences_method(req.method()) => {
                 return Err(at(Outcome::MissingToken { scope }));
             }
-            // A safe method without a token is not fenced.
-            Ok(None) => return Ok(unfenced()),
+            // A safe method without a token is not fenced, nor may it write a fenced
+            // Destination.
+            Ok(None) => {
+                return match &destination {
+                    Destination::Scope(theirs) if *theirs == scope => {
+                        Err(at(Outcome::MissingToken { scope }))
+                    }
+                    Destination::Scope(theirs) => Err(into_other(theirs, None)),
+                    _ => Ok(unfenced()),
+                };
+            }
             Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
         };
         check_scope_header(head.scope, &scope).map_err(|_| {
@@ -252,6 +363,11 @@ impl Proxy {
                 token,
             })
         })?;
+        if let Destination::Scope(theirs) = &destination
+            && *theirs != scope
+        {
+            return Err(into_other(theirs, Some(&scope)));
+        }
         let admission = match self.gates.admit(&scope, token, route.equal).await {
             Ok(a) => a,
             Err(refusal) => return Err(at(refused(refusal, scope, token))),
@@ -507,6 +623,9 @@ struct HeadScan<'a> {
     /// A method override, `Upgrade` or `Connection` is present (see
     /// [`refuse_unfenceable`]).
     suspect: bool,
+    destination: Seen<'a>,
+    /// A header naming a second target is present (see [`destination`]).
+    retarget: bool,
 }
 
 impl<'a> HeadScan<'a> {
@@ -517,6 +636,8 @@ impl<'a> HeadScan<'a> {
             token: Seen::None,
             scope: Seen::None,
             suspect: false,
+            destination: Seen::None,
+            retarget: false,
         };
         for (name, value) in headers {
             let name = name.as_str();
@@ -529,6 +650,11 @@ impl<'a> HeadScan<'a> {
                 "host" => scan.host.add(value),
                 "fencing-scope" => scan.scope.add(value),
                 "connection" | "upgrade" => scan.suspect = true,
+                "destination" => {
+                    scan.destination.add(value);
+                    scan.retarget = true;
+                }
+                n if RETARGETS.iter().any(|m| m.as_str() == n) => scan.retarget = true,
                 n if METHOD_OVERRIDES.iter().any(|m| m.as_str() == n) => scan.suspect = true,
                 _ => {}
             }
