@@ -54,6 +54,66 @@ async fn paused_writer_story_against_nginx_webdav() {
     proxy.shutdown().await;
 }
 
+/// nginx's WebDAV module writes a COPY's or MOVE's `Destination` too (on its own server,
+/// whatever host the header names). Through fencegate, a stale owner of one scope cannot
+/// copy over another scope's object, nor can a pass-through request move into it; a copy
+/// within the owner's own scope goes through. Straight to nginx the stale copy wins.
+#[tokio::test]
+async fn a_webdav_copy_cannot_write_another_scope() {
+    let nginx = support::nginx::Nginx::webdav().expect("nginx (run scripts/test.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(nginx.addr(), dir.path())).await;
+    let via = Client::new(proxy.proxy_addr);
+    let here = proxy.proxy_addr;
+
+    let r = via.put("/reports/june/draft", "1", "stale draft").await;
+    assert_eq!((r.status, r.result()), (201, "accepted"));
+    let r = via.put("/reports/july/final", "42", "report by B").await;
+    assert_eq!((r.status, r.result()), (201, "accepted"));
+    let public = via.send("PUT", "/public/loose", &[], "loose file").await;
+    assert_eq!(public.status, 201);
+
+    let copy = [
+        ("fencing-token", "1"),
+        ("destination", &*format!("http://{here}/reports/july/final")),
+        ("overwrite", "T"),
+    ];
+    let r = via.send("COPY", "/reports/june/draft", &copy, "").await;
+    assert_eq!((r.status, r.result()), (400, "invalid_request"), "{r:?}");
+    let moved = [("destination", "/reports/jul%79/final"), ("overwrite", "T")];
+    let r = via.send("MOVE", "/public/loose", &moved, "").await;
+    assert_eq!((r.status, r.result()), (400, "invalid_request"), "{r:?}");
+    let final_path = nginx.root().join("reports/july/final");
+    assert_eq!(std::fs::read_to_string(&final_path).unwrap(), "report by B");
+    assert!(nginx.root().join("public/loose").exists());
+
+    // Within its own scope the copy is fenced and done.
+    let own = [
+        ("fencing-token", "1"),
+        ("destination", &*format!("http://{here}/reports/june/final")),
+    ];
+    let r = via.send("COPY", "/reports/june/draft", &own, "").await;
+    assert!(matches!(r.status, 201 | 204), "{r:?}");
+    assert_eq!(r.result(), "accepted");
+    let copied = std::fs::read_to_string(nginx.root().join("reports/june/final")).unwrap();
+    assert_eq!(copied, "stale draft");
+
+    // Straight to nginx, the same stale copy overwrites B's report.
+    let direct = Client::new(nginx.addr());
+    let dest = format!("http://{}/reports/july/final", nginx.addr());
+    let r = direct
+        .send(
+            "COPY",
+            "/reports/june/draft",
+            &[("destination", &*dest)],
+            "",
+        )
+        .await;
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(std::fs::read_to_string(&final_path).unwrap(), "stale draft");
+    proxy.shutdown().await;
+}
+
 /// nginx's `return 204` answers without reading a request's body. Were the request
 /// forwarded before its body had arrived, the answer could come back while the body is
 /// still on its way; the client's connection then cannot carry another request (it is
