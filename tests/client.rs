@@ -300,3 +300,42 @@ async fn fenced_requests_have_typed_results() {
     let r = http.put(&fence, "/reports/july/final", "x").await.unwrap();
     assert!(matches!(r, FenceResult::Transient { .. }), "{r:?}");
 }
+
+/// `stale_fence` is final for a token (an epoch bump, an operator's raise, a token from
+/// elsewhere): the lease it came with is given up at once, so no further request carries
+/// it and its keep-alive ends, though the authority would still renew it.
+#[tokio::test]
+async fn a_stale_answer_gives_the_lease_up() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = support::start(proxy_with_authority(double.addr, dir.path(), "300ms")).await;
+    let authority =
+        AuthorityClient::new(&format!("http://{}", running.authority_addr.unwrap())).unwrap();
+    let http = FencedHttp::new(&format!("http://{}", running.proxy_addr)).unwrap();
+    let lease = authority
+        .acquire("report/aug", "a", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let fence = lease.fence().unwrap();
+    // Someone with a higher token for the scope (not from this authority) writes first.
+    let higher = fencegate::client::Fence::new(
+        "report/aug",
+        fencegate::token::Token::new(lease.token().epoch, lease.token().counter + 100),
+    );
+    assert!(matches!(
+        http.put(&higher, "/reports/aug/x", "other").await.unwrap(),
+        FenceResult::Applied { .. }
+    ));
+    assert!(lease.is_held());
+    let r = http.put(&fence, "/reports/aug/x", "mine").await.unwrap();
+    assert!(matches!(r, FenceResult::StaleFence { .. }), "{r:?}");
+    assert!(!lease.is_held());
+    assert!(matches!(
+        http.put(&fence, "/reports/aug/x", "again").await,
+        Err(FencedError::LeaseLost)
+    ));
+    // Nor is it renewed any more (a keep-alive loop ends here).
+    let renewed = authority.renew(&lease, Duration::from_secs(30)).await;
+    assert!(matches!(renewed, Err(RenewError::Lost(_))), "{renewed:?}");
+    running.shutdown().await;
+}

@@ -33,6 +33,8 @@ const EPOCH: &str = "/fencegate/epoch";
 /// The shortest `retry_after` a busy answer gives.
 const POLL: Duration = Duration::from_millis(50);
 const RETRY: Duration = Duration::from_secs(1);
+/// Immediate tries of a grant that lost a race after its look (see `acquire`).
+const RACE_RETRIES: u32 = 3;
 /// A waiting acquire watches the key that keeps its scope busy, and reads again when it
 /// changes; it reads again after this long in any case (a watch that went quiet, a member
 /// that lost its leader), so a wait costs at most a read a second, not leases.
@@ -163,11 +165,18 @@ impl Etcd {
     /// watches the key in the way, so a release or an expiry is seen as it happens.
     pub async fn acquire(&self, req: &AcquireRequest, mut stop: watch::Receiver<bool>) -> Outcome {
         let until = Instant::now() + req.wait;
+        // A grant that loses a race after its look (an epoch bump, or another grant,
+        // between the two) is tried again at once a few times, even without a wait: the
+        // next look tells a scope taken meanwhile from one that is still free.
+        let mut raced = 0;
         loop {
             let busy = match self.look(&req.scope).await {
                 Ok(Look::Free(epoch)) => match self.try_acquire(req, epoch).await {
                     // Taken between the look and the transaction: look again.
-                    Outcome::Busy { .. } if Instant::now() < until && !*stop.borrow() => {
+                    Outcome::Busy { .. }
+                        if (Instant::now() < until || raced < RACE_RETRIES) && !*stop.borrow() =>
+                    {
+                        raced += 1;
                         continue;
                     }
                     outcome => return outcome,
@@ -444,13 +453,28 @@ impl Etcd {
         };
         // Only the exact (lease_id, token) renews: a request naming the lease with another
         // token or scope must not keep the lease alive, so the key is looked at first.
-        match self.current(scope, lease, token).await {
-            Ok(Some(_)) => {}
+        let holding = match self.current(scope, lease, token).await {
+            Ok(Some(holding)) => holding,
             Ok(None) => return Outcome::Lost,
             Err(e) => return unavailable(e),
+        };
+        // The lock_delay lease first: were the lock's lease extended and the delay's
+        // keep-alive then to fail, the lock could outlive its delay, and the scope be
+        // granted again with less than `lock_delay` after the holder's last renewal (or
+        // stay held by a holder told it lost). Extending the delay alone only postpones
+        // the next grant.
+        if holding.delay_lease != 0 {
+            match self.keep_alive_once(holding.delay_lease).await {
+                Ok(Some(_)) => {}
+                // The delay lease outlives the lock lease; losing it first means
+                // something else revoked it: do not extend a lock without its delay.
+                Ok(None) => return Outcome::Lost,
+                Err(e) if lease_not_found(&e) => return Outcome::Lost,
+                Err(e) => return unavailable(e),
+            }
         }
-        // Then keep the lease alive, and look again: if the key is still ours after a
-        // successful keep-alive, the lease was live and the key with it.
+        // Then keep the lock's lease alive, and look again: if the key is still ours after
+        // a successful keep-alive, the lease was live and the key with it.
         let granted = match self.keep_alive_once(lease).await {
             Ok(Some(granted)) => granted,
             Ok(None) => return Outcome::Lost,
@@ -458,21 +482,9 @@ impl Etcd {
             Err(e) => return unavailable(e),
         };
         match self.current(scope, lease, token).await {
-            Ok(Some(holding)) => {
-                if holding.delay_lease != 0 {
-                    match self.keep_alive_once(holding.delay_lease).await {
-                        Ok(Some(_)) => {}
-                        // The delay lease outlives the lock lease; losing it first means
-                        // something else revoked it: do not extend a lock without its delay.
-                        Ok(None) => return Outcome::Lost,
-                        Err(e) if lease_not_found(&e) => return Outcome::Lost,
-                        Err(e) => return unavailable(e),
-                    }
-                }
-                Outcome::Renewed {
-                    ttl: ttl.min(granted),
-                }
-            }
+            Ok(Some(_)) => Outcome::Renewed {
+                ttl: ttl.min(granted),
+            },
             Ok(None) => Outcome::Lost,
             Err(e) => unavailable(e),
         }

@@ -87,6 +87,10 @@ struct Renewals {
     in_flight: usize,
     /// Renewals ever sent; a renewal that finds it moved on had company.
     sent: u64,
+    /// The shortest span (from its sending) of any renewal that got no answer: the
+    /// authority may still apply it, at any later moment, and so hold the lease no longer
+    /// than that span from then on.
+    unanswered: Option<Duration>,
 }
 
 /// One renewal in flight; ends when dropped (answered, failed or abandoned).
@@ -95,6 +99,10 @@ struct Renewal<'a> {
     seq: u64,
     /// No other renewal was in flight when this one was sent.
     alone: bool,
+    sent: Instant,
+    /// How long after sending it holds the lease, once applied.
+    span: Duration,
+    answered: std::cell::Cell<bool>,
 }
 
 impl Renewal<'_> {
@@ -102,12 +110,20 @@ impl Renewal<'_> {
     fn overlapped(&self) -> bool {
         !self.alone || self.lease.renewals().sent != self.seq
     }
+
+    /// The authority answered it (whatever it said): it will not be applied later.
+    fn answered(&self) {
+        self.answered.set(true);
+    }
 }
 
 impl Drop for Renewal<'_> {
     fn drop(&mut self) {
         let mut r = self.lease.renewals();
         r.in_flight = r.in_flight.saturating_sub(1);
+        if !self.answered.get() {
+            r.unanswered = Some(r.unanswered.map_or(self.span, |s| s.min(self.span)));
+        }
     }
 }
 
@@ -237,10 +253,14 @@ impl Lease {
         }
         let mut r = self.renewals();
         r.sent += 1;
+        let sent = Instant::now();
         let renewal = Renewal {
             lease: self,
             seq: r.sent,
             alone: r.in_flight == 0,
+            sent,
+            span: until.saturating_duration_since(sent),
+            answered: std::cell::Cell::new(false),
         };
         r.in_flight += 1;
         renewal
@@ -255,6 +275,13 @@ impl Lease {
     /// order). The next renewal that runs alone extends it again. A lost lease stays lost
     /// (a late renewal answer must not revive it).
     fn renewed(&self, renewal: &Renewal<'_>, until: Instant) -> Result<(), LeaseLost> {
+        renewal.answered();
+        // A renewal that never got its answer may be applied after this one, for its
+        // own (shorter) span.
+        let until = match self.renewals().unanswered {
+            Some(span) => until.min(renewal.sent + span),
+            None => until,
+        };
         let mut v = self.validity();
         match *v {
             Validity::Held { deadline } if Instant::now() < deadline => {
@@ -482,6 +509,9 @@ impl AuthorityClient {
             )
             .await
             .map_err(RenewError::Transient)?;
+        // Answered, whatever it says: the authority is done with it. Without an answer
+        // (no reply in time, a broken connection) it may still be applied later.
+        renewal.answered();
         match (a.status, a.result()) {
             (StatusCode::OK, "renewed") => {
                 let granted = a.millis("ttl_ms").unwrap_or(Duration::ZERO);
@@ -621,6 +651,34 @@ mod tests {
         // A late renewal answer cannot revive it.
         assert_eq!(renew(now + Duration::from_secs(10)), Err(LeaseLost));
         assert!(lease.fence().is_err());
+    }
+
+    /// A renewal that got no answer (a timeout) may still be applied later, after one
+    /// that did: from then on no renewal holds the lease longer than the unanswered one's
+    /// span from its own sending.
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_renewal_bounds_every_later_one() {
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        let lease = Lease::new("s".into(), "l".into(), Token::new(0, 1), now + secs(30));
+        // Sent for 2 s, never answered.
+        drop(lease.renewal_sent(now + secs(2)));
+        assert_eq!(lease.deadline(), Some(now + secs(2)));
+        tokio::time::advance(secs(1)).await;
+        // A 30 s renewal alone, answered: the lost one may land right after it.
+        let later = Instant::now();
+        let alone = lease.renewal_sent(later + secs(30));
+        lease.renewed(&alone, later + secs(30)).unwrap();
+        drop(alone);
+        assert_eq!(lease.deadline(), Some(later + secs(2)));
+        // An answered one leaves no such bound behind.
+        let other = Lease::new("s".into(), "m".into(), Token::new(0, 2), now + secs(30));
+        let short = other.renewal_sent(later + secs(2));
+        short.answered();
+        drop(short);
+        let alone = other.renewal_sent(later + secs(30));
+        other.renewed(&alone, later + secs(30)).unwrap();
+        assert_eq!(other.deadline(), Some(later + secs(30)));
     }
 
     /// Two renewals in flight at once, answered in either order: the authority may have

@@ -197,7 +197,13 @@ impl FencedHttp {
                 });
             }
         };
-        classify(status, headers, body)
+        let result = classify(status, headers, body)?;
+        // `stale_fence` is final for this token (SPEC §4: stop, re-acquire): the lease is
+        // given up here, so its keep-alive stops and no further request carries it.
+        if let (FenceResult::StaleFence { .. }, Some(lease)) = (&result, &fence.lease) {
+            lease.mark_lost();
+        }
+        Ok(result)
     }
 
     pub async fn get(&self, fence: &Fence, path: &str) -> Result<FenceResult, FencedError> {
