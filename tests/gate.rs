@@ -331,3 +331,27 @@ async fn a_burst_of_new_scopes_does_not_grow_memory_without_bound() {
         Err(Refusal::Stale { .. })
     ));
 }
+
+/// Scopes are as long as a request head allows: the hot gates are bounded by the bytes
+/// of their names too, or a burst of long scope names would take gigabytes.
+#[tokio::test(start_paused = true)]
+async fn long_scope_names_are_bounded_by_their_bytes() {
+    let budget = 64 * 64 * 1024;
+    let g = gates().with_hot_bytes(budget);
+    let long = |i: usize| format!("{i:06}-{}", "x".repeat(16 * 1024));
+    for i in 0..1_000 {
+        g.admit(&long(i), t(1), Accept)
+            .await
+            .unwrap()
+            .guard
+            .complete();
+    }
+    // 1,000 names of 16 KiB would be ~16 MiB; the budget is 4 MiB.
+    assert!(g.len() * long(0).len() <= budget, "{} hot gates", g.len());
+    assert!(!g.is_empty());
+    // Evicted marks are on disk still.
+    assert!(matches!(
+        g.admit(&long(3), t(0), Accept).await,
+        Err(Refusal::Stale { .. })
+    ));
+}

@@ -27,6 +27,10 @@ const IDLE_TTL: Duration = Duration::from_secs(30);
 /// Hot gates (in total, over all shards) before idle ones are evicted at once, whatever
 /// their age: memory must not grow with a burst of new scopes.
 const DEFAULT_HOT_CAPACITY: usize = 131_072;
+/// Bytes of scope names the hot gates hold (in total) before idle ones are evicted at
+/// once: a scope is as long as a request head allows (64 KiB by default), and the count
+/// alone would let long ones take gigabytes.
+const DEFAULT_HOT_BYTES: usize = 64 << 20;
 
 /// Why a fenced request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,6 +289,8 @@ enum Step {
 #[derive(Default)]
 struct Shard {
     gates: HashMap<Arc<str>, Arc<Gate>>,
+    /// Bytes of the scope names in `gates`.
+    bytes: usize,
     /// Gates evicted from this shard so far (see [`Gates::gate`]).
     evicted: u64,
 }
@@ -293,7 +299,15 @@ impl Shard {
     /// Drops the gates `keep` refuses, counting them as evicted.
     fn evict(&mut self, mut keep: impl FnMut(&Arc<Gate>) -> bool) {
         let before = self.gates.len();
-        self.gates.retain(|_, g| keep(g));
+        let mut freed = 0;
+        self.gates.retain(|scope, g| {
+            let kept = keep(g);
+            if !kept {
+                freed += scope.len();
+            }
+            kept
+        });
+        self.bytes -= freed;
         self.evicted += (before - self.gates.len()) as u64;
     }
 }
@@ -316,6 +330,8 @@ pub struct Gates {
     max_waiters: usize,
     /// Hot gates per shard before idle ones are evicted regardless of age.
     shard_capacity: usize,
+    /// Bytes of scope names per shard before idle gates are evicted regardless of age.
+    shard_bytes: usize,
 }
 
 /// Counts one waiting request, in the gate and in total, while it lives.
@@ -351,6 +367,7 @@ impl Gates {
             max_inflight: usize::MAX,
             max_waiters: usize::MAX,
             shard_capacity: DEFAULT_HOT_CAPACITY / SHARDS,
+            shard_bytes: DEFAULT_HOT_BYTES / SHARDS,
         }
     }
 
@@ -358,6 +375,13 @@ impl Gates {
     /// evicted as new scopes arrive.
     pub fn with_hot_capacity(mut self, scopes: usize) -> Gates {
         self.shard_capacity = (scopes / SHARDS).max(1);
+        self
+    }
+
+    /// How many bytes of scope names the hot gates may hold at once, at most (spread over
+    /// the shards); beyond, idle gates are evicted as new scopes arrive.
+    pub fn with_hot_bytes(mut self, bytes: usize) -> Gates {
+        self.shard_bytes = (bytes / SHARDS).max(1);
         self
     }
 
@@ -411,7 +435,8 @@ impl Gates {
         if shard.evicted != evicted {
             mark = self.store.get(scope)?;
         }
-        if shard.gates.len() >= self.shard_capacity {
+        if shard.gates.len() >= self.shard_capacity || shard.bytes + scope.len() > self.shard_bytes
+        {
             let now = Instant::now();
             shard.evict(|g| !evictable(g, now, Duration::ZERO));
         }
@@ -433,6 +458,7 @@ impl Gates {
             notify: Notify::new(),
         });
         shard.gates.insert(key.clone(), gate.clone());
+        shard.bytes += key.len();
         Ok((key, gate))
     }
 
