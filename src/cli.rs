@@ -382,6 +382,7 @@ fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
             let file = w.into_inner().map_err(|e| fail(e.error()))?;
             file.sync_all().map_err(fail)?;
             std::fs::rename(&tmp, out).map_err(fail)?;
+            sync_dir_of(out).map_err(fail)?;
             eprintln!(
                 "backed up {marks} marks to {} (from the running server)",
                 out.display()
@@ -422,6 +423,7 @@ fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
     let file = w.into_inner().map_err(|e| fail(e.error()))?;
     file.sync_all().map_err(fail)?;
     std::fs::rename(&tmp, out).map_err(fail)?;
+    sync_dir_of(out).map_err(fail)?;
     eprintln!("backed up {count} marks to {}", out.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -491,35 +493,64 @@ enum BackupLine {
     },
 }
 
+/// The longest line a backup may hold: a mark line's scope comes from a request head
+/// (64 KiB by default, `server.max_header_bytes`), escaped into JSON.
+const MAX_BACKUP_LINE: u64 = 1 << 20;
+
+/// After a rename into place: the directory entry is made durable too, so a backup
+/// reported done survives a power loss.
+fn sync_dir_of(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
+}
+
 /// The epoch floor and the marks of a backup, read whole before anything is restored.
-/// Format 2 is checked: one header, first; the end line last, counting the marks.
+/// Every format begins with its one header line. Format 2 is checked: the end line last,
+/// counting the marks.
 /// Format 1 has no end line, so a cut-short one cannot be told from a whole one.
-fn read_backup(input: impl BufRead, name: &str) -> Result<(u64, Vec<(String, Token)>), String> {
+fn read_backup(mut input: impl BufRead, name: &str) -> Result<(u64, Vec<(String, Token)>), String> {
     let mut entries = Vec::new();
     let mut floor = 0;
     let mut format = None;
     let mut end = None;
-    let mut first = true;
-    for (n, line) in input.lines().enumerate() {
-        let line = line.map_err(|e| format!("{name}: {e}"))?;
+    let mut buf = Vec::new();
+    for n in 0.. {
+        buf.clear();
+        // One line at a time, each bounded: a file without line breaks (or a hostile
+        // scope of hundreds of MB) fails here instead of filling memory.
+        let read = std::io::Read::take(&mut input, MAX_BACKUP_LINE + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| format!("{name}: {e}"))?;
+        if read == 0 {
+            break;
+        }
+        let at = format!("{name}:{}", n + 1);
+        if buf.len() as u64 > MAX_BACKUP_LINE {
+            return Err(format!(
+                "{at}: a line longer than {MAX_BACKUP_LINE} bytes (no backup line is)"
+            ));
+        }
+        let line = std::str::from_utf8(&buf).map_err(|_| format!("{at}: the line is not UTF-8"))?;
         if line.trim().is_empty() {
             continue;
         }
-        let at = format!("{name}:{}", n + 1);
         if end.is_some() {
             return Err(format!(
                 "the backup is incomplete: {at}: a line follows the end line"
             ));
         }
-        match serde_json::from_str::<BackupLine>(&line) {
+        let parsed = serde_json::from_str::<BackupLine>(line);
+        if format.is_none() && !matches!(parsed, Ok(BackupLine::Header { .. })) {
+            return Err(format!(
+                "{at}: the backup does not begin with its header line (not a fencegate backup)"
+            ));
+        }
+        match parsed {
             Ok(BackupLine::Header { .. }) if format.is_some() => {
                 return Err(format!("{at}: a second header line"));
-            }
-            Ok(BackupLine::Header {
-                fencegate_backup: 2,
-                ..
-            }) if !first => {
-                return Err(format!("{at}: the header must be the first line"));
             }
             Ok(BackupLine::Header {
                 fencegate_backup: version @ (1 | 2),
@@ -544,7 +575,9 @@ fn read_backup(input: impl BufRead, name: &str) -> Result<(u64, Vec<(String, Tok
             Ok(BackupLine::Mark { scope, token }) => entries.push((scope, token)),
             Err(e) => return Err(format!("{at}: {e}")),
         }
-        first = false;
+    }
+    if format.is_none() {
+        return Err(format!("{name} is empty: not a fencegate backup"));
     }
     if format == Some(2) {
         match end {

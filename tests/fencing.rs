@@ -549,7 +549,30 @@ fn restore_refuses_a_backup_that_is_not_whole() {
         (
             "header-late.jsonl",
             format!("{marks}{higher}{{\"fencegate_backup_end\":2}}\n"),
-            "the header must be the first line",
+            "does not begin with its header line",
+        ),
+        (
+            "header-late-v1.jsonl",
+            format!("{marks}{{\"fencegate_backup\":1,\"epoch_floor\":3}}\n"),
+            "does not begin with its header line",
+        ),
+        (
+            "empty.jsonl",
+            String::new(),
+            "is empty: not a fencegate backup",
+        ),
+        (
+            "blank.jsonl",
+            "\n\n".into(),
+            "is empty: not a fencegate backup",
+        ),
+        (
+            "long-line.jsonl",
+            format!(
+                "{higher}{{\"scope\":\"{}\",\"token\":\"3:1\"}}\n{{\"fencegate_backup_end\":1}}\n",
+                "x".repeat(2 << 20)
+            ),
+            "a line longer than",
         ),
     ] {
         let (ok, err) = restore(name, &text);
