@@ -355,3 +355,33 @@ async fn long_scope_names_are_bounded_by_their_bytes() {
         Err(Refusal::Stale { .. })
     ));
 }
+
+/// The start-up settle does not pin gates: a flood of requests to scopes with marks right
+/// after a restart stays within the hot-gate bound, and a scope whose gate was evicted
+/// meanwhile still waits out the settle when it comes back.
+#[tokio::test(start_paused = true)]
+async fn the_start_up_settle_does_not_pin_gates_in_memory() {
+    let disk = Disk::new();
+    {
+        let g = gates_on(&disk, SETTLE);
+        for i in 0..1_500 {
+            g.admit(&format!("s-{i}"), t(1), Accept)
+                .await
+                .unwrap()
+                .guard
+                .complete();
+        }
+    }
+    let g = gates_on(&disk, SETTLE).with_hot_capacity(64 * 16);
+    let start = Instant::now();
+    for i in 0..1_500 {
+        assert!(matches!(
+            g.admit(&format!("s-{i}"), t(0), Accept).await,
+            Err(Refusal::Stale { .. })
+        ));
+    }
+    assert!(g.len() <= 64 * 16, "{} hot gates", g.len());
+    let back = g.admit("s-0", t(1), Accept).await.expect("its own token");
+    assert_eq!(start.elapsed(), SETTLE, "the settle is kept");
+    assert_eq!(back.waited, SETTLE);
+}

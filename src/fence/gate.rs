@@ -258,15 +258,24 @@ fn finish_commit(gate: &Gate, token: Token, result: &Result<Token, StoreError>) 
 }
 
 /// Called with the shard locked. Only the map holds an evictable gate, so nobody can be
-/// waiting on it or about to use it; its state is all on disk.
-fn evictable(gate: &Arc<Gate>, now: Instant, idle_for: Duration) -> bool {
+/// waiting on it or about to use it; its state is all on disk. So is the start-up settle
+/// (`restart`) of a scope with a mark: a gate made again gets the same, so a flood of
+/// existing scopes after a restart does not pin its gates in memory.
+fn evictable(
+    gate: &Arc<Gate>,
+    now: Instant,
+    idle_for: Duration,
+    restart: (Token, Instant),
+) -> bool {
     if Arc::strong_count(gate) > 1 {
         return false;
     }
     let st = gate.lock();
     st.inflight.is_empty()
         && st.advancing.is_none()
-        && st.settle.is_none_or(|(_, until)| now >= until)
+        && st
+            .settle
+            .is_none_or(|settle| now >= settle.1 || settle == restart)
         && st
             .last_used
             .is_none_or(|t| now.duration_since(t) >= idle_for)
@@ -438,7 +447,8 @@ impl Gates {
         if shard.gates.len() >= self.shard_capacity || shard.bytes + scope.len() > self.shard_bytes
         {
             let now = Instant::now();
-            shard.evict(|g| !evictable(g, now, Duration::ZERO));
+            let restart = (Token::new(0, 0), settle_until);
+            shard.evict(|g| !evictable(g, now, Duration::ZERO, restart));
         }
         // Which generation was at the backend when the process stopped is unknown: an
         // advance is made durable before older requests drain, so requests older than
