@@ -73,6 +73,9 @@ pub struct ServerConfig {
     pub max_connections_per_ip: usize,
     /// Time allowed to send a request head (slowloris); also bounds idle keep-alive.
     pub header_read_timeout: Duration,
+    /// Time a client may take none of its answer (no write to it makes progress, or an
+    /// HTTP/2 stream gets no window) before its connection is closed.
+    pub send_timeout: Duration,
     /// Largest request head in bytes, and most header lines; beyond: 431.
     pub max_header_bytes: usize,
     pub max_headers: usize,
@@ -247,6 +250,7 @@ struct RawServer {
     max_connections: Option<usize>,
     max_connections_per_ip: Option<usize>,
     header_read_timeout: Option<String>,
+    send_timeout: Option<String>,
     max_header_bytes: Option<String>,
     max_headers: Option<usize>,
     trusted_proxies: Option<Vec<String>>,
@@ -509,6 +513,12 @@ impl Config {
                 server.header_read_timeout.as_deref(),
                 Duration::from_secs(10),
                 "server.header_read_timeout",
+                &mut errors,
+            ),
+            send_timeout: duration(
+                server.send_timeout.as_deref(),
+                Duration::from_secs(60),
+                "server.send_timeout",
                 &mut errors,
             ),
             max_header_bytes: size(

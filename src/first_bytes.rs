@@ -6,6 +6,10 @@
 //! part of the preface and then nothing, would hold its connection slot for good — enough
 //! of them and nobody else gets in. [`FirstBytes`] fails the read once the deadline
 //! passes while the protocol is still undecided, and costs one branch per read after.
+//!
+//! It also bounds the other direction (`send_timeout`): a client that stops reading its
+//! answer, so that no write to it makes progress for that long, gets its connection
+//! closed, which frees the upstream connection its response was coming from.
 
 use std::io;
 use std::pin::Pin;
@@ -28,6 +32,10 @@ pub struct FirstBytes<S> {
     deciding: Option<(Deadline, usize)>,
     /// Told when the connection turns out to speak HTTP/2.
     h2: Option<Arc<Streams>>,
+    /// How long a write (or flush) may make no progress.
+    send_timeout: Option<Duration>,
+    /// Since the first write that found the client not reading: when it fails.
+    stalled: Option<Deadline>,
 }
 
 impl<S> FirstBytes<S> {
@@ -37,6 +45,43 @@ impl<S> FirstBytes<S> {
             io,
             deciding: Some((Deadline::after(within), 0)),
             h2: None,
+            send_timeout: None,
+            stalled: None,
+        }
+    }
+
+    /// Fails a write, or a flush, that made no progress for `limit` (the client is not
+    /// reading what it is sent).
+    pub fn send_timeout(mut self, limit: Duration) -> FirstBytes<S> {
+        self.send_timeout = Some(limit);
+        self
+    }
+
+    /// A write's result, through the send deadline: progress clears it; the first write
+    /// that cannot go on sets it, and one still waiting at it fails.
+    fn sent<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match result {
+            Poll::Pending => {
+                let Some(limit) = self.send_timeout else {
+                    return Poll::Pending;
+                };
+                let deadline = self.stalled.get_or_insert_with(|| Deadline::after(limit));
+                match Pin::new(deadline).poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client took none of its answer within send_timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            ready => {
+                self.stalled = None;
+                ready
+            }
         }
     }
 
@@ -110,7 +155,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FirstBytes<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.sent(cx, result)
     }
 
     fn poll_write_vectored(
@@ -118,7 +165,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FirstBytes<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.sent(cx, result)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -126,7 +175,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FirstBytes<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        // A TLS stream writes to the socket here.
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_flush(cx);
+        this.sent(cx, result)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -160,6 +212,32 @@ mod tests {
             let told = parts.iter().position(|p| tells(&mut matched, p));
             assert_eq!(told, told_after, "{parts:?}");
         }
+    }
+
+    // Real time: `Deadline` keeps std's clock, which a paused tokio clock does not move.
+    #[tokio::test]
+    async fn a_client_that_stops_reading_fails_the_write_at_the_send_deadline() {
+        let limit = Duration::from_secs(1);
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut io = FirstBytes::new(server, limit).send_timeout(limit);
+        let chunk = [7u8; 512];
+        // The pipe takes 1 KiB, then the client is not reading.
+        io.write_all(&chunk).await.unwrap();
+        io.write_all(&chunk).await.unwrap();
+        // A read that comes within the limit lets the waiting write go on...
+        let mut buf = [0u8; 512];
+        let (w, r) = tokio::join!(io.write_all(&chunk), async {
+            tokio::time::sleep(limit * 3 / 10).await;
+            client.read_exact(&mut buf).await
+        });
+        w.unwrap();
+        r.unwrap();
+        // ...and the next stall gets the whole limit again: the write fails at it.
+        let start = std::time::Instant::now();
+        let err = io.write_all(&chunk).await.expect_err("nobody reads");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(start.elapsed() >= limit, "{:?}", start.elapsed());
+        drop(client);
     }
 
     #[tokio::test(start_paused = true)]

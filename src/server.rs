@@ -161,7 +161,10 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         Source::Listener(admin_listener),
         stop_rx.clone(),
         grace,
-        config.server.header_read_timeout,
+        ConnTimeouts {
+            first_bytes: config.server.header_read_timeout,
+            send: config.server.send_timeout,
+        },
         http_builder(&config.server),
         None,
         move |req, _peer| {
@@ -245,6 +248,14 @@ impl ConnLimits {
     }
 
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
+        // One client is one IPv4 address, or one IPv6 /64 (a host is handed a whole /64
+        // and may use any address in it); an IPv4-mapped IPv6 address is its IPv4 one.
+        let ip = match ip.to_canonical() {
+            IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !((1u128 << 64) - 1),
+            )),
+            v4 => v4,
+        };
         let permit = self.total.clone().try_acquire_owned().ok()?;
         let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
@@ -262,6 +273,17 @@ impl ConnLimits {
 
 /// hyper's HTTP/1 header-count limit when none is set.
 const HYPER_MAX_HEADERS: usize = 100;
+
+/// Bytes an HTTP/2 stream may queue for sending: 256 streams of it is 16 MiB at most.
+const H2_SEND_BUFFER: usize = 64 << 10;
+
+/// The time limits of a connection in [`serve`]: for its first bytes (which tell its
+/// protocol) and for any write to the client to make progress.
+#[derive(Clone, Copy)]
+struct ConnTimeouts {
+    first_bytes: Duration,
+    send: Duration,
+}
 
 /// HTTP/1.1 and h2 on one port, with the request-head limits of `[server]`.
 fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
@@ -292,7 +314,10 @@ fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .max_pending_accept_reset_streams(Some(64))
         .max_local_error_reset_streams(Some(256))
         .keep_alive_interval(Some(Duration::from_secs(20)))
-        .keep_alive_timeout(Duration::from_secs(20));
+        .keep_alive_timeout(Duration::from_secs(20))
+        // What a stream may queue beyond the client's flow-control window (hyper's
+        // default, 400 KiB, times 256 streams would let one connection pin ~100 MiB).
+        .max_send_buf_size(H2_SEND_BUFFER);
     b
 }
 
@@ -420,7 +445,10 @@ where
             tls.clone(),
             handler.clone(),
         );
-        let first_bytes = server.header_read_timeout;
+        let timeouts = ConnTimeouts {
+            first_bytes: server.header_read_timeout,
+            send: server.send_timeout,
+        };
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
             .name(format!("fencegate-worker-{i}"))
@@ -440,7 +468,7 @@ where
                     Source::Handed(rx),
                     stop,
                     grace,
-                    first_bytes,
+                    timeouts,
                     builder,
                     tls,
                     handler,
@@ -507,7 +535,7 @@ async fn serve<F, Fut>(
     mut source: Source,
     mut stop: watch::Receiver<bool>,
     grace: Duration,
-    first_bytes: Duration,
+    timeouts: ConnTimeouts,
     builder: auto::Builder<TokioExecutor>,
     tls: Option<Arc<crate::tls::Listener>>,
     handler: F,
@@ -529,7 +557,8 @@ async fn serve<F, Fut>(
         let handler = handler.clone();
         // HTTP/2 requests are counted open until their response body is done, for the
         // connection's idle deadline (`h2_idle`); HTTP/1 is bounded by hyper's head timeout.
-        let streams = Streams::new();
+        let streams = Streams::new(Some(timeouts.send));
+        let ConnTimeouts { first_bytes, send } = timeouts;
         let counted = streams.clone();
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             let handler = handler.clone();
@@ -557,7 +586,9 @@ async fn serve<F, Fut>(
                         return;
                     }
                 };
-                let stream = FirstBytes::new(stream, first_bytes).telling(streams.clone());
+                let stream = FirstBytes::new(stream, first_bytes)
+                    .send_timeout(send)
+                    .telling(streams.clone());
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), svc)
                     .into_owned();
@@ -568,7 +599,9 @@ async fn serve<F, Fut>(
             });
             continue;
         }
-        let stream = FirstBytes::new(stream, first_bytes).telling(streams.clone());
+        let stream = FirstBytes::new(stream, first_bytes)
+            .send_timeout(send)
+            .telling(streams.clone());
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();
