@@ -248,14 +248,7 @@ impl ConnLimits {
     }
 
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
-        // One client is one IPv4 address, or one IPv6 /64 (a host is handed a whole /64
-        // and may use any address in it); an IPv4-mapped IPv6 address is its IPv4 one.
-        let ip = match ip.to_canonical() {
-            IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
-                u128::from(v6) & !((1u128 << 64) - 1),
-            )),
-            v4 => v4,
-        };
+        let ip = client_of(ip);
         let permit = self.total.clone().try_acquire_owned().ok()?;
         let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
@@ -268,6 +261,18 @@ impl ConnLimits {
             limits: self.clone(),
             ip,
         })
+    }
+}
+
+/// The client an address counts for in `max_connections_per_ip`: one IPv4 address, or one
+/// IPv6 /64 (a host is handed a whole /64 and may use any address in it); an IPv4-mapped
+/// IPv6 address is its IPv4 one.
+fn client_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(v6) & !((1u128 << 64) - 1),
+        )),
+        v4 => v4,
     }
 }
 
@@ -691,4 +696,36 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     running.app.proxy.reload(Arc::new(merged));
     metrics.reloads.fetch_add(1, Ordering::Relaxed);
     tracing::info!(file = %path.display(), routes, "config reloaded");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_client_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let limits = ConnLimits::new(100, 2);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let a = limits.admit(ip("2001:db8:1:2::1")).expect("first");
+        let b = limits.admit(ip("2001:db8:1:2:ffff::9")).expect("second");
+        assert!(
+            limits.admit(ip("2001:db8:1:2:1:2:3:4")).is_none(),
+            "same /64"
+        );
+        assert!(limits.admit(ip("2001:db8:1:3::1")).is_some(), "another /64");
+        drop(a);
+        assert!(
+            limits.admit(ip("2001:db8:1:2::7")).is_some(),
+            "a slot freed"
+        );
+        drop(b);
+        let v4 = limits.admit(ip("192.0.2.7")).expect("v4");
+        let _mapped = limits.admit(ip("::ffff:192.0.2.7")).expect("mapped");
+        assert!(
+            limits.admit(ip("192.0.2.7")).is_none(),
+            "mapped counts as v4"
+        );
+        assert!(limits.admit(ip("192.0.2.8")).is_some());
+        drop(v4);
+    }
 }
