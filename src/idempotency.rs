@@ -239,13 +239,14 @@ impl Idempotency {
         // committed whether or not anyone awaits it: made for a client that went away
         // meanwhile and never finished, it would answer every retry 409 `in_progress`
         // until it expired. And once forwarded, the upstream's answer is recorded even if
-        // the client is gone, so the client's retry is answered from the record.
+        // the client is gone, so the client's retry is answered from the record. The
+        // worker's shutdown waits for the task (within its grace), since no connection does.
         let forward_unknown = route.idempotency_unknown == OnUnknown::Forward;
         let store = self.store.clone();
         let fwd = fwd.clone();
         let boot = self.boot;
         let cap = settings.max_response_body;
-        let task = tokio::spawn(async move {
+        let task = crate::drain::spawn_detached(async move {
             let refuse = |plan: &mut Plan, outcome: Outcome| {
                 // Nothing was forwarded under this admission.
                 if let Some(g) = plan.guard.as_mut() {

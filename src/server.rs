@@ -499,7 +499,8 @@ where
 }
 
 /// The accept loop of one listener. On stop: close the listener, ask every connection to
-/// finish its in-flight requests, and wait at most `grace` for them. A connection whose
+/// finish its in-flight requests, and wait at most `grace` for them (on a proxy worker,
+/// for its detached tasks too). A connection whose
 /// first bytes do not tell its protocol within `first_bytes` (after the TLS handshake, if
 /// any) is closed.
 #[allow(clippy::too_many_arguments)]
@@ -516,6 +517,13 @@ async fn serve<F, Fut>(
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
     let graceful = crate::drain::Drain::new();
+    if matches!(source, Source::Handed(_)) {
+        // A proxy worker: its requests may hand work off to tasks of their own (an
+        // idempotent exchange goes on after its client has gone, to record the answer for
+        // the retry). The worker's runtime is dropped, and those tasks with it, once this
+        // returns, so the drain waits for them as for connections.
+        graceful.count_detached_tasks_of_this_thread();
+    }
     // Shared with TLS connections' tasks, which build their connection after the handshake.
     let builder = Arc::new(builder);
     loop {
@@ -585,9 +593,12 @@ async fn serve<F, Fut>(
         .await
         .is_err()
     {
+        let (connections, exchanges) = graceful.remaining();
         tracing::warn!(
             ?grace,
-            "shutdown grace period over; closing remaining connections"
+            connections,
+            exchanges,
+            "shutdown grace period over; closing remaining connections and ending exchanges whose clients have gone"
         );
     }
 }
