@@ -190,8 +190,13 @@ impl Idempotency {
         // The read is bounded by the upstream's timeout, as a body read or streamed on the
         // way upstream is: the admission counts this generation in flight meanwhile, and a
         // paused sender must not keep a newer owner out for as long as it stays connected.
+        // It is bounded in size by the route's `max_body` too, when that is smaller: only a
+        // Content-Length was checked against it so far, and a body without one (chunked,
+        // HTTP/2) must not be held in memory past the route's limit.
         let (parts, body) = req.into_parts();
-        let limit = settings.max_request_body;
+        let limit = route.max_body.map_or(settings.max_request_body, |m| {
+            m.min(settings.max_request_body)
+        });
         let timeout = table.config.upstreams[route.upstream].timeout;
         let read =
             crate::timer::timeout_from(std::time::Instant::now(), timeout, read_up_to(body, limit))
