@@ -126,7 +126,13 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         }
         Command::Serve { config } => {
             let c = load(&config)?;
-            runtime()?.block_on(serve(config, c))
+            let runtime = runtime()?;
+            let code = runtime.block_on(serve(config, c));
+            // Shutdown has bounded its waits; what it left behind (a blocking task of the
+            // lease authority stuck in a write at a hung disk, for one) must not keep the
+            // process from exiting, as dropping the runtime would: it waits for them all.
+            runtime.shutdown_background();
+            code
         }
         Command::Demo => runtime()?.block_on(crate::demo::run()).map_err(|e| {
             eprintln!("demo failed: {e}");

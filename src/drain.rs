@@ -7,7 +7,13 @@
 //! at its first poll). [`Drain::shutdown`] raises the flag, wakes every watched connection
 //! so that it starts its graceful shutdown (finish the in-flight request, then close; an
 //! idle one closes at once), and waits until all of them have ended.
+//!
+//! It also waits for the worker's detached tasks ([`spawn_detached`]): work a request
+//! hands off so that it goes on after its client has gone (an idempotent exchange, whose
+//! answer is recorded for the client's retry). No connection waits for such a task, so
+//! without the count a worker would stop, and drop it, as soon as its last connection ended.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 /// A connection that can be asked to finish what it is doing and close.
 pub trait Drainable: Future {
@@ -32,20 +39,38 @@ struct Watched {
     /// By slot; `None` for a free slot or a connection not yet polled.
     wakers: Vec<Option<Waker>>,
     free: Vec<usize>,
+    /// Watched connections, and watchers still waiting for theirs.
     live: usize,
+    /// Detached tasks not yet ended.
+    detached: usize,
+}
+
+impl Watched {
+    fn idle(&self) -> bool {
+        self.live == 0 && self.detached == 0
+    }
 }
 
 #[derive(Default)]
 struct Shared {
     closing: AtomicBool,
     watched: Mutex<Watched>,
-    /// Signalled when the last watched connection ends.
+    /// Signalled when the last watched connection or detached task ends.
     ended: Notify,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Watched> {
         self.watched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Signals [`Drain::shutdown`] if nothing is left; called with what the lock guards.
+    fn ended_one(&self, w: MutexGuard<'_, Watched>) {
+        let last = w.idle();
+        drop(w);
+        if last {
+            self.ended.notify_waiters();
+        }
     }
 
     /// Wakes every watched connection's task (outside the lock: a task may run at once).
@@ -57,7 +82,46 @@ impl Shared {
     }
 }
 
-/// One worker's set of watched connections.
+thread_local! {
+    /// The drain of the worker serving on this thread, which counts the tasks
+    /// [`spawn_detached`] starts here.
+    static DETACHED: RefCell<Option<Arc<Shared>>> = const { RefCell::new(None) };
+}
+
+/// Spawns `task` on the current runtime, apart from the request that hands it off. On a
+/// worker's thread the worker's drain counts it, so that shutdown waits for it (within the
+/// same grace as for connections) instead of dropping it with the worker's runtime.
+pub fn spawn_detached<F>(task: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    // Counted before the task exists: the request handing it off still holds its
+    // connection open, so a shutdown cannot find nothing left in between.
+    let counted = DETACHED.with(|d| d.borrow().clone()).map(|shared| {
+        shared.lock().detached += 1;
+        DetachedGuard { shared }
+    });
+    tokio::spawn(async move {
+        let _counted = counted;
+        task.await
+    })
+}
+
+/// Counts one detached task until it ends or is dropped.
+struct DetachedGuard {
+    shared: Arc<Shared>,
+}
+
+impl Drop for DetachedGuard {
+    fn drop(&mut self) {
+        let mut w = self.shared.lock();
+        w.detached -= 1;
+        self.shared.ended_one(w);
+    }
+}
+
+/// One worker's set of watched connections (and of its detached tasks).
 #[derive(Default)]
 pub struct Drain {
     shared: Arc<Shared>,
@@ -94,9 +158,15 @@ impl Drain {
         }
     }
 
+    /// From now on, [`spawn_detached`] on this thread counts its tasks here. For a worker,
+    /// whose single-threaded runtime runs every task it spawns on this thread.
+    pub fn count_detached_tasks_of_this_thread(&self) {
+        DETACHED.with(|d| *d.borrow_mut() = Some(self.shared.clone()));
+    }
+
     /// Asks every watched connection (and any watched from now on) to shut down
-    /// gracefully, then waits until none is left. Bound it with a timeout: a connection
-    /// with a request in flight ends only when that request does.
+    /// gracefully, then waits until none is left, nor any detached task. Bound it with a
+    /// timeout: a connection with a request in flight ends only when that request does.
     pub async fn shutdown(&self) {
         self.shared.closing.store(true, Ordering::Release);
         self.shared.wake_all();
@@ -105,11 +175,18 @@ impl Drain {
             tokio::pin!(ended);
             // Registered before looking, so an end between the look and the wait is seen.
             ended.as_mut().enable();
-            if self.shared.lock().live == 0 {
+            if self.shared.lock().idle() {
                 return;
             }
             ended.await;
         }
+    }
+
+    /// Connections and detached tasks not yet ended (what a shutdown past its grace
+    /// abandons).
+    pub fn remaining(&self) -> (usize, usize) {
+        let w = self.shared.lock();
+        (w.live, w.detached)
     }
 }
 
@@ -141,11 +218,7 @@ impl Drop for SlotGuard {
         w.wakers[self.slot] = None;
         w.free.push(self.slot);
         w.live -= 1;
-        let last = w.live == 0;
-        drop(w);
-        if last {
-            self.shared.ended.notify_waiters();
-        }
+        self.shared.ended_one(w);
     }
 }
 
@@ -302,6 +375,35 @@ mod tests {
         drop(drain.watch(c));
         bounded(drain.shutdown()).await;
         assert_eq!(drain.shared.lock().live, 0);
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_detached_tasks_of_its_thread() {
+        let drain = Drain::new();
+        drain.count_detached_tasks_of_this_thread();
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let task = spawn_detached(async move {
+            let _ = finished.await;
+        });
+        let shutdown = drain.shutdown();
+        tokio::pin!(shutdown);
+        assert!(futures_poll_once(shutdown.as_mut()).await.is_pending());
+        assert_eq!(drain.remaining(), (0, 1));
+        let _ = done.send(());
+        bounded(task).await.expect("detached task");
+        bounded(shutdown).await;
+        assert_eq!(drain.remaining(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_detached_task_dropped_unfinished_is_no_longer_waited_for() {
+        let drain = Drain::new();
+        drain.count_detached_tasks_of_this_thread();
+        let task = spawn_detached(std::future::pending::<()>());
+        assert_eq!(drain.remaining(), (0, 1));
+        task.abort();
+        let _ = bounded(task).await;
+        bounded(drain.shutdown()).await;
     }
 
     /// Ends the in-flight request of a busy fake and waits until its task has finished.

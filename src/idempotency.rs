@@ -190,8 +190,13 @@ impl Idempotency {
         // The read is bounded by the upstream's timeout, as a body read or streamed on the
         // way upstream is: the admission counts this generation in flight meanwhile, and a
         // paused sender must not keep a newer owner out for as long as it stays connected.
+        // It is bounded in size by the route's `max_body` too, when that is smaller: only a
+        // Content-Length was checked against it so far, and a body without one (chunked,
+        // HTTP/2) must not be held in memory past the route's limit.
         let (parts, body) = req.into_parts();
-        let limit = settings.max_request_body;
+        let limit = route.max_body.map_or(settings.max_request_body, |m| {
+            m.min(settings.max_request_body)
+        });
         let timeout = table.config.upstreams[route.upstream].timeout;
         let read =
             crate::timer::timeout_from(std::time::Instant::now(), timeout, read_up_to(body, limit))
@@ -239,13 +244,14 @@ impl Idempotency {
         // committed whether or not anyone awaits it: made for a client that went away
         // meanwhile and never finished, it would answer every retry 409 `in_progress`
         // until it expired. And once forwarded, the upstream's answer is recorded even if
-        // the client is gone, so the client's retry is answered from the record.
+        // the client is gone, so the client's retry is answered from the record. The
+        // worker's shutdown waits for the task (within its grace), since no connection does.
         let forward_unknown = route.idempotency_unknown == OnUnknown::Forward;
         let store = self.store.clone();
         let fwd = fwd.clone();
         let boot = self.boot;
         let cap = settings.max_response_body;
-        let task = tokio::spawn(async move {
+        let task = crate::drain::spawn_detached(async move {
             let refuse = |plan: &mut Plan, outcome: Outcome| {
                 // Nothing was forwarded under this admission.
                 if let Some(g) = plan.guard.as_mut() {

@@ -60,18 +60,73 @@ pub struct Running {
     /// The proxy listener's TLS, when `server.tls` is set; its files are re-read on reload.
     tls: Option<Arc<crate::tls::Listener>>,
     stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    /// What shutdown waits for, each with what it is, for the log if it is left behind.
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
 }
+
+/// How long shutdown goes on after `server.shutdown_timeout`, for the listeners to let go
+/// of what they ended and for the store to commit what is queued and close. A healthy store
+/// closes in milliseconds; one whose disk hangs (an fsync that never returns) never does,
+/// and waiting for it would keep the process from exiting.
+pub const CLOSE_AFTER_GRACE: Duration = Duration::from_secs(2);
 
 impl Running {
     /// Stops accepting, lets in-flight requests finish (bounded by
-    /// `server.shutdown_timeout`), and returns when every connection has closed.
+    /// `server.shutdown_timeout`), then closes the store. Returns within
+    /// `shutdown_timeout` plus [`CLOSE_AFTER_GRACE`] whatever the disk does: what is
+    /// still running by then is left behind, with a warning.
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        let Running {
+            app, stop, tasks, ..
+        } = self;
+        let deadline =
+            tokio::time::Instant::now() + app.config.server.shutdown_timeout + CLOSE_AFTER_GRACE;
+        let _ = stop.send(true);
+        // The listeners end what is left of their requests once the grace is over, and
+        // housekeeping stops at once; the deadline is for what does not.
+        let mut left = Vec::new();
+        for (what, task) in tasks {
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                left.push(what);
+            }
         }
-        self.app.store.close().await;
+        if !left.is_empty() {
+            tracing::warn!(tasks = ?left, "shutdown: still running at the time limit; left behind");
+        }
+        // A close waits for every commit queued before it, and so for the disk. Left
+        // behind, the commit under way may or may not land; each one committed before is
+        // on disk, and the next start opens the file as after a crash.
+        if tokio::time::timeout_at(deadline, app.store.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "shutdown: the mark store did not close in time (a commit is waiting for the disk); left behind"
+            );
+            return;
+        }
+        // The store's last handle writes the file's clean-shutdown header, and syncs, as it
+        // drops: on a thread of its own, so that a hung disk cannot hold shutdown there.
+        let (dropped, done) = tokio::sync::oneshot::channel();
+        let closing = std::thread::Builder::new()
+            .name("fencegate-close".into())
+            .spawn(move || {
+                drop(app);
+                let _ = dropped.send(());
+            });
+        match closing {
+            Ok(_) => {
+                if tokio::time::timeout_at(deadline, done).await.is_err() {
+                    tracing::warn!(
+                        "shutdown: the store file's last sync did not finish in time (the disk is not answering); left behind"
+                    );
+                }
+            }
+            // The closure, and the handles in it, were dropped here.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a thread to close the store; closed it here")
+            }
+        }
     }
 }
 
@@ -172,13 +227,16 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             async move { crate::admin::handle(&app, req).await }
         },
     ));
-    let mut tasks = proxy_tasks;
+    let mut tasks: Vec<_> = proxy_tasks
+        .into_iter()
+        .map(|t| ("proxy listener", t))
+        .collect();
     let mut authority_addr = None;
     if let Some(auth) = &config.authority {
         let (addr, task) =
             crate::authority::serve(auth, &config.server, &app.store, stop_rx.clone()).await?;
         authority_addr = Some(addr);
-        tasks.push(task);
+        tasks.push(("lease authority", task));
     }
     let mut sweep_stop = stop_rx;
     let housekeeping = app.clone();
@@ -189,7 +247,13 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             tokio::select! {
                 _ = tick.tick() => gates.sweep(),
                 _ = collect.tick() => {
-                    let n = housekeeping.proxy.idempotency().collect().await;
+                    // A collection waits for its commits: one stuck at a hung disk must
+                    // not hold shutdown up. (A batch already queued commits, or not, by
+                    // itself; the next start collects what is left.)
+                    let n = tokio::select! {
+                        n = housekeeping.proxy.idempotency().collect() => n,
+                        _ = sweep_stop.changed() => return,
+                    };
                     if n > 0 {
                         tracing::debug!(records = n, "expired idempotency records collected");
                     }
@@ -199,7 +263,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         }
     });
     tracing::info!(%proxy_addr, %admin_addr, "fencegate listening");
-    tasks.extend([admin_task, sweeper]);
+    tasks.extend([("admin listener", admin_task), ("housekeeping", sweeper)]);
     Ok(Running {
         proxy_addr,
         admin_addr,
@@ -532,7 +596,8 @@ where
 }
 
 /// The accept loop of one listener. On stop: close the listener, ask every connection to
-/// finish its in-flight requests, and wait at most `grace` for them. A connection whose
+/// finish its in-flight requests, and wait at most `grace` for them (on a proxy worker,
+/// for its detached tasks too). A connection whose
 /// first bytes do not tell its protocol within `first_bytes` (after the TLS handshake, if
 /// any) is closed.
 #[allow(clippy::too_many_arguments)]
@@ -549,6 +614,13 @@ async fn serve<F, Fut>(
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
     let graceful = crate::drain::Drain::new();
+    if matches!(source, Source::Handed(_)) {
+        // A proxy worker: its requests may hand work off to tasks of their own (an
+        // idempotent exchange goes on after its client has gone, to record the answer for
+        // the retry). The worker's runtime is dropped, and those tasks with it, once this
+        // returns, so the drain waits for them as for connections.
+        graceful.count_detached_tasks_of_this_thread();
+    }
     // Shared with TLS connections' tasks, which build their connection after the handshake.
     let builder = Arc::new(builder);
     loop {
@@ -623,9 +695,12 @@ async fn serve<F, Fut>(
         .await
         .is_err()
     {
+        let (connections, exchanges) = graceful.remaining();
         tracing::warn!(
             ?grace,
-            "shutdown grace period over; closing remaining connections"
+            connections,
+            exchanges,
+            "shutdown grace period over; closing remaining connections and ending exchanges whose clients have gone"
         );
     }
 }

@@ -364,6 +364,109 @@ async fn sigterm_finishes_in_flight_requests() {
     assert!(status.success(), "exit status {status:?}");
 }
 
+/// A proxy on `store`, with a short `shutdown_timeout` (100 ms): shutdown then takes at
+/// most that plus `CLOSE_AFTER_GRACE`, whatever the disk does.
+async fn start_on_store(
+    upstream: std::net::SocketAddr,
+    dir: &Path,
+    store: fencegate::fence::MarkStore,
+) -> fencegate::server::Running {
+    let text = support::config_text(upstream, "10s", "0s", "10s")
+        .replace("shutdown_timeout = \"10s\"", "shutdown_timeout = \"100ms\"");
+    let config = fencegate::config::Config::parse(&text, dir).expect("config");
+    fencegate::server::start(config, Some(store))
+        .await
+        .expect("start proxy")
+}
+
+/// Runs `proxy.shutdown()` on a thread of its own and waits for it within [`BOUND`], so
+/// that a shutdown blocked in the disk fails the test instead of hanging it.
+async fn shut_down_within_bound(proxy: fencegate::server::Running) {
+    let (done, returned) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(proxy.shutdown());
+        let _ = done.send(());
+    });
+    tokio::time::timeout(BOUND, returned)
+        .await
+        .expect("shutdown returns while the disk hangs")
+        .expect("shutdown thread");
+}
+
+async fn wait_for_a_held_sync(disk: &support::disk::Disk) {
+    tokio::time::timeout(BOUND, async {
+        while !disk.syncing() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("a commit reaches the held disk");
+}
+
+/// SIGTERM while a commit hangs at the disk (an fsync that never returns): shutdown ends
+/// the request waiting for it after `shutdown_timeout`, gives the store until
+/// `CLOSE_AFTER_GRACE` later to close, and returns without it.
+#[tokio::test]
+async fn shutdown_returns_while_a_commit_hangs() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = support::disk::Disk::new();
+    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
+    let proxy = start_on_store(double.addr, dir.path(), store).await;
+    disk.hold();
+    let client = Client::new(proxy.proxy_addr);
+    let waiting = tokio::spawn(async move { client.try_put("/reports/july/x", "1").await });
+    wait_for_a_held_sync(&disk).await;
+    shut_down_within_bound(proxy).await;
+    assert!(disk.syncing(), "the commit is still held");
+    assert_ne!(waiting.await.unwrap(), Some(200));
+    assert_eq!(double.count_token("1"), 0, "nothing forwarded");
+    disk.release();
+}
+
+/// The collection of expired idempotency records (at start-up, then every 60 s) waits for
+/// its commit; stuck at a hung disk, it does not hold shutdown up either.
+#[tokio::test]
+async fn shutdown_returns_while_a_collection_hangs() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = support::disk::Disk::new();
+    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
+    // An expired record (expiry, an empty JSON record), for the first collection to delete.
+    let mut expired = 1u64.to_be_bytes().to_vec();
+    expired.extend_from_slice(&[0, 0, 0, 2, b'{', b'}']);
+    let claimed = store.claim("s\0k".into(), expired, None, 0).await;
+    assert!(claimed.expect("claim").is_none());
+    disk.hold();
+    let proxy = start_on_store(double.addr, dir.path(), store).await;
+    wait_for_a_held_sync(&disk).await;
+    shut_down_within_bound(proxy).await;
+    assert!(disk.syncing(), "the collection's commit is still held");
+    disk.release();
+}
+
+/// With nothing to commit when the disk hangs, the store closes, but the last handle's
+/// drop writes and syncs the file's clean-shutdown header: that waits for the disk too,
+/// and does not hold shutdown up.
+#[tokio::test]
+async fn shutdown_returns_while_the_disk_hangs_with_nothing_to_commit() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = support::disk::Disk::new();
+    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
+    let proxy = start_on_store(double.addr, dir.path(), store).await;
+    let client = Client::new(proxy.proxy_addr);
+    assert_eq!(client.put("/reports/july/x", "1", "a").await.status, 200);
+    disk.hold();
+    shut_down_within_bound(proxy).await;
+    wait_for_a_held_sync(&disk).await;
+    disk.release();
+}
+
 /// backup (while serving) → restore into another store merges by max, never lowering.
 #[tokio::test]
 async fn backup_and_restore_merge_by_max() {

@@ -145,6 +145,76 @@ async fn a_client_gone_during_its_claim_leaves_no_stuck_key() {
     proxy.shutdown().await;
 }
 
+/// Shutdown while an exchange whose client has gone is still at the upstream: the worker
+/// waits for it (within `shutdown_timeout`), as it does for connections, so its answer is
+/// recorded and the client's retry after the restart is answered from the record. (Once
+/// the last connection had ended, the worker used to stop and drop the exchange: the retry
+/// found no response recorded, 409 `outcome_unknown`.)
+#[tokio::test]
+async fn shutdown_waits_for_an_exchange_whose_client_has_gone() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, disk) = support::start_on_disk(double.addr, dir.path()).await;
+    let addr = proxy.proxy_addr;
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(
+        b"PUT /idem/gone HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n\
+          Idempotency-Key: \"order-1\"\r\nX-Test-Hold: gone\r\nContent-Length: 5\r\n\r\npay 5",
+    )
+    .await
+    .expect("write");
+    double.arrived("gone").await;
+    // The client goes away; the proxy closing the connection shows that the request's
+    // own task has ended, and that the exchange goes on without it.
+    conn.shutdown().await.expect("shutdown");
+    let mut rest = Vec::new();
+    tokio::time::timeout(BOUND, conn.read_to_end(&mut rest))
+        .await
+        .expect("the proxy closes the connection")
+        .expect("read");
+    assert!(rest.is_empty(), "no answer was sent: {rest:?}");
+
+    // Shutdown begins (the listener closes) while the exchange is still at the upstream;
+    // only then does the upstream answer.
+    let shutdown = tokio::spawn(proxy.shutdown());
+    tokio::time::timeout(BOUND, async {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the listener closes on shutdown");
+    double.release("gone");
+    tokio::time::timeout(BOUND, shutdown)
+        .await
+        .expect("shutdown returns once the exchange is over")
+        .expect("shutdown task");
+
+    // After a restart on the same store, the retry is answered from the record.
+    let store = MarkStore::open_with_backend(disk.clone()).expect("reopen the store");
+    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .expect("restart");
+    let client = Client::new(proxy.proxy_addr);
+    let retry = client
+        .send("PUT", "/idem/gone", &[("fencing-token", "1"), KEY], "pay 5")
+        .await;
+    assert_eq!((retry.status, retry.result()), (200, "duplicate"));
+    assert_eq!(retry.body, "PUT /idem/gone token=1");
+    assert_eq!(
+        double
+            .seen()
+            .iter()
+            .filter(|s| s.target == "/idem/gone")
+            .count(),
+        1,
+        "applied once"
+    );
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn concurrent_duplicates_are_in_progress_then_replayed() {
     let double = Double::start().await;

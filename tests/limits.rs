@@ -61,6 +61,87 @@ async fn bodies_over_max_body_get_413_and_are_not_applied() {
     proxy.shutdown().await;
 }
 
+/// A body with an `Idempotency-Key` is read whole before it is forwarded (to be
+/// fingerprinted). That read stops at the route's `max_body` when it is below
+/// `idempotency.max_request_body`: a body without a Content-Length is refused as soon as it
+/// passes the route's limit, not buffered on towards the larger one, and nothing of it
+/// reaches the upstream.
+#[tokio::test]
+async fn an_idempotent_body_without_a_length_stops_at_max_body() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let route = "max_body = \"1KiB\"\nidempotency = \"optional\"";
+    let proxy = proxy_with(&double, dir.path(), "", route).await;
+    let head = |path: &str| {
+        format!(
+            "PUT {path} HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\
+             Idempotency-Key: \"{path}\"\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+    };
+
+    // Exactly the limit, chunked, passes.
+    let mut s = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    let body = "x".repeat(1024);
+    let req = format!("{}400\r\n{body}\r\n0\r\n\r\n", head("/reports/a/fits"));
+    s.write_all(req.as_bytes()).await.unwrap();
+    let (status, text) = read_answer(&mut s).await;
+    assert_eq!(status, 200, "{text}");
+
+    // Past it: answered while the rest of the body is still to come (no last chunk).
+    let mut s = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    let part = "x".repeat(1100);
+    let req = format!("{}44c\r\n{part}\r\n", head("/reports/a/big"));
+    s.write_all(req.as_bytes()).await.unwrap();
+    let (status, text) = read_answer(&mut s).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("\"result\":\"payload_too_large\""), "{text}");
+    assert!(text.contains("(1024 bytes)"), "the route's limit: {text}");
+    let seen = double.seen();
+    assert!(seen.iter().any(|s| s.target == "/reports/a/fits"));
+    assert!(
+        !seen.iter().any(|s| s.target == "/reports/a/big"),
+        "nothing of it was forwarded"
+    );
+    proxy.shutdown().await;
+}
+
+/// Reads one answer (head, then a body of `Content-Length` bytes) within [`BOUND`].
+async fn read_answer(s: &mut TcpStream) -> (u16, String) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    tokio::time::timeout(BOUND, async {
+        loop {
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length: usize = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_string())
+                    })
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + length {
+                    return;
+                }
+            }
+            let n = s.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed before a whole answer: {text}");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("an answer within the bound");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
 #[tokio::test]
 async fn connections_per_client_ip_are_bounded() {
     let double = Double::start().await;

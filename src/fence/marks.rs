@@ -334,7 +334,9 @@ impl MarkStore {
     }
 
     /// Commits what is queued and stops the writer, so that the file is closed cleanly
-    /// once the last handle drops (no repair on the next open).
+    /// once the last handle drops (no repair on the next open). It waits for those commits,
+    /// and so for the disk: a caller that must not hang with a hung disk bounds the wait
+    /// (server shutdown does). The last handle's drop writes and syncs the file too.
     pub async fn close(&self) {
         if let Commits::Thread(tx) = &self.inner.commits {
             let (reply, rx) = oneshot::channel();
