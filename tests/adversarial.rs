@@ -7,7 +7,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::{BOUND, Client, Double, peak_rss, spawn, write_config};
+use support::{BOUND, Client, Double, peak_rss, spawn, status_of as status, write_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -15,13 +15,6 @@ use tokio::net::TcpStream;
 async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     let (_, text) = support::raw(addr, bytes).await;
     text
-}
-
-fn status(text: &str) -> u16 {
-    text.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

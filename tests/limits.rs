@@ -134,12 +134,7 @@ async fn read_answer(s: &mut TcpStream) -> (u16, String) {
     .await
     .expect("an answer within the bound");
     let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+    (support::status_of(&text), text)
 }
 
 #[tokio::test]

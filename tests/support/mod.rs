@@ -384,12 +384,15 @@ pub async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut buf)).await;
     let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
+    (status_of(&text), text)
+}
+
+/// The status code of a raw HTTP/1.1 answer (0 if it has none).
+pub fn status_of(text: &str) -> u16 {
+    text.split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+        .unwrap_or(0)
 }
 
 /// The real binary, started on a config file with ports picked by the test.
