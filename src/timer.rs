@@ -38,15 +38,30 @@ struct Wheel {
     id: u64,
     slots: Vec<Slot>,
     free: Vec<usize>,
+    /// The generation a new slot starts at: above that of every slot [`Wheel::shrink`]
+    /// removed, so a handle to a removed slot never matches the slot pushed in its place.
+    base: u32,
 }
 
+/// A wheel with more slots than this shrinks once three quarters of them are free.
+const SHRINK_ABOVE: usize = 1024;
+
 impl Wheel {
+    fn new(id: u64) -> Wheel {
+        Wheel {
+            id,
+            slots: Vec::new(),
+            free: Vec::new(),
+            base: 0,
+        }
+    }
+
     fn arm(&mut self, at: Instant, waker: Waker) -> (usize, u32) {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
                 self.slots.push(Slot {
-                    generation: 0,
+                    generation: self.base,
                     armed: None,
                 });
                 self.slots.len() - 1
@@ -78,6 +93,29 @@ impl Wheel {
         slot.armed.as_mut().map(|(_, w)| w)
     }
 
+    /// After a burst, drops the free slots at the end, so that every tick does not go on
+    /// scanning as many slots as the burst once needed.
+    fn shrink(&mut self) {
+        if self.slots.len() <= SHRINK_ABOVE
+            || self.free.len() * 4 < self.slots.len() * 3
+            || self.slots.last().is_some_and(|s| s.armed.is_some())
+        {
+            return;
+        }
+        while let Some(last) = self.slots.last()
+            && last.armed.is_none()
+        {
+            // A free slot's generation was bumped when it was freed: every handle to it
+            // is below it.
+            self.base = self.base.max(last.generation);
+            self.slots.pop();
+        }
+        let len = self.slots.len();
+        self.free.retain(|&i| i < len);
+        self.slots.shrink_to(len.max(SHRINK_ABOVE));
+        self.free.shrink_to(len.max(SHRINK_ABOVE));
+    }
+
     /// Frees every slot due at `now` and answers their wakers.
     fn expire(&mut self, now: Instant, woken: &mut Vec<Waker>) {
         for (index, slot) in self.slots.iter_mut().enumerate() {
@@ -96,13 +134,7 @@ impl Wheel {
 /// now on use it. Only for single-threaded runtimes (a worker), where a task never moves.
 pub async fn drive() {
     let id = NEXT_WHEEL.fetch_add(1, Ordering::Relaxed);
-    WHEEL.with(|w| {
-        *w.borrow_mut() = Some(Wheel {
-            id,
-            slots: Vec::new(),
-            free: Vec::new(),
-        })
-    });
+    WHEEL.with(|w| *w.borrow_mut() = Some(Wheel::new(id)));
     // Disarms the wheel if this task is dropped (runtime shutdown): deadlines then fall
     // back to tokio timers instead of waiting for a tick that never comes.
     struct Uninstall;
@@ -132,6 +164,7 @@ pub async fn drive() {
         WHEEL.with(|w| {
             if let Some(wheel) = w.borrow_mut().as_mut() {
                 wheel.expire(now, &mut woken);
+                wheel.shrink();
             }
         });
         // Outside the borrow: a waker may be for a task that arms a deadline when polled.
@@ -422,6 +455,42 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), f)
             .await
             .expect("finished within 10 s")
+    }
+
+    #[test]
+    fn after_a_burst_the_wheel_shrinks_and_old_handles_stay_stale() {
+        let mut wheel = Wheel::new(1);
+        let now = Instant::now();
+        let waker = std::task::Waker::noop();
+        let mut handles: Vec<_> = (0..5_000).map(|_| wheel.arm(now, waker.clone())).collect();
+        // One deadline far off, in the middle, stays.
+        let kept = wheel.arm(now + Duration::from_secs(60), waker.clone());
+        handles.extend((0..5_000).map(|_| wheel.arm(now, waker.clone())));
+        let mut woken = Vec::new();
+        wheel.expire(now, &mut woken);
+        assert_eq!(woken.len(), 10_000);
+        wheel.shrink();
+        assert_eq!(kept.0, 5_000);
+        assert_eq!(wheel.slots.len(), 5_001, "free slots at the end dropped");
+        assert!(wheel.armed(kept.0, kept.1).is_some());
+        // New deadlines reuse freed slots first, then push new ones: none of the old
+        // handles (fired) matches any of them.
+        let fresh: Vec<_> = (0..20_000)
+            .map(|_| wheel.arm(now + Duration::from_secs(1), waker.clone()))
+            .collect();
+        for &(index, generation) in &handles {
+            assert!(wheel.armed(index, generation).is_none(), "{index}");
+        }
+        for &(index, generation) in &fresh {
+            assert!(wheel.armed(index, generation).is_some());
+        }
+        // A small wheel is left alone.
+        let mut small = Wheel::new(2);
+        let h = small.arm(now, waker.clone());
+        small.expire(now, &mut woken);
+        small.shrink();
+        assert_eq!(small.slots.len(), 1);
+        assert!(small.armed(h.0, h.1).is_none());
     }
 
     /// Runs `test` on a single-threaded runtime whose wheel is installed, like a worker's.
