@@ -168,7 +168,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
             };
             match app.store.list(&prefix, after.as_deref(), limit) {
                 Ok(marks) => {
-                    let next = (marks.len() == limit)
+                    let next = (!crate::fence::marks::listed_all(&marks, limit))
                         .then(|| marks.last().map(|m| m.0.clone()))
                         .flatten();
                     let scopes: Vec<_> =

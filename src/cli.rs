@@ -272,7 +272,14 @@ fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
                 return Err(fail("--limit must be at least 1"));
             }
             let list = match source(load(&config)?)? {
-                Source::File(reader) => reader.list(&prefix, None, limit).map_err(fail)?,
+                // In pages too: a listing stops short at `LIST_BYTES` of scope names.
+                Source::File(reader) => paged(limit, |after, page| {
+                    let marks = reader.list(&prefix, after, page).map_err(fail)?;
+                    let next = (!crate::fence::marks::listed_all(&marks, page))
+                        .then(|| marks.last().map(|m| m.0.clone()))
+                        .flatten();
+                    Ok((marks, next))
+                })?,
                 Source::Server(c) => paged(limit, |after, page| {
                     let after = after
                         .map(|a| format!("&after={}", enc(a)))

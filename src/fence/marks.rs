@@ -442,19 +442,31 @@ fn list_marks(
         _ => prefix,
     };
     let mut out = Vec::new();
+    let mut bytes = 0;
     for item in table.range(start..).map_err(read_err)? {
         let (k, v) = item.map_err(read_err)?;
         let key = k.value();
         if Some(key) == after {
             continue;
         }
-        if !key.starts_with(prefix) || out.len() >= limit {
+        if !key.starts_with(prefix) || out.len() >= limit || bytes >= LIST_BYTES {
             break;
         }
         let (e, c) = v.value();
+        bytes += key.len();
         out.push((key.to_string(), Token::new(e, c)));
     }
     Ok(out)
+}
+
+/// Scope bytes after which a listing stops short of its `limit` (see [`listed_all`]): a
+/// scope is as long as a request head allows, and 10,000 long ones would take gigabytes.
+pub const LIST_BYTES: usize = 4 << 20;
+
+/// Whether a listing asked for `limit` marks holds every mark that was left: it is short
+/// of its limit, and not because it reached [`LIST_BYTES`].
+pub fn listed_all(marks: &[(String, Token)], limit: usize) -> bool {
+    marks.len() < limit && marks.iter().map(|(s, _)| s.len()).sum::<usize>() < LIST_BYTES
 }
 
 /// One read transaction: the floor and the marks it shows belong together, whatever is
@@ -854,6 +866,32 @@ mod tests {
                 .is_err()
         );
         assert!(gone.is_failed());
+    }
+
+    /// A listing of long scope names stops at `LIST_BYTES`, says it did, and the rest
+    /// follows from where it stopped.
+    #[test]
+    fn a_listing_of_long_scopes_stops_at_its_byte_budget() {
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("open");
+        let Commits::Inline(writer) = &store.inner.commits else {
+            panic!("inline store expected");
+        };
+        let long = |i: usize| format!("{i:03}{}", "s".repeat(60_000));
+        let n = LIST_BYTES / 60_000 + 10;
+        writer.commit((0..n).map(|i| advance(&long(i), 1).0).collect());
+        let first = store.list("", None, 10_000).expect("list");
+        assert!(first.len() < n, "{}", first.len());
+        assert!(!listed_all(&first, 10_000));
+        let after = first.last().map(|m| m.0.as_str());
+        let rest = store.list("", after, 10_000).expect("list");
+        assert!(listed_all(&rest, 10_000));
+        assert_eq!(first.len() + rest.len(), n);
+        assert_eq!(rest.last().map(|m| m.0.clone()), Some(long(n - 1)));
+        // Short names: the count decides.
+        let few = store.list("0", None, 3).expect("list");
+        assert_eq!(few.len(), 3);
+        assert!(!listed_all(&few, 3));
     }
 
     fn answer(mut rx: oneshot::Receiver<Result<Token, StoreError>>) -> Option<u64> {
