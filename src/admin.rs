@@ -49,6 +49,38 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The admin API is for operators' tools, not for web pages. A page the operator visits
+/// can send requests to a loopback listener (a POST with a body a browser calls text is
+/// sent without asking first) and, by rebinding a name of its own to 127.0.0.1, read the
+/// answers. Browsers mark such requests with `Origin`, refused here; and without a token
+/// (so on loopback only), a `Host` that names neither an address nor `localhost` (a
+/// rebound name) is refused too.
+fn not_from_a_browser(app: &App, req: &Request<Incoming>) -> Result<(), String> {
+    if req.headers().contains_key(header::ORIGIN) {
+        return Err("the admin API does not answer requests from web pages (Origin)".into());
+    }
+    if app.config.admin.token.is_some() {
+        return Ok(());
+    }
+    let named = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let Some(named) = named else {
+        return Ok(());
+    };
+    let host = crate::route::host_of(named).map_err(|e| format!("Host: {e}"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok() {
+        Ok(())
+    } else {
+        Err(format!(
+            "Host {host} is not an address: without admin.token_file the admin API answers only requests to an IP address or localhost"
+        ))
+    }
+}
+
 fn authorized(app: &App, req: &Request<Incoming>) -> bool {
     let Some(want) = &app.config.admin.token else {
         return true;
@@ -126,6 +158,9 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
             };
         }
         _ => {}
+    }
+    if let Err(why) = not_from_a_browser(app, &req) {
+        return problem(StatusCode::FORBIDDEN, &why);
     }
     if !authorized(app, &req) {
         let mut r = problem(StatusCode::UNAUTHORIZED, "a valid bearer token is required");

@@ -767,15 +767,98 @@ pub fn reload(running: &Running, path: &std::path::Path) {
             }
         }
     }
+    let remapped = remapped_routes(&old.routes, &merged.routes);
+    if !remapped.is_empty() {
+        tracing::warn!(
+            routes = ?remapped,
+            "this reload changes how requests map to scopes: marks stay with their scopes, so a request now mapped to another scope is fenced by that scope's mark (none, for a new scope), not by the old one's; tokens issued for the old scopes do not fence the new ones"
+        );
+    }
     let routes = merged.routes.len();
     running.app.proxy.reload(Arc::new(merged));
     metrics.reloads.fetch_add(1, Ordering::Relaxed);
     tracing::info!(file = %path.display(), routes, "config reloaded");
 }
 
+/// The routes (by name) whose share in mapping requests to scopes differs between two
+/// tables: their path, host, scope template, fencing or methods, or their place among the
+/// others (the first match wins); routes added or removed count too.
+fn remapped_routes(old: &[crate::config::Route], new: &[crate::config::Route]) -> Vec<String> {
+    let sign = |r: &crate::config::Route| {
+        (
+            r.name.clone(),
+            r.path.to_string(),
+            r.host.clone(),
+            r.scope.to_string(),
+            r.fenced,
+            r.methods.clone(),
+        )
+    };
+    let (old, new): (Vec<_>, Vec<_>) = (
+        old.iter().map(sign).collect(),
+        new.iter().map(sign).collect(),
+    );
+    let mut names: Vec<String> = old
+        .iter()
+        .zip(&new)
+        .filter(|(a, b)| a != b)
+        .flat_map(|(a, b)| [a.0.clone(), b.0.clone()])
+        .chain(old.iter().skip(new.len()).map(|a| a.0.clone()))
+        .chain(new.iter().skip(old.len()).map(|b| b.0.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reload_that_maps_requests_to_other_scopes_is_told() {
+        let parse = |routes: &str| {
+            let text = format!(
+                "[store]\npath = \"m.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n{routes}"
+            );
+            crate::config::Config::parse(&text, std::path::Path::new("."))
+                .expect("config")
+                .routes
+        };
+        let a = r#"
+[[route]]
+name = "a"
+path = "/a/{k}"
+scope = "a/{k}"
+upstream = "u"
+[[route]]
+name = "b"
+path = "/b/{k}"
+scope = "b/{k}"
+upstream = "u"
+"#;
+        let base = parse(a);
+        assert!(remapped_routes(&base, &parse(a)).is_empty());
+        // Another upstream or body limit maps nothing elsewhere.
+        let limits = a.replacen(
+            "upstream = \"u\"",
+            "upstream = \"u\"\nmax_body = \"1KiB\"",
+            1,
+        );
+        assert!(remapped_routes(&base, &parse(&limits)).is_empty());
+        let scope = a.replace("scope = \"b/{k}\"", "scope = \"bee/{k}\"");
+        assert_eq!(remapped_routes(&base, &parse(&scope)), ["b"]);
+        let unfenced = a.replace("scope = \"b/{k}\"", "fenced = false");
+        assert_eq!(remapped_routes(&base, &parse(&unfenced)), ["b"]);
+        let swapped = format!(
+            "{}{}",
+            &a[a.find("[[route]]\nname = \"b\"").unwrap()..],
+            &a[..a.find("[[route]]\nname = \"b\"").unwrap()]
+        );
+        assert_eq!(remapped_routes(&base, &parse(&swapped)), ["a", "b"]);
+        let fewer = &a[..a.find("[[route]]\nname = \"b\"").unwrap()];
+        assert_eq!(remapped_routes(&base, &parse(fewer)), ["b"]);
+    }
 
     #[test]
     fn one_client_is_an_ipv4_address_or_an_ipv6_slash_64() {

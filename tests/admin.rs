@@ -316,3 +316,52 @@ async fn probes_answer_head() {
         proxy.shutdown().await;
     }
 }
+
+/// A web page the operator visits can reach a loopback admin listener: a "simple" POST
+/// goes out without a preflight, and a name rebound to 127.0.0.1 lets the page read the
+/// answers. Requests with `Origin` (browsers add it) are refused, and without a token a
+/// `Host` that is not an address or `localhost`; tools that send neither are served.
+#[tokio::test]
+async fn requests_from_web_pages_are_refused() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let admin = Client::new(proxy.admin_addr);
+    let raise = |headers: &'static [(&'static str, &'static str)]| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .send(
+                    "POST",
+                    "/v1/scopes/report%2Fa/raise",
+                    headers,
+                    r#"{"token":"18446744073709551615"}"#,
+                )
+                .await
+        }
+    };
+    let csrf = raise(&[
+        ("origin", "http://evil.example"),
+        ("content-type", "text/plain"),
+    ])
+    .await;
+    assert_eq!(csrf.status, 403, "{csrf:?}");
+    let rebound = admin
+        .send("GET", "/v1/scopes", &[("host", "evil.example:9090")], "")
+        .await;
+    assert_eq!(rebound.status, 403, "{rebound:?}");
+    let mark = admin.get("/v1/scopes/report%2Fa").await.json();
+    assert!(mark["highest_accepted"].is_null(), "{mark}");
+    for host in ["localhost:9090", "127.0.0.1", "[::1]:9090"] {
+        let r = admin.send("GET", "/v1/floor", &[("host", host)], "").await;
+        assert_eq!(r.status, 200, "{host}: {r:?}");
+    }
+    // Probes stay open to anyone.
+    let probe = admin
+        .send("GET", "/healthz", &[("origin", "http://evil.example")], "")
+        .await;
+    assert_eq!(probe.status, 200);
+    // From a tool, as before.
+    assert_eq!(raise(&[]).await.status, 200);
+    proxy.shutdown().await;
+}
