@@ -449,6 +449,7 @@ fn list_marks(
         if Some(key) == after {
             continue;
         }
+        // `listed_all` tells a page cut short by the byte budget by this same rule.
         if !key.starts_with(prefix) || out.len() >= limit || bytes >= LIST_BYTES {
             break;
         }
