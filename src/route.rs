@@ -9,6 +9,14 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use smallvec::SmallVec;
+
+/// A canonical path's decoded segments: up to 8 without an allocation.
+pub type Segments<'a> = SmallVec<[Cow<'a, str>; 8]>;
+
+/// A route's captured values, in template order: up to 4 without an allocation.
+pub type Captures<'a> = SmallVec<[Capture<'a>; 4]>;
+
 /// Why a request target was refused with 400 `invalid_path`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -30,13 +38,45 @@ pub enum PathError {
 ///
 /// `/` is the empty list. One trailing slash is ignored (`/a/` and `/a` share a scope,
 /// which is the safe direction: a WebDAV collection and its name cannot be fenced apart).
-pub fn canonicalize(path: &str) -> Result<Vec<Cow<'_, str>>, PathError> {
+pub fn canonicalize(path: &str) -> Result<Segments<'_>, PathError> {
     let rest = path.strip_prefix('/').ok_or(PathError::NotOriginForm)?;
     if rest.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Segments::new());
     }
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    rest.split('/').map(decode_segment).collect()
+    // One pass over the bytes finds the slashes and whether each segment is plain
+    // printable ASCII without escapes or backslashes (nearly all are: borrowed, no copy);
+    // any other segment takes the decoding path, which refuses a backslash too.
+    let mut out = Segments::new();
+    let (mut start, mut plain) = (0, true);
+    for (i, &b) in rest.as_bytes().iter().enumerate() {
+        if b == b'/' {
+            // `/` is ASCII: both ends are character boundaries.
+            out.push(segment(rest.get(start..i).unwrap_or_default(), plain)?);
+            (start, plain) = (i + 1, true);
+        } else if !is_plain(b) {
+            plain = false;
+        }
+    }
+    out.push(segment(rest.get(start..).unwrap_or_default(), plain)?);
+    Ok(out)
+}
+
+/// Printable ASCII other than `%` and `\`: a byte that stands for itself in a segment.
+fn is_plain(b: u8) -> bool {
+    matches!(b, 0x20..=0x7e) && b != b'%' && b != b'\\'
+}
+
+/// One segment of [`canonicalize`], `plain` if every byte [`is_plain`].
+fn segment(raw: &str, plain: bool) -> Result<Cow<'_, str>, PathError> {
+    if !plain {
+        return decode_segment(raw);
+    }
+    match raw {
+        "" => Err(PathError::EmptySegment),
+        "." | ".." => Err(PathError::DotSegment),
+        _ => Ok(Cow::Borrowed(raw)),
+    }
 }
 
 fn decode_segment(raw: &str) -> Result<Cow<'_, str>, PathError> {
@@ -46,10 +86,7 @@ fn decode_segment(raw: &str) -> Result<Cow<'_, str>, PathError> {
     let bytes = raw.as_bytes();
     // Most segments are plain printable ASCII without escapes or backslashes: one pass, no
     // copy. Anything else takes the decoding path below, which refuses a backslash too.
-    if bytes
-        .iter()
-        .all(|b| matches!(b, 0x20..=0x7e) && *b != b'%' && *b != b'\\')
-    {
+    if bytes.iter().all(|&b| is_plain(b)) {
         if raw == "." || raw == ".." {
             return Err(PathError::DotSegment);
         }
@@ -148,8 +185,8 @@ impl PathTemplate {
     }
 
     /// Matches decoded segments; returns the captured values in template order.
-    pub fn matches<'a>(&self, path: &'a [Cow<'a, str>]) -> Option<Vec<Capture<'a>>> {
-        let mut caps = Vec::new();
+    pub fn matches<'a>(&self, path: &'a [Cow<'a, str>]) -> Option<Captures<'a>> {
+        let mut caps = Captures::new();
         for (i, seg) in self.segments.iter().enumerate() {
             match seg {
                 Segment::Literal(lit) => {
@@ -326,7 +363,7 @@ pub fn find<'r, 'p, R: RouteMatch>(
     routes: &'r [R],
     host: Option<&str>,
     path: &'p [Cow<'p, str>],
-) -> Option<(usize, &'r R, Vec<Capture<'p>>)> {
+) -> Option<(usize, &'r R, Captures<'p>)> {
     routes.iter().enumerate().find_map(|(i, r)| {
         if let Some(want) = r.host()
             && !host.is_some_and(|h| h.eq_ignore_ascii_case(want))
@@ -485,7 +522,7 @@ mod tests {
         for (p, e) in cases {
             assert_eq!(canonicalize(p).as_ref(), Err(e), "{p}");
         }
-        assert_eq!(canonicalize("/"), Ok(vec![]));
+        assert_eq!(canonicalize("/"), Ok(Segments::new()));
     }
 
     #[test]

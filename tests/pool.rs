@@ -559,6 +559,7 @@ async fn lean_exchange_connections_are_closed_by_the_sweeps() {
             pool.send(
                 Some(&authority),
                 &parts,
+                [],
                 &empty,
                 Duration::from_secs(10),
                 std::time::Instant::now() + BOUND,

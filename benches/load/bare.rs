@@ -206,6 +206,7 @@ async fn forward(
             .send(
                 Some(&authority),
                 &parts,
+                [],
                 &body.to_bytes(),
                 READ_TIMEOUT,
                 *CONNECT_BY,

@@ -496,13 +496,14 @@ impl Gates {
                 let mut st = gate.lock();
                 self.step(&mut st, &gate, token, equal, advanced, arrived, now)
             };
-            let notified = gate.notify.notified();
-            tokio::pin!(notified);
+            // Made only to wait (boxed: the admitted request's future stays small).
+            let mut notified = None;
             let step = match step {
                 Step::Wait(_) | Step::AwaitCommit(_) => {
                     // Register, then look again: a wake-up between the first look and the
                     // registration would otherwise be lost.
-                    notified.as_mut().enable();
+                    let registered = notified.insert(Box::pin(gate.notify.notified()));
+                    registered.as_mut().enable();
                     let mut st = gate.lock();
                     self.step(&mut st, &gate, token, equal, advanced, arrived, now)
                 }
@@ -558,9 +559,13 @@ impl Gates {
                 }
                 return Err(Refusal::Draining { highest });
             }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(wake_at) => {}
+            // A step that waits was looked at once registered, so `notified` is there.
+            match notified.as_mut() {
+                Some(notified) => tokio::select! {
+                    _ = notified.as_mut() => {}
+                    _ = tokio::time::sleep_until(wake_at) => {}
+                },
+                None => tokio::time::sleep_until(wake_at).await,
             }
         }
     }

@@ -68,6 +68,7 @@ pub enum Upstreamed {
 pub async fn send_whole(
     upstream: &Upstream,
     parts: &http::request::Parts,
+    added: &Added,
     body: &Bytes,
     connect_by: Instant,
 ) -> Result<Upstreamed, UpstreamError> {
@@ -75,6 +76,7 @@ pub async fn send_whole(
         .send(
             upstream.url.authority(),
             parts,
+            added.pairs(),
             body,
             upstream.timeout,
             connect_by,
@@ -272,6 +274,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// may be any header at all.
 fn strip_present(headers: &mut HeaderMap, present: [bool; HOP_BY_HOP.len()]) -> bool {
     let mut listed_any = false;
+    if present == [false; HOP_BY_HOP.len()] {
+        return false;
+    }
     if present[0] {
         // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
         // needs a name parsed, so the common `Connection: keep-alive` costs no allocation.
@@ -448,7 +453,7 @@ pub fn upstream_parts(
     tls: bool,
     trusted: bool,
     absolute: bool,
-) -> Result<(), http::Error> {
+) -> Result<Added, http::Error> {
     // The path and query move over as they are (no re-parse, byte for byte).
     let path = parts
         .uri
@@ -487,18 +492,17 @@ pub fn upstream_parts(
         names.forwarded_for = false;
         names.forwarded_proto = false;
     }
-    append(
-        &mut parts.headers,
-        &X_FORWARDED_FOR,
-        peer_value(peer),
-        names.forwarded_for,
-    );
+    // New names (the usual case) are left to the caller to add: see [`Added`].
+    let mut added = Added::default();
+    if names.forwarded_for {
+        append(&mut parts.headers, &X_FORWARDED_FOR, peer_value(peer), true);
+    } else {
+        added.forwarded_for = Some(peer_value(peer));
+    }
     // The scheme of this hop is ours to tell, unless a trusted proxy in front said it.
+    // (An untrusted client's own was removed above.)
     if !trusted || !names.forwarded_proto {
-        parts.headers.insert(
-            X_FORWARDED_PROTO,
-            HeaderValue::from_static(if tls { "https" } else { "http" }),
-        );
+        added.forwarded_proto = Some(HeaderValue::from_static(if tls { "https" } else { "http" }));
     }
     // The proxy has answered `100-continue` itself (hyper does, as the body is read) and
     // sends the whole body at once: an upstream told to expect it could answer first and
@@ -529,7 +533,40 @@ pub fn upstream_parts(
     }
     parts.uri = uri;
     parts.version = Version::HTTP_11;
-    Ok(())
+    Ok(added)
+}
+
+/// The forwarding headers [`upstream_parts`] adds to a request that carried neither
+/// name (or whose own was removed). Kept out of the header map for the lean exchange,
+/// which writes them after the request's own headers: a map insert, and often the map's
+/// growth, saved per request. Requests that go through hyper's client put them in the
+/// map ([`Added::put_into`]).
+#[derive(Debug, Default)]
+pub struct Added {
+    forwarded_for: Option<HeaderValue>,
+    forwarded_proto: Option<HeaderValue>,
+}
+
+impl Added {
+    /// The headers as (name, value) pairs, for the lean exchange's encoder.
+    pub fn pairs(&self) -> impl Iterator<Item = (&'static str, &HeaderValue)> {
+        [
+            ("x-forwarded-for", self.forwarded_for.as_ref()),
+            ("x-forwarded-proto", self.forwarded_proto.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+    }
+
+    /// Puts the headers into `headers`, where neither name is present.
+    pub fn put_into(self, headers: &mut HeaderMap) {
+        if let Some(v) = self.forwarded_for {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+        if let Some(v) = self.forwarded_proto {
+            headers.insert(X_FORWARDED_PROTO, v);
+        }
+    }
 }
 
 /// A request body that fails once it grows past a limit (for bodies without a length).

@@ -151,13 +151,14 @@ impl H1Pool {
         self: &Arc<H1Pool>,
         authority: Option<&Authority>,
         parts: &request::Parts,
+        extra: impl IntoIterator<Item = (&str, &HeaderValue)>,
         body: &Bytes,
         read_timeout: Duration,
         connect_by: Instant,
     ) -> Result<Response<H1Body>, Error> {
         let authority =
             authority.ok_or_else(|| Error::not_sent("upstream URL has no authority"))?;
-        let out = encode(parts, authority, body);
+        let out = encode(parts, extra, authority, body);
         let mut attempt = 0;
         let mut conn = loop {
             attempt += 1;
@@ -282,8 +283,14 @@ async fn write_all(io: &mut TcpStream, out: &[u8]) -> Result<(), (usize, io::Err
     Ok(())
 }
 
-/// The request head, and the body after it: one write.
-fn encode(parts: &request::Parts, authority: &Authority, body: &Bytes) -> Vec<u8> {
+/// The request head (`parts`' headers, then `extra`: lowercase names of headers absent
+/// from `parts`), and the body after it: one write.
+fn encode<'n, 'v>(
+    parts: &request::Parts,
+    extra: impl IntoIterator<Item = (&'n str, &'v HeaderValue)>,
+    authority: &Authority,
+    body: &Bytes,
+) -> Vec<u8> {
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut out = Vec::with_capacity(256 + body.len());
     out.extend_from_slice(parts.method.as_str().as_bytes());
@@ -306,9 +313,15 @@ fn encode(parts: &request::Parts, authority: &Authority, body: &Bytes) -> Vec<u8
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    for (name, value) in extra {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     if !body.is_empty() {
         out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(body.len().to_string().as_bytes());
+        push_decimal(&mut out, body.len());
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
@@ -352,6 +365,21 @@ async fn read_head(conn: &mut Conn) -> Result<Head, Error> {
             Err(e) => return Err(Error::sent(format!("reading the upstream's answer: {e}"))),
         }
     }
+}
+
+/// `n` in decimal, without a formatter or an allocation.
+fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// A whole response head at the start of `buf`, taken out of it; `None` if incomplete.
@@ -399,13 +427,27 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
             Ok(copied) => copied,
             Err(span) => HeaderValue::from_maybe_shared(head.slice(span)).map_err(|e| bad(&e))?,
         };
-        if name == header::CONNECTION
-            && value
+        if name == header::CONNECTION {
+            let mut names_other = false;
+            for t in value
                 .as_bytes()
                 .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-        {
-            close = true;
+                .map(<[u8]>::trim_ascii)
+            {
+                if t.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive") {
+                    names_other = true;
+                }
+            }
+            // Hop-by-hop, and stripped before the client sees the response: one that names
+            // no other header (`keep-alive`, `close`: nearly every response) is left out
+            // here rather than removed from the map later.
+            if !names_other {
+                continue;
+            }
+        } else if name.as_str() == "keep-alive" {
+            continue;
         }
         headers.append(name, value);
     }
@@ -808,6 +850,14 @@ mod tests {
         assert_eq!(h.headers["x-b"], "b");
         assert!(!head("HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
         assert!(!head("HTTP/1.0 200 OK\r\n\r\n").keep_alive);
+        // A Connection that names no other header, and Keep-Alive, are left out at once;
+        // one that names another stays for the hop-by-hop strip to act on.
+        let h = head("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n");
+        assert!(h.keep_alive);
+        assert!(h.headers.is_empty(), "{:?}", h.headers);
+        let h = head("HTTP/1.1 200 OK\r\nConnection: close, X-A\r\nX-A: 1\r\n\r\n");
+        assert!(!h.keep_alive);
+        assert_eq!(h.headers["connection"], "close, X-A");
         let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Le"[..]);
         assert!(parse_head(&mut partial).unwrap().is_none());
         for bad in [

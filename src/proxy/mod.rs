@@ -9,6 +9,7 @@ pub mod h1;
 pub mod pool;
 pub mod problem;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -223,39 +224,44 @@ impl Proxy {
         &self.idempotency
     }
 
-    pub async fn handle(
+    /// A request's answer. (A plain function returning its future: an `async fn` would
+    /// keep a second copy of its arguments in the future, which every request moves.)
+    #[allow(clippy::manual_async_fn)]
+    pub fn handle(
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
         tls: bool,
-    ) -> Response<Body> {
-        let table = self.table.load_full();
-        let plan = match self.check(&table.config, &req).await {
-            Ok(plan) => plan,
-            Err((route, outcome)) => {
-                match route {
-                    Some(i) => table.rows[i].count(outcome.result()),
-                    None => self.metrics.count_unrouted(outcome.result()),
+    ) -> impl Future<Output = Response<Body>> + Send + '_ {
+        async move {
+            let table = self.table.load_full();
+            let plan = match self.check(&table.config, &req).await {
+                Ok(plan) => plan,
+                Err((route, outcome)) => {
+                    match route {
+                        Some(i) => table.rows[i].count(outcome.result()),
+                        None => self.metrics.count_unrouted(outcome.result()),
+                    }
+                    return outcome.into_response();
                 }
-                return outcome.into_response();
+            };
+            let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
+            let route = &table.config.routes[plan.route];
+            if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
+                // Boxed: its future is larger than the rest of this one's, and would make every
+                // request's future (moved whole as hyper sets it up) that large.
+                return Box::pin(self.idempotency.handle(
+                    &self.forwarder,
+                    table.clone(),
+                    req,
+                    plan,
+                    peer,
+                    tls,
+                ))
+                .await;
             }
-        };
-        let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
-        let route = &table.config.routes[plan.route];
-        if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
-            // Boxed: its future is larger than the rest of this one's, and would make every
-            // request's future (moved whole as hyper sets it up) that large.
-            return Box::pin(self.idempotency.handle(
-                &self.forwarder,
-                table.clone(),
-                req,
-                plan,
-                peer,
-                tls,
-            ))
-            .await;
+            self.forwarder.forward(&table, req, plan, peer, tls).await
         }
-        self.forwarder.forward(&table, req, plan, peer, tls).await
     }
 
     /// Everything before forwarding: refuse what is unsafe, admit what is fenced.
@@ -264,6 +270,38 @@ impl Proxy {
         config: &Config,
         req: &Request<Incoming>,
     ) -> Result<Plan, (Option<usize>, Outcome)> {
+        // Decided without waiting, so that only what admission needs is kept in this
+        // future (and in every request's) while the gate is awaited.
+        let Fenced {
+            route: idx,
+            equal,
+            scope,
+            token,
+            path,
+        } = match self.classify(config, req)? {
+            Classified::Unfenced(plan) => return Ok(plan),
+            Classified::Fenced(fenced) => fenced,
+        };
+        let admission = match self.gates.admit(&scope, token, equal).await {
+            Ok(a) => a,
+            Err(refusal) => return Err((Some(idx), refused(refusal, scope, token))),
+        };
+        Ok(Plan {
+            route: idx,
+            guard: Some(admission.guard),
+            scope: Some(scope),
+            token: Some(token),
+            path,
+        })
+    }
+
+    /// [`Proxy::check`] up to the gate: routes the request, refuses what is unsafe, and
+    /// says what a fenced request asks the gate for.
+    fn classify(
+        &self,
+        config: &Config,
+        req: &Request<Incoming>,
+    ) -> Result<Classified, (Option<usize>, Outcome)> {
         if req.method() == Method::CONNECT {
             return Err((None, Outcome::MethodNotAllowed));
         }
@@ -297,17 +335,19 @@ impl Proxy {
         let (idx, route, caps) =
             route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
         let at = |o: Outcome| (Some(idx), o);
-        if let (Some(limit), Some(len)) = (route.max_body, content_length(req))
-            && len > limit
+        if let Some(limit) = route.max_body
+            && content_length(req).is_some_and(|len| len > limit)
         {
             return Err(at(Outcome::PayloadTooLarge { limit }));
         }
-        let unfenced = || Plan {
-            route: idx,
-            guard: None,
-            scope: None,
-            token: None,
-            path: String::new(),
+        let unfenced = || {
+            Classified::Unfenced(Plan {
+                route: idx,
+                guard: None,
+                scope: None,
+                token: None,
+                path: String::new(),
+            })
         };
         // A COPY or MOVE writes its Destination too: that target must be fenced by this
         // request's own scope, or be a pass-through route's.
@@ -368,23 +408,34 @@ impl Proxy {
         {
             return Err(into_other(theirs, Some(&scope)));
         }
-        let admission = match self.gates.admit(&scope, token, route.equal).await {
-            Ok(a) => a,
-            Err(refusal) => return Err(at(refused(refusal, scope, token))),
-        };
-        Ok(Plan {
+        Ok(Classified::Fenced(Fenced {
             route: idx,
-            guard: Some(admission.guard),
-            scope: Some(scope),
-            token: Some(token),
+            equal: route.equal,
+            scope,
+            token,
             // Only idempotency fingerprints need it; spare the allocation elsewhere.
             path: if route.idempotency == idempotency::Mode::Off {
                 String::new()
             } else {
                 segments.join("/")
             },
-        })
+        }))
     }
+}
+
+/// What [`Proxy::classify`] found: a request to forward as it is, or one for the gate.
+enum Classified {
+    Unfenced(Plan),
+    Fenced(Fenced),
+}
+
+/// A fenced request on its way to the gate.
+struct Fenced {
+    route: usize,
+    equal: crate::config::EqualPolicy,
+    scope: String,
+    token: Token,
+    path: String,
 }
 
 /// The answer to a request the gate did not admit.
@@ -412,172 +463,185 @@ pub(crate) struct Forwarder {
 }
 
 impl Forwarder {
-    pub(crate) async fn forward(
-        &self,
-        table: &Table,
+    /// Forwards an admitted request. (A plain function returning its future, as
+    /// [`Proxy::handle`].)
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn forward<'a>(
+        &'a self,
+        table: &'a Table,
         req: Request<Body>,
         plan: Plan,
         peer: SocketAddr,
         tls: bool,
-    ) -> Response<Body> {
-        let Plan {
-            route,
-            mut guard,
-            scope,
-            ..
-        } = plan;
-        let fenced = guard.is_some();
-        let config = &table.config;
-        let row = &table.rows[route];
-        let max_body = config.routes[route].max_body;
-        let upstream_index = config.routes[route].upstream;
-        let upstream = &config.upstreams[upstream_index];
-        let tls_client = table.clients[upstream_index].as_ref();
-        let fail = |outcome: Outcome| {
-            row.count(outcome.result());
-            outcome.into_response()
-        };
-        let trusted = config
-            .server
-            .trusted_proxies
-            .iter()
-            .any(|net| net.contains(peer.ip()));
-        // A small HTTP/1 body of known length is read whole before the request goes
-        // upstream. An upstream may answer without reading a body (nginx's `return`, an
-        // early error): part of it would then stay unread on the client's connection,
-        // which hyper closes after the response, and a client that already sent its next
-        // request on it sees a broken pipe. Larger or unsized bodies are streamed, and so
-        // is every HTTP/2 body (an unread one ends its own stream only; and it may carry
-        // trailers, which a body read whole here would drop).
-        let whole = req.version() <= http::Version::HTTP_11;
-        // The upstream timeout counts from here: reading the body is part of the exchange
-        // (as it was when the body streamed upstream), and the clock is read once.
-        let started = Instant::now();
-        // A connection not made by the exchange's end is given up on its own, so that
-        // the request is known not to have reached the upstream: 502 and no settle,
-        // rather than the exchange's 504 (outcome unknown).
-        let connect_by = started
-            .checked_add(upstream.timeout)
-            .unwrap_or(started + Duration::from_secs(86_400 * 365));
-        let (mut parts, body) = req.into_parts();
-        // The body in memory (none, or a small one read whole), or still to stream.
-        let body: Result<Bytes, Body> = if http_body::Body::is_end_stream(&body) {
-            Ok(Bytes::new())
-        } else {
-            match http_body::Body::size_hint(&body).exact() {
-                Some(len) if whole && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) => {
-                    let read =
-                        crate::timer::timeout_from(started, upstream.timeout, read_whole(body))
-                            .await;
-                    match read {
-                        Ok(Ok(bytes)) => Ok(bytes),
-                        Ok(Err(_)) | Err(_) => {
-                            if let Some(g) = guard.as_mut() {
-                                g.complete();
+    ) -> impl Future<Output = Response<Body>> + Send + 'a {
+        async move {
+            let Plan {
+                route,
+                mut guard,
+                scope,
+                ..
+            } = plan;
+            let fenced = guard.is_some();
+            let config = &table.config;
+            let row = &table.rows[route];
+            let max_body = config.routes[route].max_body;
+            let upstream_index = config.routes[route].upstream;
+            let upstream = &config.upstreams[upstream_index];
+            let tls_client = table.clients[upstream_index].as_ref();
+            let fail = |outcome: Outcome| {
+                row.count(outcome.result());
+                outcome.into_response()
+            };
+            let trusted = config
+                .server
+                .trusted_proxies
+                .iter()
+                .any(|net| net.contains(peer.ip()));
+            // A small HTTP/1 body of known length is read whole before the request goes
+            // upstream. An upstream may answer without reading a body (nginx's `return`, an
+            // early error): part of it would then stay unread on the client's connection,
+            // which hyper closes after the response, and a client that already sent its next
+            // request on it sees a broken pipe. Larger or unsized bodies are streamed, and so
+            // is every HTTP/2 body (an unread one ends its own stream only; and it may carry
+            // trailers, which a body read whole here would drop).
+            let whole = req.version() <= http::Version::HTTP_11;
+            // The upstream timeout counts from here: reading the body is part of the exchange
+            // (as it was when the body streamed upstream), and the clock is read once.
+            let started = Instant::now();
+            // A connection not made by the exchange's end is given up on its own, so that
+            // the request is known not to have reached the upstream: 502 and no settle,
+            // rather than the exchange's 504 (outcome unknown).
+            let connect_by = started
+                .checked_add(upstream.timeout)
+                .unwrap_or(started + Duration::from_secs(86_400 * 365));
+            let (mut parts, body) = req.into_parts();
+            // The body in memory (none, or a small one read whole), or still to stream.
+            let body: Result<Bytes, Body> = if http_body::Body::is_end_stream(&body) {
+                Ok(Bytes::new())
+            } else {
+                match http_body::Body::size_hint(&body).exact() {
+                    Some(len)
+                        if whole && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) =>
+                    {
+                        let read =
+                            crate::timer::timeout_from(started, upstream.timeout, read_whole(body))
+                                .await;
+                        match read {
+                            Ok(Ok(bytes)) => Ok(bytes),
+                            Ok(Err(_)) | Err(_) => {
+                                if let Some(g) = guard.as_mut() {
+                                    g.complete();
+                                }
+                                return fail(Outcome::InvalidRequest {
+                                    detail: "the request body could not be read (in time)".into(),
+                                });
                             }
-                            return fail(Outcome::InvalidRequest {
-                                detail: "the request body could not be read (in time)".into(),
-                            });
                         }
                     }
+                    _ => Err(body),
                 }
-                _ => Err(body),
-            }
-        };
-        if let Err(e) = forward::upstream_parts(
-            &mut parts,
-            upstream,
-            peer.ip(),
-            tls,
-            trusted,
-            tls_client.is_some(),
-        ) {
-            if let Some(g) = guard.as_mut() {
-                g.complete();
-            }
-            return fail(Outcome::InvalidRequest {
-                detail: format!("cannot forward: {e}"),
-            });
-        }
-        let mut too_large = None;
-        let result = match (body, tls_client) {
-            // A plain-HTTP upstream and a body in hand: the lean exchange.
-            (Ok(bytes), None) => {
-                crate::timer::timeout_from(
-                    started,
-                    upstream.timeout,
-                    forward::send_whole(upstream, &parts, &bytes, connect_by),
-                )
-                .await
-            }
-            (body, tls_client) => {
-                let body = match body {
-                    Ok(bytes) => http_body_util::Full::new(bytes)
-                        .map_err(|never| match never {})
-                        .boxed(),
-                    Err(streamed) => streamed,
-                };
-                let (out, tripped) = forward::upstream_request(parts, body, max_body);
-                too_large = Some(tripped);
-                crate::timer::timeout_from(
-                    started,
-                    upstream.timeout,
-                    forward::send(upstream, tls_client, out, connect_by),
-                )
-                .await
-            }
-        };
-        self.metrics
-            .upstream_seconds
-            .observe_duration(started.elapsed());
-        match result {
-            Ok(Ok(resp)) => {
-                if let Some(g) = guard.as_mut() {
-                    g.complete();
+            };
+            let added = match forward::upstream_parts(
+                &mut parts,
+                upstream,
+                peer.ip(),
+                tls,
+                trusted,
+                tls_client.is_some(),
+            ) {
+                Ok(added) => added,
+                Err(e) => {
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    return fail(Outcome::InvalidRequest {
+                        detail: format!("cannot forward: {e}"),
+                    });
                 }
-                row.count(if fenced { "accepted" } else { "unfenced" });
-                // A body that stops moving for the upstream's timeout lets go of its generation.
-                let mut resp = forward::client_response(resp, guard, upstream.timeout);
-                if fenced {
-                    resp.headers_mut()
-                        .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
-                } else {
-                    // The header is fencegate's word: an upstream's own must not make an
-                    // unfenced answer look fenced.
-                    resp.headers_mut().remove(FENCING_RESULT);
+            };
+            let mut too_large = None;
+            let result = match (body, tls_client) {
+                // A plain-HTTP upstream and a body in hand: the lean exchange.
+                (Ok(bytes), None) => {
+                    crate::timer::timeout_from(
+                        started,
+                        upstream.timeout,
+                        forward::send_whole(upstream, &parts, &added, &bytes, connect_by),
+                    )
+                    .await
                 }
-                resp
-            }
-            // The body outgrew the route's limit mid-stream: the upstream saw an incomplete
-            // message, which it cannot apply, so there is nothing to settle.
-            Ok(Err(_)) if too_large.is_some_and(|t| t.load(Ordering::Acquire)) => {
-                if let Some(g) = guard.as_mut() {
-                    g.complete();
+                (body, tls_client) => {
+                    let body = match body {
+                        Ok(bytes) => http_body_util::Full::new(bytes)
+                            .map_err(|never| match never {})
+                            .boxed(),
+                        Err(streamed) => streamed,
+                    };
+                    added.put_into(&mut parts.headers);
+                    let (out, tripped) = forward::upstream_request(parts, body, max_body);
+                    too_large = Some(tripped);
+                    // Boxed: hyper's client exchange makes a large future, which would make
+                    // every request's future (moved whole on its way to hyper) that large.
+                    crate::timer::timeout_from(
+                        started,
+                        upstream.timeout,
+                        Box::pin(forward::send(upstream, tls_client, out, connect_by)),
+                    )
+                    .await
                 }
-                fail(Outcome::PayloadTooLarge {
-                    limit: max_body.unwrap_or(0),
-                })
-            }
-            Ok(Err(e)) if e.not_sent => {
-                // Never reached the upstream: nothing to settle.
-                if let Some(g) = guard.as_mut() {
-                    g.complete();
+            };
+            self.metrics
+                .upstream_seconds
+                .observe_duration(started.elapsed());
+            match result {
+                Ok(Ok(resp)) => {
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    row.count(if fenced { "accepted" } else { "unfenced" });
+                    // A body that stops moving for the upstream's timeout lets go of its generation.
+                    let mut resp = forward::client_response(resp, guard, upstream.timeout);
+                    if fenced {
+                        resp.headers_mut()
+                            .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
+                    } else {
+                        // The header is fencegate's word: an upstream's own must not make an
+                        // unfenced answer look fenced.
+                        resp.headers_mut().remove(FENCING_RESULT);
+                    }
+                    resp
                 }
-                fail(Outcome::UpstreamUnavailable {
+                // The body outgrew the route's limit mid-stream: the upstream saw an incomplete
+                // message, which it cannot apply, so there is nothing to settle.
+                Ok(Err(_)) if too_large.is_some_and(|t| t.load(Ordering::Acquire)) => {
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    fail(Outcome::PayloadTooLarge {
+                        limit: max_body.unwrap_or(0),
+                    })
+                }
+                Ok(Err(e)) if e.not_sent => {
+                    // Never reached the upstream: nothing to settle.
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    fail(Outcome::UpstreamUnavailable {
+                        scope,
+                        detail: e.detail,
+                    })
+                }
+                // Sent, then reset or timed out: the upstream may still apply it. The guard
+                // drops uncompleted, so the scope settles before a newer generation goes.
+                Ok(Err(e)) => fail(Outcome::UpstreamTimeout {
                     scope,
                     detail: e.detail,
-                })
+                }),
+                Err(_) => fail(Outcome::UpstreamTimeout {
+                    scope,
+                    detail: format!("no response within {:?}", upstream.timeout),
+                }),
             }
-            // Sent, then reset or timed out: the upstream may still apply it. The guard
-            // drops uncompleted, so the scope settles before a newer generation goes.
-            Ok(Err(e)) => fail(Outcome::UpstreamTimeout {
-                scope,
-                detail: e.detail,
-            }),
-            Err(_) => fail(Outcome::UpstreamTimeout {
-                scope,
-                detail: format!("no response within {:?}", upstream.timeout),
-            }),
         }
     }
 
