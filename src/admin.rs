@@ -284,6 +284,9 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// Online backups that may run at once; another gets 503 with `Retry-After`.
+pub const MAX_BACKUPS: usize = 2;
+
 /// A backup's text in pieces of about this size.
 const BACKUP_CHUNK: usize = 64 * 1024;
 /// A client that takes no piece of a backup for this long is given up on (the backup
@@ -340,10 +343,21 @@ fn produce_backup(
 /// of scopes. A failure before the first piece is a 503; one later aborts the body, so
 /// the client sees a truncated transfer, never a short backup that looks whole.
 async fn backup(app: &App) -> Response<Body> {
+    let Ok(running) = app.backups.clone().try_acquire_owned() else {
+        let mut r = problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("{MAX_BACKUPS} backups are running already; retry when one has ended"),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return r;
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
     let store = app.store.clone();
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
+        // Held until the producer stops: the read transaction and this thread with it.
+        let _running = running;
         produce_backup(store.snapshot(), |piece| {
             runtime
                 .block_on(tokio::time::timeout(BACKUP_STALL, tx.send(piece)))

@@ -33,6 +33,9 @@ pub struct App {
     pub gates: Arc<Gates>,
     pub metrics: Arc<Metrics>,
     pub proxy: Proxy,
+    /// Online backups running now, at most [`crate::admin::MAX_BACKUPS`]: each holds a
+    /// read transaction and a blocking thread for as long as its client reads.
+    pub backups: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +187,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         store,
         gates: gates.clone(),
         metrics,
+        backups: Arc::new(tokio::sync::Semaphore::new(crate::admin::MAX_BACKUPS)),
     });
     let (stop, stop_rx) = watch::channel(false);
     let grace = config.server.shutdown_timeout;
@@ -214,6 +218,12 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let admin_app = app.clone();
     let admin_task = tokio::spawn(serve(
         Source::Listener(admin_listener),
+        // Bounded as the proxy listener is, by a bound of its own: many idle connections
+        // to the admin port cannot take unbounded memory, nor the proxy's slots.
+        Some(ConnLimits::new(
+            config.server.max_connections,
+            config.server.max_connections_per_ip,
+        )),
         stop_rx.clone(),
         grace,
         ConnTimeouts {
@@ -535,6 +545,8 @@ where
                 });
                 runtime.block_on(serve(
                     Source::Handed(rx),
+                    // Admitted by the acceptor, which holds the slots.
+                    None,
                     stop,
                     grace,
                     timeouts,
@@ -603,6 +615,7 @@ where
 #[allow(clippy::too_many_arguments)]
 async fn serve<F, Fut>(
     mut source: Source,
+    limits: Option<Arc<ConnLimits>>,
     mut stop: watch::Receiver<bool>,
     grace: Duration,
     timeouts: ConnTimeouts,
@@ -625,7 +638,7 @@ async fn serve<F, Fut>(
     let builder = Arc::new(builder);
     loop {
         let next = tokio::select! {
-            next = source.next(None) => next,
+            next = source.next(limits.as_ref()) => next,
             _ = stop.changed() => break,
         };
         let Some(Accepted { stream, peer, slot }) = next else {

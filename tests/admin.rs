@@ -365,3 +365,43 @@ async fn requests_from_web_pages_are_refused() {
     assert_eq!(raise(&[]).await.status, 200);
     proxy.shutdown().await;
 }
+
+/// Online backups are bounded: each holds a read transaction and a blocking thread for as
+/// long as its client reads. Beyond the bound a backup is refused with 503 and
+/// `Retry-After`, and a finished backup gives its place back.
+#[tokio::test]
+async fn concurrent_backups_are_bounded() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let admin = Client::new(proxy.admin_addr);
+    let max = fencegate::admin::MAX_BACKUPS;
+    // As if `max` backups were running.
+    let running = proxy
+        .app
+        .backups
+        .clone()
+        .try_acquire_many_owned(u32::try_from(max).unwrap())
+        .expect("every place free at start");
+    let refused = admin.get("/v1/backup").await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(
+        refused
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("5")
+    );
+    drop(running);
+    let backup = admin.get("/v1/backup").await;
+    assert_eq!(backup.status, 200, "{}", backup.body);
+    // The producer lets go of its place once it has sent the end.
+    tokio::time::timeout(support::BOUND, async {
+        while proxy.app.backups.available_permits() < max {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the finished backup gives its place back");
+    proxy.shutdown().await;
+}

@@ -171,6 +171,35 @@ async fn connections_per_client_ip_are_bounded() {
         "got {:?}",
         String::from_utf8_lossy(&buf)
     );
+
+    // The admin listener has a bound of its own, the same size: two more connections
+    // there are served, a third is closed.
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(proxy.admin_addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        tokio::time::timeout(BOUND, s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        std::mem::forget(s);
+    }
+    let mut c = TcpStream::connect(proxy.admin_addr).await.unwrap();
+    let _ = c
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(BOUND, c.read_to_end(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        n.map(|n| n == 0).unwrap_or(true),
+        "admin: got {:?}",
+        String::from_utf8_lossy(&buf)
+    );
     proxy.shutdown().await;
 }
 
