@@ -79,7 +79,8 @@ impl Token {
     }
 }
 
-fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
+/// `v` in decimal, without a formatter or an allocation.
+pub(crate) fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {

@@ -137,69 +137,52 @@ async fn read_answer(s: &mut TcpStream) -> (u16, String) {
     (support::status_of(&text), text)
 }
 
+/// Opens `n` connections to `addr` that are each answered 200 to `request`, and keeps
+/// them open; then checks that one more is closed at once, without an answer.
+async fn admits_exactly(addr: std::net::SocketAddr, n: usize, request: &[u8]) {
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(request).await.unwrap();
+        let mut buf = [0u8; 12];
+        tokio::time::timeout(BOUND, s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200", "{addr}");
+        std::mem::forget(s); // keep it open for the rest of the test
+    }
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let _ = c.write_all(request).await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(BOUND, c.read_to_end(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        read.map(|n| n == 0).unwrap_or(true),
+        "{addr}: got {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+}
+
 #[tokio::test]
 async fn connections_per_client_ip_are_bounded() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let proxy = proxy_with(&double, dir.path(), "max_connections_per_ip = 2", "").await;
-    let a = TcpStream::connect(proxy.proxy_addr).await.unwrap();
-    let b = TcpStream::connect(proxy.proxy_addr).await.unwrap();
-    // Both admitted connections work.
-    for mut s in [a, b] {
-        s.write_all(b"GET /public/x HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 12];
-        tokio::time::timeout(BOUND, s.read_exact(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&buf, b"HTTP/1.1 200");
-        std::mem::forget(s); // keep it open for the rest of the test
-    }
-    // A third from the same IP is closed at once, without an answer.
-    let mut c = TcpStream::connect(proxy.proxy_addr).await.unwrap();
-    let _ = c
-        .write_all(b"GET /public/x HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await;
-    let mut buf = Vec::new();
-    let n = tokio::time::timeout(BOUND, c.read_to_end(&mut buf))
-        .await
-        .unwrap();
-    assert!(
-        n.map(|n| n == 0).unwrap_or(true),
-        "got {:?}",
-        String::from_utf8_lossy(&buf)
-    );
-
-    // The admin listener has a bound of its own, the same size: two more connections
-    // there are served, a third is closed.
-    for _ in 0..2 {
-        let mut s = TcpStream::connect(proxy.admin_addr).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 12];
-        tokio::time::timeout(BOUND, s.read_exact(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&buf, b"HTTP/1.1 200");
-        std::mem::forget(s);
-    }
-    let mut c = TcpStream::connect(proxy.admin_addr).await.unwrap();
-    let _ = c
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        .await;
-    let mut buf = Vec::new();
-    let n = tokio::time::timeout(BOUND, c.read_to_end(&mut buf))
-        .await
-        .unwrap();
-    assert!(
-        n.map(|n| n == 0).unwrap_or(true),
-        "admin: got {:?}",
-        String::from_utf8_lossy(&buf)
-    );
+    // Two connections from this IP work; a third is closed at once.
+    admits_exactly(
+        proxy.proxy_addr,
+        2,
+        b"GET /public/x HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await;
+    // The admin listener has a bound of its own, the same size.
+    admits_exactly(
+        proxy.admin_addr,
+        2,
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .await;
     proxy.shutdown().await;
 }
 

@@ -273,10 +273,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// like [`HOP_BY_HOP`]). Answers whether it removed a name listed in `Connection`, which
 /// may be any header at all.
 fn strip_present(headers: &mut HeaderMap, present: [bool; HOP_BY_HOP.len()]) -> bool {
-    let mut listed_any = false;
     if present == [false; HOP_BY_HOP.len()] {
         return false;
     }
+    let mut listed_any = false;
     if present[0] {
         // `keep-alive` (already in the fixed list) and `close` are the usual options; neither
         // needs a name parsed, so the common `Connection: keep-alive` costs no allocation.

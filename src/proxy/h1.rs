@@ -321,7 +321,7 @@ fn encode<'n, 'v>(
     }
     if !body.is_empty() {
         out.extend_from_slice(b"content-length: ");
-        push_decimal(&mut out, body.len());
+        crate::token::push_decimal(&mut out, body.len() as u64);
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
@@ -365,21 +365,6 @@ async fn read_head(conn: &mut Conn) -> Result<Head, Error> {
             Err(e) => return Err(Error::sent(format!("reading the upstream's answer: {e}"))),
         }
     }
-}
-
-/// `n` in decimal, without a formatter or an allocation.
-fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// A whole response head at the start of `buf`, taken out of it; `None` if incomplete.
