@@ -12,8 +12,12 @@
 //! A client can also stall one stream and keep the connection alive: it reads the socket
 //! and answers pings, but grants no flow-control window, so hyper never asks the response
 //! body for more and the upstream connection behind it stays checked out. Each response
-//! body notes when it handed hyper data that hyper has not come back for; a connection
-//! with such a stream waiting longer than `send_timeout` is closed.
+//! body notes when it has something for hyper that hyper has not come back for — a frame
+//! it handed over, its first frame, or more from its source after a wait (hyper asks a
+//! body for more only when the stream has window, so it may never ask again); a
+//! connection with such a stream waiting longer than `send_timeout` is closed. A body
+//! waiting on its own source is not waiting for the client: that wait is the upstream
+//! read timeout's business.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -55,6 +59,25 @@ impl Streams {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Body `id` waits for hyper from now, if it did not already. Answers whether it is the
+    /// only waiter: then the caller wakes the connection's task, which arms the deadline
+    /// for it (bodies are polled in their streams' tasks, not the connection's).
+    fn note(waiting: &mut Vec<(u64, Instant)>, id: u64) -> bool {
+        if waiting.iter().any(|&(i, _)| i == id) {
+            return false;
+        }
+        waiting.push((id, Instant::now()));
+        waiting.len() == 1
+    }
+
+    /// Wakes the connection's task.
+    fn wake_connection(&self) {
+        let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
     /// Since when the longest-waiting response body has waited for hyper to take more.
     fn oldest_waiting(&self) -> Option<Instant> {
         self.waiting().iter().map(|&(_, since)| since).min()
@@ -78,54 +101,86 @@ pub struct StreamOpen(Arc<Streams>);
 impl Drop for StreamOpen {
     fn drop(&mut self) {
         if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let waker = self
-                .0
-                .waker
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            if let Some(w) = waker {
-                w.wake();
-            }
+            self.0.wake_connection();
+        }
+    }
+}
+
+/// The waker a response body's source is polled with: when the source has more after a
+/// wait, the body waits for hyper from then on, and hyper is woken.
+struct SourceWake {
+    streams: Arc<Streams>,
+    id: u64,
+    /// A poll of the source is pending with this waker and hyper has not polled the body
+    /// since. Changed under `streams.waiting`'s lock.
+    armed: AtomicBool,
+    /// The waker of the task hyper polls the body in.
+    hyper: Mutex<Option<Waker>>,
+}
+
+impl std::task::Wake for SourceWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let first = {
+            let mut waiting = self.streams.waiting();
+            self.armed.swap(false, Ordering::AcqRel) && Streams::note(&mut waiting, self.id)
+        };
+        if first {
+            self.streams.wake_connection();
+        }
+        let hyper = self.hyper.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(w) = hyper {
+            w.wake();
         }
     }
 }
 
 /// A response body that keeps its request counted open until it is dropped (hyper drops
-/// it once the stream has sent it, or is reset), and tells the connection while hyper
-/// holds a frame of it and has not asked for the next.
+/// it once the stream has sent it, or is reset), and tells the connection while it has
+/// something for hyper that hyper has not come for (see the module docs).
 pub struct OpenBody<B> {
     inner: B,
     open: StreamOpen,
-    id: u64,
-    /// An entry of this body is in `Streams::waiting`.
-    handed: bool,
+    /// With a `send_timeout`: the state its source's waker shares, and that waker.
+    wake: Option<(Arc<SourceWake>, Waker)>,
 }
 
 impl<B: http_body::Body> OpenBody<B> {
     /// A body hyper has yet to ask for anything waits from now: with no window granted,
     /// hyper does not poll it at all.
     pub fn new(inner: B, open: StreamOpen) -> OpenBody<B> {
-        let id = open.0.next_id.fetch_add(1, Ordering::Relaxed);
-        let handed = open.0.send_timeout.is_some() && !inner.is_end_stream();
-        if handed {
-            open.0.waiting().push((id, Instant::now()));
+        let streams = &open.0;
+        let wake = streams.send_timeout.map(|_| {
+            let state = Arc::new(SourceWake {
+                streams: streams.clone(),
+                id: streams.next_id.fetch_add(1, Ordering::Relaxed),
+                armed: AtomicBool::new(false),
+                hyper: Mutex::new(None),
+            });
+            let waker = Waker::from(state.clone());
+            (state, waker)
+        });
+        if let Some((state, _)) = &wake
+            && !inner.is_end_stream()
+            && Streams::note(&mut streams.waiting(), state.id)
+        {
+            streams.wake_connection();
         }
-        OpenBody {
-            inner,
-            open,
-            id,
-            handed,
-        }
+        OpenBody { inner, open, wake }
     }
 }
 
 impl<B> OpenBody<B> {
-    fn taken(&mut self) {
-        if self.handed {
-            self.handed = false;
-            let id = self.id;
-            self.open.0.waiting().retain(|&(i, _)| i != id);
+    /// Hyper came for more (or the body is done): nothing of it waits for hyper now, and
+    /// a wake of its source from an earlier poll no longer counts.
+    fn taken(&self) {
+        if let Some((state, _)) = &self.wake {
+            let mut waiting = self.open.0.waiting();
+            state.armed.store(false, Ordering::Release);
+            waiting.retain(|&(i, _)| i != state.id);
         }
     }
 }
@@ -145,15 +200,37 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for OpenBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
-        // hyper came back for more: the last frame went out (or has room to).
+        let Some((state, waker)) = &this.wake else {
+            return Pin::new(&mut this.inner).poll_frame(cx);
+        };
         this.taken();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled
-            && this.open.0.send_timeout.is_some()
-            && !this.inner.is_end_stream()
         {
-            this.handed = true;
-            this.open.0.waiting().push((this.id, Instant::now()));
+            let mut hyper = state.hyper.lock().unwrap_or_else(|p| p.into_inner());
+            if !hyper.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *hyper = Some(cx.waker().clone());
+            }
+        }
+        // From here a wake of the source means it has more for a hyper that may not come.
+        state.armed.store(true, Ordering::Release);
+        let polled = Pin::new(&mut this.inner).poll_frame(&mut Context::from_waker(waker));
+        if polled.is_ready() {
+            let more = matches!(&polled, Poll::Ready(Some(Ok(_)))) && !this.inner.is_end_stream();
+            let streams = &this.open.0;
+            let first = {
+                let mut waiting = streams.waiting();
+                state.armed.store(false, Ordering::Release);
+                // A frame handed over waits for hyper to come back for the next; after the
+                // last one nothing waits (whatever a wake during the poll noted is undone).
+                if more {
+                    Streams::note(&mut waiting, state.id)
+                } else {
+                    waiting.retain(|&(i, _)| i != state.id);
+                    false
+                }
+            };
+            if first {
+                streams.wake_connection();
+            }
         }
         polled
     }
@@ -213,7 +290,7 @@ where
             if !this.streams.h2.load(Ordering::Acquire) {
                 return Poll::Pending;
             }
-            // The bodies note their waits while the connection is polled, in this task.
+            // Bodies note their waits in their streams' tasks; a first waiter wakes this one.
             match (this.streams.send_timeout, this.streams.oldest_waiting()) {
                 (Some(limit), Some(since)) => {
                     let at = since + limit;
@@ -272,5 +349,140 @@ where
             *this.closing = true;
             this.conn.graceful_shutdown();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    /// A source that has a chunk, or nothing yet, or is done, as the test says.
+    #[derive(Default)]
+    struct Source {
+        chunk: Option<Bytes>,
+        done: bool,
+        waker: Option<Waker>,
+    }
+
+    #[derive(Clone, Default)]
+    struct Feed(Arc<Mutex<Source>>);
+
+    impl Feed {
+        fn send(&self, data: &'static [u8]) {
+            let mut s = self.0.lock().unwrap();
+            s.chunk = Some(Bytes::from_static(data));
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        }
+
+        fn end(&self) {
+            let mut s = self.0.lock().unwrap();
+            s.done = true;
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        }
+    }
+
+    impl http_body::Body for Feed {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let mut s = self.0.lock().unwrap();
+            if let Some(chunk) = s.chunk.take() {
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            if s.done {
+                return Poll::Ready(None);
+            }
+            s.waker = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    /// Counts its wakes: the task hyper would poll the body in, or the connection's.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn waiters(streams: &Streams) -> usize {
+        streams.waiting().len()
+    }
+
+    #[test]
+    fn a_body_whose_source_has_more_waits_for_hyper_even_if_hyper_does_not_come() {
+        let streams = Streams::new(Some(Duration::from_secs(1)));
+        let connection = Arc::new(Count::default());
+        *streams.waker.lock().unwrap() = Some(Waker::from(connection.clone()));
+        let feed = Feed::default();
+        let mut body = OpenBody::new(feed.clone(), streams.open());
+        // Not yet asked for anything: it waits for hyper, and the connection is told.
+        assert_eq!(waiters(&streams), 1);
+        assert_eq!(connection.0.load(Ordering::SeqCst), 1);
+
+        let hyper = Arc::new(Count::default());
+        let hyper_waker = Waker::from(hyper.clone());
+        let mut cx = Context::from_waker(&hyper_waker);
+        let mut body = Pin::new(&mut body);
+        // Asked, and the source has nothing: the body waits on its source, not on hyper.
+        assert!(body.as_mut().poll_frame(&mut cx).is_pending());
+        assert_eq!(waiters(&streams), 0);
+        // The source gets more. hyper is woken, but a stream with no window does not poll
+        // its body: from now on the body waits for hyper, and the connection is told.
+        feed.send(b"more");
+        assert_eq!(hyper.0.load(Ordering::SeqCst), 1);
+        assert_eq!(waiters(&streams), 1);
+        assert_eq!(connection.0.load(Ordering::SeqCst), 2);
+
+        // hyper comes: the frame is handed over, and the body waits for hyper to come back.
+        assert!(matches!(
+            body.as_mut().poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert_eq!(waiters(&streams), 1);
+        // It comes back; the source is dry again, then ends: nothing waits.
+        assert!(body.as_mut().poll_frame(&mut cx).is_pending());
+        assert_eq!(waiters(&streams), 0);
+        feed.end();
+        assert_eq!(waiters(&streams), 1);
+        assert!(matches!(
+            body.as_mut().poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+        assert_eq!(waiters(&streams), 0);
+        // A late wake of the source, once hyper took the end, notes nothing.
+        feed.send(b"late");
+        assert_eq!(waiters(&streams), 0);
+    }
+
+    #[test]
+    fn a_dropped_body_leaves_nothing_waiting() {
+        let streams = Streams::new(Some(Duration::from_secs(1)));
+        let feed = Feed::default();
+        let mut body = OpenBody::new(feed.clone(), streams.open());
+        let hyper = Waker::from(Arc::new(Count::default()));
+        assert!(
+            Pin::new(&mut body)
+                .poll_frame(&mut Context::from_waker(&hyper))
+                .is_pending()
+        );
+        drop(body);
+        // The source's waker outlives the body; its wake must not note a body that is gone.
+        feed.send(b"late");
+        assert_eq!(waiters(&streams), 0);
+        assert_eq!(streams.open.load(Ordering::SeqCst), 0);
     }
 }
