@@ -15,6 +15,8 @@
 //! from a snapshot counts revisions from the snapshot again: after a bump, every later
 //! token still outranks every earlier one.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -47,8 +49,95 @@ const RETRY_WAITING: Duration = Duration::from_millis(250);
 pub struct EtcdError(String);
 
 pub struct Etcd {
-    client: Client,
+    members: Members,
     lock_delay: Duration,
+}
+
+/// One client per member, used one at a time. A client balanced over every member keeps
+/// sending requests to a member that is gone (a refused connection leaves it with the
+/// least load, so it is picked first): after one member of three died, most requests
+/// failed. Here requests go to one member until it cannot be reached or has no leader;
+/// then to the next, and a request that never reached a member is tried on the next at
+/// once.
+struct Members {
+    clients: Vec<Client>,
+    current: AtomicUsize,
+}
+
+/// gRPC's `UNAVAILABLE`.
+const UNAVAILABLE: i32 = 14;
+
+/// The member could not be reached, or answered for a cluster it has lost (no leader): the
+/// next member should be asked from now on.
+fn member_unusable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => s.code() as i32 == UNAVAILABLE,
+        _ => false,
+    }
+}
+
+/// The request never reached the member (no connection): trying it on another member
+/// cannot apply it twice.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() as i32 == UNAVAILABLE && s.message().contains("connect")
+        }
+        _ => false,
+    }
+}
+
+impl Members {
+    async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Members, EtcdError> {
+        let mut clients = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            clients.push(
+                Client::connect([endpoint.as_str()], Some(options.clone()))
+                    .await
+                    .map_err(|e| EtcdError(format!("{endpoint}: {e}")))?,
+            );
+        }
+        if clients.is_empty() {
+            return Err(EtcdError("no endpoints".into()));
+        }
+        Ok(Members {
+            clients,
+            current: AtomicUsize::new(0),
+        })
+    }
+
+    /// Runs `op` on the current member; moves on from a member that is unusable, and tries
+    /// a request that never reached one on the next (each member once at most).
+    async fn call<T, F, Fut>(&self, op: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let n = self.clients.len();
+        let mut tries = 0;
+        loop {
+            let i = self.current.load(Ordering::Acquire) % n;
+            let result = op(self.clients[i].clone()).await;
+            let Err(e) = &result else {
+                return result;
+            };
+            if member_unusable(e) {
+                // Unless another request moved on already.
+                let _ = self.current.compare_exchange(
+                    i,
+                    (i + 1) % n,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+            tries += 1;
+            if tries >= n || !never_sent(e) {
+                return result;
+            }
+        }
+    }
 }
 
 /// What a read of a scope's keys found.
@@ -150,11 +239,8 @@ impl Etcd {
             .with_timeout(Duration::from_secs(5))
             // A member cut off from the leader refuses instead of answering stale data.
             .with_require_leader(true);
-        let client = Client::connect(endpoints, Some(options))
-            .await
-            .map_err(|e| EtcdError(e.to_string()))?;
         Ok(Etcd {
-            client,
+            members: Members::connect(endpoints, options).await?,
             lock_delay: config.lock_delay,
         })
     }
@@ -209,13 +295,17 @@ impl Etcd {
     /// One read of the scope's lock and lock_delay keys, and of the epoch.
     async fn look(&self, scope: &str) -> Result<Look, String> {
         let (key, delay) = (lock_key(scope), delay_key(scope));
-        let mut c = self.client.clone();
-        let resp = c
-            .txn(Txn::new().and_then([
-                TxnOp::get(key.as_str(), None),
-                TxnOp::get(delay.as_str(), None),
-                TxnOp::get(EPOCH, None),
-            ]))
+        let read = Txn::new().and_then([
+            TxnOp::get(key.as_str(), None),
+            TxnOp::get(delay.as_str(), None),
+            TxnOp::get(EPOCH, None),
+        ]);
+        let resp = self
+            .members
+            .call(|mut c| {
+                let read = read.clone();
+                async move { c.txn(read).await }
+            })
             .await
             .map_err(|e| e.to_string())?;
         let revision = resp.header().map_or(0, |h| h.revision());
@@ -272,10 +362,15 @@ impl Etcd {
     /// Resolves when `busy.key` changes after the read that saw it (a release, an expiry,
     /// a new holder), or at `by`, whichever comes first.
     async fn changed(&self, busy: &Busy, by: Instant) {
-        let mut c = self.client.clone();
         let options = WatchOptions::new().with_start_revision(busy.revision.saturating_add(1));
         let watch = async {
-            let mut stream = c.watch(busy.key.as_str(), Some(options)).await?;
+            let mut stream = self
+                .members
+                .call(|mut c| {
+                    let options = options.clone();
+                    async move { c.watch(busy.key.as_str(), Some(options)).await }
+                })
+                .await?;
             while let Some(resp) = stream.message().await? {
                 if !resp.events().is_empty() {
                     return Ok(true);
@@ -301,16 +396,21 @@ impl Etcd {
 
     /// Grants the scope if it is free and the epoch is still `epoch`.
     async fn try_acquire(&self, req: &AcquireRequest, epoch: Epoch) -> Outcome {
-        let mut c = self.client.clone();
-        let lease = match c.lease_grant(seconds(req.ttl), None).await {
+        let lease = match self
+            .members
+            .call(|mut c| async move { c.lease_grant(seconds(req.ttl), None).await })
+            .await
+        {
             Ok(l) => l.id(),
             Err(e) => return unavailable(e),
         };
         let delay_lease = if self.lock_delay.is_zero() {
             0
         } else {
-            match c
-                .lease_grant(delay_lease_seconds(req.ttl, self.lock_delay), None)
+            let seconds = delay_lease_seconds(req.ttl, self.lock_delay);
+            match self
+                .members
+                .call(|mut c| async move { c.lease_grant(seconds, None).await })
                 .await
             {
                 Ok(l) => l.id(),
@@ -351,7 +451,14 @@ impl Etcd {
                 TxnOp::get(key.as_str(), None),
                 TxnOp::get(delay.as_str(), None),
             ]);
-        let resp = match c.txn(txn).await {
+        let resp = match self
+            .members
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 // The transaction may have applied: revoking frees the key again.
@@ -402,8 +509,12 @@ impl Etcd {
     }
 
     async fn remaining(&self, lease: i64) -> Option<Duration> {
-        let mut c = self.client.clone();
-        let ttl = c.lease_time_to_live(lease, None).await.ok()?.ttl();
+        let ttl = self
+            .members
+            .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await
+            .ok()?
+            .ttl();
         // "expires in under ttl + 1 seconds"
         u64::try_from(ttl)
             .ok()
@@ -411,9 +522,12 @@ impl Etcd {
     }
 
     async fn revoke(&self, leases: &[i64]) {
-        let mut c = self.client.clone();
         for &id in leases.iter().filter(|id| **id != 0) {
-            if let Err(e) = c.lease_revoke(id).await {
+            let revoked = self
+                .members
+                .call(|mut c| async move { c.lease_revoke(id).await })
+                .await;
+            if let Err(e) = revoked {
                 tracing::debug!(lease = id, error = %e, "lease revoke failed; it expires by itself");
             }
         }
@@ -421,14 +535,17 @@ impl Etcd {
 
     /// Keeps one lease alive once; answers its new ttl (None: expired or unknown).
     async fn keep_alive_once(&self, lease: i64) -> Result<Option<Duration>, etcd_client::Error> {
-        let mut c = self.client.clone();
-        let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-        keeper.keep_alive().await?;
-        let ttl = match stream.message().await? {
-            Some(r) if r.ttl() > 0 => u64::try_from(r.ttl()).ok().map(Duration::from_secs),
-            _ => None,
-        };
-        Ok(ttl)
+        // Keeping alive twice is keeping alive: the whole exchange may go to the next member.
+        self.members
+            .call(|mut c| async move {
+                let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+                keeper.keep_alive().await?;
+                Ok(match stream.message().await? {
+                    Some(r) if r.ttl() > 0 => u64::try_from(r.ttl()).ok().map(Duration::from_secs),
+                    _ => None,
+                })
+            })
+            .await
     }
 
     /// The lock key, if it belongs to exactly (lease, token): its holding.
@@ -438,8 +555,14 @@ impl Etcd {
         lease: i64,
         token: Token,
     ) -> Result<Option<Holding>, etcd_client::Error> {
-        let mut c = self.client.clone();
-        let resp = c.get(lock_key(scope), None).await?;
+        let key = lock_key(scope);
+        let resp = self
+            .members
+            .call(|mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?;
         Ok(resp.kvs().first().and_then(|kv| {
             let holding = serde_json::from_slice::<Holding>(kv.value()).ok()?;
             (kv.lease() == lease && token_of(holding.epoch, kv.create_revision()) == Some(token))
@@ -512,8 +635,14 @@ impl Etcd {
                 TxnOp::delete(key.as_str(), None),
                 TxnOp::delete(delay_key(scope), None),
             ]);
-        let mut c = self.client.clone();
-        match c.txn(txn).await {
+        let deleted = self
+            .members
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await;
+        match deleted {
             Ok(r) if r.succeeded() => {
                 self.revoke(&[lease, holding.delay_lease]).await;
                 Outcome::Released
@@ -524,9 +653,13 @@ impl Etcd {
     }
 
     pub async fn status(&self, scope: &str) -> Result<LockStatus, String> {
-        let mut c = self.client.clone();
-        let resp = c
-            .get(lock_key(scope), Some(GetOptions::new()))
+        let key = lock_key(scope);
+        let resp = self
+            .members
+            .call(|mut c| {
+                let key = key.clone();
+                async move { c.get(key, Some(GetOptions::new())).await }
+            })
             .await
             .map_err(|e| e.to_string())?;
         let Some(kv) = resp.kvs().first() else {
@@ -565,13 +698,11 @@ pub async fn bump_epoch(endpoints: &[String]) -> Result<u64, EtcdError> {
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5))
         .with_require_leader(true);
-    let mut c = Client::connect(endpoints, Some(options))
-        .await
-        .map_err(|e| EtcdError(e.to_string()))?;
+    let members = Members::connect(endpoints, options).await?;
     // Another bump at the same moment: read again and go above it.
     for _ in 0..10 {
-        let resp = c
-            .get(EPOCH, None)
+        let resp = members
+            .call(|mut c| async move { c.get(EPOCH, None).await })
             .await
             .map_err(|e| EtcdError(e.to_string()))?;
         let stored = Epoch::of(resp.kvs().first()).map_err(EtcdError)?;
@@ -590,7 +721,13 @@ pub async fn bump_epoch(endpoints: &[String]) -> Result<u64, EtcdError> {
                 stored.mod_revision,
             )])
             .and_then([TxnOp::put(EPOCH, next.to_string(), None)]);
-        let resp = c.txn(txn).await.map_err(|e| EtcdError(e.to_string()))?;
+        let resp = members
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|e| EtcdError(e.to_string()))?;
         if resp.succeeded() {
             return Ok(next);
         }
