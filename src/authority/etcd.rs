@@ -83,7 +83,17 @@ fn never_sent(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(s) => {
-            s.code() as i32 == UNAVAILABLE && s.message().contains("connect")
+            // What tonic says when it could not connect (not "connection reset" and the
+            // like, which may come after the request went out).
+            let m = s.message().to_ascii_lowercase();
+            s.code() as i32 == UNAVAILABLE
+                && [
+                    "tcp connect error",
+                    "error trying to connect",
+                    "connection refused",
+                ]
+                .iter()
+                .any(|p| m.contains(p))
         }
         _ => false,
     }
