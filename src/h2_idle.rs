@@ -214,13 +214,16 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for OpenBody<B> {
         state.armed.store(true, Ordering::Release);
         let polled = Pin::new(&mut this.inner).poll_frame(&mut Context::from_waker(waker));
         if polled.is_ready() {
-            let more = matches!(&polled, Poll::Ready(Some(Ok(_)))) && !this.inner.is_end_stream();
+            // hyper may hold even the last frame until the stream has window; it drops the
+            // body once that frame is sent.
+            let more = matches!(&polled, Poll::Ready(Some(Ok(_))));
             let streams = &this.open.0;
             let first = {
                 let mut waiting = streams.waiting();
                 state.armed.store(false, Ordering::Release);
-                // A frame handed over waits for hyper to come back for the next; after the
-                // last one nothing waits (whatever a wake during the poll noted is undone).
+                // A frame handed over waits until hyper comes back (or drops the body once
+                // it is sent); after the end nothing waits (whatever a wake during the poll
+                // noted is undone).
                 if more {
                     Streams::note(&mut waiting, state.id)
                 } else {
@@ -290,7 +293,14 @@ where
             if !this.streams.h2.load(Ordering::Acquire) {
                 return Poll::Pending;
             }
-            // Bodies note their waits in their streams' tasks; a first waiter wakes this one.
+            // Bodies note their waits in their streams' tasks; a first waiter wakes this
+            // one, so its waker is in place before the waiters are looked at.
+            {
+                let mut w = this.streams.waker.lock().unwrap_or_else(|p| p.into_inner());
+                if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *w = Some(cx.waker().clone());
+                }
+            }
             match (this.streams.send_timeout, this.streams.oldest_waiting()) {
                 (Some(limit), Some(since)) => {
                     let at = since + limit;
@@ -313,12 +323,6 @@ where
             }
             if *this.closing {
                 return Poll::Pending;
-            }
-            {
-                let mut w = this.streams.waker.lock().unwrap_or_else(|p| p.into_inner());
-                if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    *w = Some(cx.waker().clone());
-                }
             }
             // Looked at after the waker is in place: the last request ending from now on
             // wakes this task.
@@ -406,6 +410,11 @@ mod tests {
             s.waker = Some(cx.waker().clone());
             Poll::Pending
         }
+
+        fn is_end_stream(&self) -> bool {
+            let s = self.0.lock().unwrap();
+            s.done && s.chunk.is_none()
+        }
     }
 
     /// Counts its wakes: the task hyper would poll the body in, or the connection's.
@@ -465,6 +474,26 @@ mod tests {
         assert_eq!(waiters(&streams), 0);
         // A late wake of the source, once hyper took the end, notes nothing.
         feed.send(b"late");
+        assert_eq!(waiters(&streams), 0);
+    }
+
+    #[test]
+    fn the_last_frame_waits_until_hyper_has_sent_it() {
+        let streams = Streams::new(Some(Duration::from_secs(1)));
+        let feed = Feed::default();
+        feed.send(b"all of it");
+        feed.end();
+        let mut body = OpenBody::new(feed.clone(), streams.open());
+        let hyper = Waker::from(Arc::new(Count::default()));
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut Context::from_waker(&hyper)),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(body.is_end_stream());
+        // hyper holds that frame until the stream has window: it still waits.
+        assert_eq!(waiters(&streams), 1);
+        // Sent, hyper drops the body.
+        drop(body);
         assert_eq!(waiters(&streams), 0);
     }
 

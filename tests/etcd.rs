@@ -384,6 +384,53 @@ async fn a_dead_member_is_not_asked_again() {
     running.shutdown().await;
 }
 
+/// A member that stops answering (its process frozen, its connection up) is left after one
+/// request of it timed out, instead of every request waiting out its timeout there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_answering_is_left() {
+    const ROUNDS: usize = 10;
+    let mut cluster = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = authority(&cluster.endpoints(), dir.path(), "0s").await;
+    let c = Client::new(running.authority_addr.unwrap());
+    let acquire = |i: usize| {
+        let c = &c;
+        async move {
+            post(
+                c,
+                "/v1/locks/acquire",
+                &format!(r#"{{"scope":"frozen/{i}","holder":"a","ttl_ms":5000}}"#),
+            )
+            .await
+        }
+    };
+    let r = acquire(0).await;
+    assert_eq!(r.status, 200, "before the stop: {}", r.body);
+
+    cluster.stop(0);
+    tokio::time::timeout(BOUND, async {
+        while cluster.leader().await.is_none_or(|i| i == 0) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the two members left have a leader");
+
+    let mut refused = Vec::new();
+    for i in 1..=ROUNDS {
+        let r = acquire(i).await;
+        if r.status != 200 {
+            refused.push(format!("{i}: {} {}", r.status, r.body));
+        }
+    }
+    assert!(
+        refused.len() <= 1,
+        "{} of {ROUNDS} acquisitions refused after a member stopped answering: {refused:#?}",
+        refused.len()
+    );
+    running.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_failover_keeps_tokens_increasing_and_leases_exclusive() {
     const WORKERS: usize = 5;

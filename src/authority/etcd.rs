@@ -64,15 +64,23 @@ struct Members {
     current: AtomicUsize,
 }
 
-/// gRPC's `UNAVAILABLE`.
+/// gRPC's status codes that tell a member should be left for the next.
+const CANCELLED: i32 = 1;
+const DEADLINE_EXCEEDED: i32 = 4;
 const UNAVAILABLE: i32 = 14;
 
-/// The member could not be reached, or answered for a cluster it has lost (no leader): the
-/// next member should be asked from now on.
+/// The member could not be reached, answered for a cluster it has lost (no leader), or did
+/// not answer in time (a stopped or cut-off member whose connection stays up; tonic reports
+/// its own request timeout as CANCELLED "Timeout expired"): the next member should be
+/// asked from now on.
 fn member_unusable(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
-        etcd_client::Error::GRpcStatus(s) => s.code() as i32 == UNAVAILABLE,
+        etcd_client::Error::GRpcStatus(s) => match s.code() as i32 {
+            UNAVAILABLE | DEADLINE_EXCEEDED => true,
+            CANCELLED => s.message().to_ascii_lowercase().contains("timeout expired"),
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -247,6 +255,9 @@ impl Etcd {
         let options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5))
+            // A connection to a member that stopped answering fails instead of hanging on.
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true)
             // A member cut off from the leader refuses instead of answering stale data.
             .with_require_leader(true);
         Ok(Etcd {
@@ -707,6 +718,9 @@ pub async fn bump_epoch(endpoints: &[String]) -> Result<u64, EtcdError> {
     let options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5))
+        // A connection to a member that stopped answering fails instead of hanging on.
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+        .with_keep_alive_while_idle(true)
         .with_require_leader(true);
     let members = Members::connect(endpoints, options).await?;
     // Another bump at the same moment: read again and go above it.

@@ -142,6 +142,18 @@ impl EtcdCluster {
         sum
     }
 
+    /// SIGSTOP one member: its process is frozen, its connections stay up. `kill` (and the
+    /// drop) still ends it.
+    pub fn stop(&mut self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            let status = Command::new("kill")
+                .args(["-STOP", &child.id().to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill -STOP member {i}");
+        }
+    }
+
     /// SIGKILL one member and reap it.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {
