@@ -56,9 +56,9 @@ pub struct Etcd {
 /// One client per member, used one at a time. A client balanced over every member keeps
 /// sending requests to a member that is gone (a refused connection leaves it with the
 /// least load, so it is picked first): after one member of three died, most requests
-/// failed. Here requests go to one member until it cannot be reached or has no leader;
-/// then to the next, and a request that never reached a member is tried on the next at
-/// once.
+/// failed. Here requests go to one member until it cannot be reached, has no leader or
+/// lets a request time out; then to the next, and a request that never reached a member is
+/// tried on the next at once.
 struct Members {
     clients: Vec<Client>,
     current: AtomicUsize,
@@ -108,7 +108,15 @@ fn never_sent(e: &etcd_client::Error) -> bool {
 }
 
 impl Members {
-    async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Members, EtcdError> {
+    async fn connect(endpoints: &[String]) -> Result<Members, EtcdError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(5))
+            // A connection to a member that stopped answering fails instead of hanging on.
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true)
+            // A member cut off from the leader refuses instead of answering stale data.
+            .with_require_leader(true);
         let mut clients = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
             clients.push(
@@ -252,16 +260,8 @@ impl Etcd {
         endpoints: &[String],
         config: &AuthorityConfig,
     ) -> Result<Etcd, EtcdError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5))
-            // A connection to a member that stopped answering fails instead of hanging on.
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true)
-            // A member cut off from the leader refuses instead of answering stale data.
-            .with_require_leader(true);
         Ok(Etcd {
-            members: Members::connect(endpoints, options).await?,
+            members: Members::connect(endpoints).await?,
             lock_delay: config.lock_delay,
         })
     }
@@ -715,14 +715,7 @@ impl Etcd {
 /// restored snapshot does not remember later bumps, the clock does), and answers it.
 /// Authorities may keep running: each grant reads the epoch.
 pub async fn bump_epoch(endpoints: &[String]) -> Result<u64, EtcdError> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(5))
-        // A connection to a member that stopped answering fails instead of hanging on.
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-        .with_keep_alive_while_idle(true)
-        .with_require_leader(true);
-    let members = Members::connect(endpoints, options).await?;
+    let members = Members::connect(endpoints).await?;
     // Another bump at the same moment: read again and go above it.
     for _ in 0..10 {
         let resp = members
