@@ -410,12 +410,30 @@ impl Drop for Proc {
     }
 }
 
+/// A port for a process the test starts to listen on. Taken below the kernel's ephemeral
+/// range (32768 and up here), so that no outgoing connection of a concurrent test can take
+/// it between this check and the process's bind (a port the kernel handed out as free could
+/// be); each pick of this process moves on, so two of its picks never collide either.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let seed = || {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        (std::process::id().wrapping_mul(7919) ^ nanos) % SPAN
+    };
+    let _ = NEXT.compare_exchange(u32::MAX, seed(), Ordering::AcqRel, Ordering::Acquire);
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Ordering::AcqRel) % SPAN;
+        let port = u16::try_from(port).expect("below 32768");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
 pub fn write_config(dir: &Path, upstream: std::net::SocketAddr) -> (std::path::PathBuf, u16, u16) {
@@ -445,14 +463,26 @@ pub fn spawn(config: &Path, proxy: u16, admin: u16) -> Proc {
         .expect("spawn fencegate");
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    // Until it listens, what it says is kept: a process that ends first says why.
+    let said = Arc::new(Mutex::new(Vec::new()));
+    let log = said.clone();
     std::thread::spawn(move || {
+        let mut listening = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if line.contains("fencegate listening") {
+                listening = true;
                 let _ = tx.send(());
+            } else if !listening {
+                log.lock().unwrap().push(line);
             }
         }
     });
-    rx.recv_timeout(BOUND).expect("fencegate started listening");
+    if let Err(e) = rx.recv_timeout(BOUND) {
+        panic!(
+            "fencegate did not start listening ({e}): {:#?}",
+            said.lock().unwrap()
+        );
+    }
     Proc {
         child,
         proxy: ([127, 0, 0, 1], proxy).into(),
