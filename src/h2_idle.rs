@@ -13,8 +13,8 @@
 //! and answers pings, but grants no flow-control window, so hyper never asks the response
 //! body for more and the upstream connection behind it stays checked out. Each response
 //! body notes when it has something for hyper that hyper has not come back for — a frame
-//! it handed over, its first frame, or more from its source after a wait (hyper asks a
-//! body for more only when the stream has window, so it may never ask again); a
+//! it handed over, its first frame, or more from its source after a wait (hyper may wait
+//! for the stream to have window before it comes back, so it may never come); a
 //! connection with such a stream waiting longer than `send_timeout` is closed. A body
 //! waiting on its own source is not waiting for the client: that wait is the upstream
 //! read timeout's business.
@@ -150,7 +150,7 @@ pub struct OpenBody<B> {
 
 impl<B: http_body::Body> OpenBody<B> {
     /// A body hyper has yet to ask for anything waits from now: with no window granted,
-    /// hyper does not poll it at all.
+    /// hyper may never take what it asks for.
     pub fn new(inner: B, open: StreamOpen) -> OpenBody<B> {
         let streams = &open.0;
         let wake = streams.send_timeout.map(|_| {
