@@ -218,7 +218,10 @@ impl Idempotency {
         let mut h = Sha256::new();
         for part in [
             parts.method.as_str().as_bytes(),
-            plan.path.as_bytes(),
+            // The path as forwarded, not its canonical form: two spellings that share a
+            // scope may still name two objects (`x` and `x/` on an object store), and a
+            // retry that respells its path is refused (422), never taken for another.
+            parts.uri.path().as_bytes(),
             parts.uri.query().unwrap_or("").as_bytes(),
             token.to_string().as_bytes(),
         ] {

@@ -38,27 +38,42 @@ pub enum PathError {
 ///
 /// `/` is the empty list. One trailing slash is ignored (`/a/` and `/a` share a scope,
 /// which is the safe direction: a WebDAV collection and its name cannot be fenced apart).
+/// A segment's path parameters (from its first raw `;` on, RFC 3986 §3.3) are not part of
+/// its name: servlet containers drop them before they resolve a path, so
+/// `/reports/july;v=1/x` reaches `july` there and `/a/..;/b` reaches `/b`. Cutting them
+/// gives those backends the scope of the object they write and refuses `..;`; a backend
+/// that keeps `;` in names sees a coarser scope, which is safe. An escaped `%3B` is a
+/// character of the name, as it is to those containers.
 pub fn canonicalize(path: &str) -> Result<Segments<'_>, PathError> {
     let rest = path.strip_prefix('/').ok_or(PathError::NotOriginForm)?;
     if rest.is_empty() {
         return Ok(Segments::new());
     }
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    // One pass over the bytes finds the slashes and whether each segment is plain
-    // printable ASCII without escapes or backslashes (nearly all are: borrowed, no copy);
-    // any other segment takes the decoding path, which refuses a backslash too.
+    // One pass over the bytes finds the slashes, each segment's first raw `;` (where its
+    // path parameters begin), and whether the segment up to there is plain printable
+    // ASCII without escapes or backslashes (nearly all are: borrowed, no copy); any other
+    // segment takes the decoding path, which refuses a backslash too.
     let mut out = Segments::new();
-    let (mut start, mut plain) = (0, true);
+    let (mut start, mut end, mut plain) = (0, None, true);
     for (i, &b) in rest.as_bytes().iter().enumerate() {
         if b == b'/' {
-            // `/` is ASCII: both ends are character boundaries.
-            out.push(segment(rest.get(start..i).unwrap_or_default(), plain)?);
-            (start, plain) = (i + 1, true);
+            // `/` and `;` are ASCII: every cut is at a character boundary.
+            let raw = rest.get(start..end.unwrap_or(i)).unwrap_or_default();
+            out.push(segment(raw, plain)?);
+            (start, end, plain) = (i + 1, None, true);
+        } else if end.is_some() {
+            // A parameter: not part of the segment's name.
+        } else if b == b';' {
+            end = Some(i);
         } else if !is_plain(b) {
             plain = false;
         }
     }
-    out.push(segment(rest.get(start..).unwrap_or_default(), plain)?);
+    let raw = rest
+        .get(start..end.unwrap_or(rest.len()))
+        .unwrap_or_default();
+    out.push(segment(raw, plain)?);
     Ok(out)
 }
 
@@ -523,6 +538,43 @@ mod tests {
             assert_eq!(canonicalize(p).as_ref(), Err(e), "{p}");
         }
         assert_eq!(canonicalize("/"), Ok(Segments::new()));
+    }
+
+    /// A servlet container drops a segment's `;parameters` before it resolves the path;
+    /// routing does the same, so such a backend's object gets its own scope (not one a
+    /// client picks by adding parameters) and `..;` cannot climb out of a route.
+    #[test]
+    fn path_parameters_are_not_part_of_a_segment() {
+        let segs = |p| canonicalize(p).map(|s| s.iter().map(|c| c.to_string()).collect::<Vec<_>>());
+        let ok = |p, want: &[&str]| {
+            assert_eq!(
+                segs(p),
+                Ok(want.iter().map(|w| w.to_string()).collect()),
+                "{p}"
+            )
+        };
+        ok("/reports/july;v=1/x", &["reports", "july", "x"]);
+        ok("/reports/july;/x;a;b", &["reports", "july", "x"]);
+        ok("/reports;x/july", &["reports", "july"]);
+        ok("/a;b/", &["a"]);
+        // Parameters are not decoded or checked: the backend ignores them too.
+        ok("/jul%79;x%2F%zz/y", &["july", "y"]);
+        // An escaped `;` is part of the name, as it is to those containers.
+        ok("/a%3Bb/c", &["a;b", "c"]);
+        use PathError::*;
+        for (p, e) in [
+            ("/reports/july/..;/august/x", DotSegment),
+            ("/a/.;x/b", DotSegment),
+            ("/a/%2e%2e;x/b", DotSegment),
+            ("/a/;x/b", EmptySegment),
+            ("/;", EmptySegment),
+        ] {
+            assert_eq!(canonicalize(p).as_ref(), Err(&e), "{p}");
+        }
+        assert_eq!(
+            scope_of("/reports/{r}/{*rest}", "report/{r}", "/reports/july;v=1/x").as_deref(),
+            Some("report/july")
+        );
     }
 
     #[test]

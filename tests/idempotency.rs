@@ -92,6 +92,37 @@ async fn a_retry_after_a_lost_response_applies_once() {
 /// anyway (the writer commits it whether or not anyone waits), so the request must still
 /// be forwarded and recorded. Otherwise the key would stay `in_progress` to every retry
 /// until the record expired.
+/// Two paths that share a scope can still name two objects (`x` and `x/` on an object
+/// store; `x` and `x;v=2` where `;` is part of a name): a key reused on the other one is
+/// refused, never answered with the first one's stored response.
+#[tokio::test]
+async fn a_key_reused_on_another_spelling_is_not_a_duplicate() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let client = Client::new(proxy.proxy_addr);
+
+    let first = settled(&client, "/idem/x", &[("fencing-token", "1"), KEY], "v1").await;
+    assert_eq!((first.status, first.result()), (200, "accepted"));
+    for other in ["/idem/x/", "/idem/x;v=2", "/idem/%78"] {
+        let r = client
+            .send("PUT", other, &[("fencing-token", "1"), KEY], "v1")
+            .await;
+        assert_eq!((r.status, r.result()), (422, "key_reused"), "{other}");
+    }
+    let again = client
+        .send("PUT", "/idem/x", &[("fencing-token", "1"), KEY], "v1")
+        .await;
+    assert_eq!((again.status, again.result()), (200, "duplicate"));
+    let targets: Vec<String> = double.seen().iter().map(|s| s.target.clone()).collect();
+    assert_eq!(
+        targets,
+        ["/idem/x"],
+        "only the first request reached the upstream"
+    );
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_client_gone_during_its_claim_leaves_no_stuck_key() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

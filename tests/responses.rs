@@ -612,6 +612,11 @@ async fn non_canonical_paths_are_invalid_path() {
         "/reports/%zz/x",
         "/reports/a%4/x",
         "/reports/a%/x",
+        // A segment's `;parameters` are not part of its name (servlet containers drop
+        // them): `..;` is `..`, `;x` is empty.
+        "/reports/july/..;/august/x",
+        "/reports/.;v=1/x",
+        "/reports/;v=1/x",
         // Refused before routing: an unmatched unsafe path is still invalid_path.
         "/nowhere/%2e%2e",
         "*",
@@ -623,7 +628,12 @@ async fn non_canonical_paths_are_invalid_path() {
         assert_members(&body, None, None, None);
     }
     // Also for reads without a token, and on the unfenced route.
-    for target in ["/reports/july/../x", "/public/a/../b", "/public/%2e%2e"] {
+    for target in [
+        "/reports/july/../x",
+        "/public/a/../b",
+        "/public/%2e%2e",
+        "/public/..;/reports/august/x",
+    ] {
         let request =
             format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
         env.refused_raw(&request, 400, "invalid_path").await;
@@ -640,6 +650,9 @@ async fn aliases_share_one_scope_and_reach_the_upstream_verbatim() {
         "/r%65ports/july/x",
         "/reports/%6A%75%6C%79/x",
         "/reports/july/x/",
+        // What a servlet container reads as `/reports/july/x`.
+        "/reports/july;v=1/x",
+        "/reports;a/july;jsessionid=1/x;b",
     ];
     for (round, advancer) in spellings.iter().enumerate() {
         let high = (round as u64 + 1) * 10;
@@ -730,6 +743,34 @@ async fn method_overrides_and_upgrades_are_invalid_request_on_fenced_routes() {
                 .await;
         }
     }
+    // CGI-style backends read `_` as `-` (HTTP_X_HTTP_METHOD_OVERRIDE): the same header.
+    for name in [
+        "X_HTTP_Method_Override",
+        "X-HTTP_Method",
+        "X_Method_Override",
+        "X_Original_URL",
+        "X_Rewrite-URL",
+        "Fencing_Scope",
+        "Fencing_Token",
+    ] {
+        let body = env
+            .refused(
+                "GET",
+                "/reports/o/x",
+                &[(name, "PUT")],
+                400,
+                "invalid_request",
+            )
+            .await;
+        assert!(body.to_string().contains("`_`"), "{name}: {body}");
+    }
+    // Other names with `_` pass.
+    env.accepted(
+        "PUT",
+        "/reports/u/x",
+        &[("fencing-token", "1"), ("x_trace_id", "1")],
+    )
+    .await;
     let upgrade = [("upgrade", "websocket"), ("connection", "Upgrade")];
     env.refused("GET", "/reports/o/x", &upgrade, 400, "invalid_request")
         .await;

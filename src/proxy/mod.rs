@@ -176,8 +176,6 @@ pub(crate) struct Plan {
     pub(crate) guard: Option<InflightGuard>,
     pub(crate) scope: Option<String>,
     pub(crate) token: Option<Token>,
-    /// The canonical (decoded) path, for idempotency fingerprints.
-    pub(crate) path: String,
 }
 
 impl Proxy {
@@ -277,7 +275,6 @@ impl Proxy {
             equal,
             scope,
             token,
-            path,
         } = match self.classify(config, req)? {
             Classified::Unfenced(plan) => return Ok(plan),
             Classified::Fenced(fenced) => fenced,
@@ -291,7 +288,6 @@ impl Proxy {
             guard: Some(admission.guard),
             scope: Some(scope),
             token: Some(token),
-            path,
         })
     }
 
@@ -330,6 +326,16 @@ impl Proxy {
             )
         })?;
         let head = HeadScan::of(req.headers(), &config.fencing.header);
+        if let Some(name) = head.alias {
+            return Err((
+                None,
+                Outcome::InvalidRequest {
+                    detail: format!(
+                        "header {name}: a name with `_` that backends may read as one with `-`"
+                    ),
+                },
+            ));
+        }
         let host = request_host(req, head.host)
             .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
         let (idx, route, caps) =
@@ -346,7 +352,6 @@ impl Proxy {
                 guard: None,
                 scope: None,
                 token: None,
-                path: String::new(),
             })
         };
         // A COPY or MOVE writes its Destination too: that target must be fenced by this
@@ -413,12 +418,6 @@ impl Proxy {
             equal: route.equal,
             scope,
             token,
-            // Only idempotency fingerprints need it; spare the allocation elsewhere.
-            path: if route.idempotency == idempotency::Mode::Off {
-                String::new()
-            } else {
-                segments.join("/")
-            },
         }))
     }
 }
@@ -435,7 +434,6 @@ struct Fenced {
     equal: crate::config::EqualPolicy,
     scope: String,
     token: Token,
-    path: String,
 }
 
 /// The answer to a request the gate did not admit.
@@ -690,6 +688,9 @@ struct HeadScan<'a> {
     destination: Seen<'a>,
     /// A header naming a second target is present (see [`destination`]).
     retarget: bool,
+    /// A name with `_` that reads as one of the names above once `_` is `-` (see
+    /// [`underscore_alias`]).
+    alias: Option<&'a str>,
 }
 
 impl<'a> HeadScan<'a> {
@@ -702,6 +703,7 @@ impl<'a> HeadScan<'a> {
             suspect: false,
             destination: Seen::None,
             retarget: false,
+            alias: None,
         };
         for (name, value) in headers {
             let name = name.as_str();
@@ -720,11 +722,32 @@ impl<'a> HeadScan<'a> {
                 }
                 n if RETARGETS.iter().any(|m| m.as_str() == n) => scan.retarget = true,
                 n if METHOD_OVERRIDES.iter().any(|m| m.as_str() == n) => scan.suspect = true,
+                n if n.contains('_') && underscore_alias(n, token_name) => scan.alias = Some(n),
                 _ => {}
             }
         }
         scan
     }
+}
+
+/// True when `name` (which has a `_`) reads, with `_` as `-`, as a header the fence
+/// looks at. CGI, WSGI, Rack and PHP hand headers to applications as
+/// `HTTP_X_HTTP_METHOD_OVERRIDE`-style variables, where `_` and `-` are one character: a
+/// backend of that kind would read `X_HTTP_Method_Override` or `X_Original_URL` as the
+/// header fencegate refuses, so such a request is refused too.
+fn underscore_alias(name: &str, token_name: &str) -> bool {
+    let same = |known: &str| {
+        known.len() == name.len()
+            && known
+                .bytes()
+                .zip(name.bytes())
+                .all(|(k, n)| k == n || (k == b'-' && n == b'_'))
+    };
+    ["fencing-scope", token_name]
+        .into_iter()
+        .chain(METHOD_OVERRIDES.iter().map(|h| h.as_str()))
+        .chain(RETARGETS.iter().map(|h| h.as_str()))
+        .any(same)
 }
 
 /// The request's host without port (see [`route::host_of`]), for `host =` routes. The
