@@ -250,6 +250,13 @@ impl Idempotency {
         // the client is gone, so the client's retry is answered from the record. The
         // worker's shutdown waits for the task (within its grace), since no connection does.
         let forward_unknown = route.idempotency_unknown == OnUnknown::Forward;
+        // As long as a request waits for its mark's commit (a hung disk).
+        let claim_wait = table
+            .config
+            .fencing
+            .drain_timeout
+            .max(crate::fence::gate::MIN_COMMIT_WAIT);
+        let claim_by = std::time::Instant::now() + claim_wait;
         let store = self.store.clone();
         let fwd = fwd.clone();
         let boot = self.boot;
@@ -264,9 +271,35 @@ impl Idempotency {
             };
             let mut replace_if = None;
             loop {
-                let claimed = store
-                    .claim(record_key.clone(), mine.clone(), replace_if.take(), now)
-                    .await;
+                let mut claim = {
+                    let (store, key, mine) = (store.clone(), record_key.clone(), mine.clone());
+                    let replace_if = replace_if.take();
+                    Box::pin(async move { store.claim(key, mine, replace_if, now).await })
+                };
+                let claimed = match crate::timer::timeout_at(claim_by, &mut claim).await {
+                    Ok(claimed) => claimed,
+                    // The disk is not answering: 503 `unavailable`, and nothing is forwarded,
+                    // as for a mark. The claim may still land; then it is released, so
+                    // that the retry this answer asks for is forwarded.
+                    Err(_) => {
+                        let (store, key) = (store.clone(), record_key.clone());
+                        let released = encode(
+                            expires,
+                            &Meta {
+                                fingerprint: fingerprint.clone(),
+                                state: State::Released,
+                                boot,
+                            },
+                            &[],
+                        );
+                        tokio::spawn(async move {
+                            if let Ok(None) = claim.await {
+                                let _ = store.put_record(key, released).await;
+                            }
+                        });
+                        return refuse(&mut plan, Outcome::Unavailable { scope, token });
+                    }
+                };
                 let existing = match claimed {
                     Ok(None) => break,
                     Ok(Some(existing)) => existing,
@@ -349,9 +382,13 @@ impl Idempotency {
                         // head came.)
                         Ok(Err(_)) | Err(_) => {
                             drop(held);
-                            let _ = store
-                                .put_record(record_key, record(State::Unknown, &[]))
-                                .await;
+                            let _ = put_within(
+                                &store,
+                                record_key,
+                                record(State::Unknown, &[]),
+                                claim_wait,
+                            )
+                            .await;
                             return Outcome::UpstreamTimeout {
                                 scope: Some(scope),
                                 detail: format!(
@@ -375,7 +412,9 @@ impl Idempotency {
                         body_stored,
                     };
                     let stored: &[u8] = if body_stored { &prefix } else { &[] };
-                    if let Err(e) = store.put_record(record_key, record(state, stored)).await {
+                    if let Err(e) =
+                        put_within(&store, record_key, record(state, stored), claim_wait).await
+                    {
                         tracing::warn!(error = %e, "idempotency record not completed; a retry will see an unknown outcome");
                     }
                     let body = match rest {
@@ -391,16 +430,15 @@ impl Idempotency {
                 // Never reached the upstream, or refused before forwarding: not applied.
                 "upstream_unavailable" | "payload_too_large" | "invalid_request" => {
                     complete(held);
-                    let _ = store
-                        .put_record(record_key, record(State::Released, &[]))
-                        .await;
+                    let _ =
+                        put_within(&store, record_key, record(State::Released, &[]), claim_wait)
+                            .await;
                     resp
                 }
                 // Sent, no answer: the scope settles (as `forward`'s guard made it).
                 _ => {
                     drop(held);
-                    let _ = store
-                        .put_record(record_key, record(State::Unknown, &[]))
+                    let _ = put_within(&store, record_key, record(State::Unknown, &[]), claim_wait)
                         .await;
                     resp
                 }
@@ -414,6 +452,27 @@ impl Idempotency {
             }
             .into_response(),
         }
+    }
+}
+
+/// Writes a record, waiting at most `wait` for the disk (a hung disk must not hold an
+/// answer the upstream already gave); the write itself is committed whether or not it is
+/// waited for.
+async fn put_within(
+    store: &MarkStore,
+    key: String,
+    value: Vec<u8>,
+    wait: Duration,
+) -> Result<(), String> {
+    match crate::timer::timeout_from(
+        std::time::Instant::now(),
+        wait,
+        store.put_record(key, value),
+    )
+    .await
+    {
+        Ok(done) => done.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("not committed within {wait:?}")),
     }
 }
 

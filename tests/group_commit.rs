@@ -343,3 +343,76 @@ async fn a_crash_mid_batch_loses_no_acknowledged_advance() {
         );
     }
 }
+
+/// An Idempotency-Key's claim waits for the disk no longer than an advance does: with the
+/// disk hung, the request is answered 503 `unavailable` and nothing is forwarded (it used
+/// to wait for as long as the disk hung, then be forwarded with its client long gone).
+/// When the claim lands after all, it is released, so the retry the 503 asks for is
+/// forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_idempotency_claim_answers_unavailable_and_is_released() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Disk::new();
+    let store = MarkStore::open_with_backend(disk.clone()).unwrap();
+    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .unwrap();
+    let client = Client::new(proxy.proxy_addr);
+    let key = ("idempotency-key", "\"hung-1\"");
+    // The mark is set first: the keyed request below needs no advance, only its claim.
+    assert_eq!(client.put("/idem/h", "3", "").await.status, 200);
+
+    disk.hold();
+    let started = std::time::Instant::now();
+    let c = client.clone();
+    let keyed = tokio::spawn(async move {
+        c.send("PUT", "/idem/h", &[("fencing-token", "3"), key], "once")
+            .await
+    });
+    until_syncing(&disk).await;
+    let r = tokio::time::timeout(support::BOUND, keyed)
+        .await
+        .expect("answered while the claim still hangs")
+        .unwrap();
+    assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+    assert!(disk.syncing(), "the claim is still held");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "answered by the commit deadline, not later"
+    );
+    let forwarded = |d: &Double| d.seen().iter().filter(|s| s.target == "/idem/h").count();
+    assert_eq!(
+        forwarded(&double),
+        1,
+        "only the unkeyed request was forwarded"
+    );
+
+    disk.release();
+    // The claim lands, then is released: the retry is forwarded, once.
+    let retry = tokio::time::timeout(support::BOUND, async {
+        loop {
+            let r = client
+                .send("PUT", "/idem/h", &[("fencing-token", "3"), key], "once")
+                .await;
+            if r.result() != "in_progress" {
+                return r;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the key is not stuck");
+    assert_eq!(
+        (retry.status, retry.result()),
+        (200, "accepted"),
+        "{retry:?}"
+    );
+    assert_eq!(forwarded(&double), 2);
+    let again = client
+        .send("PUT", "/idem/h", &[("fencing-token", "3"), key], "once")
+        .await;
+    assert_eq!((again.status, again.result()), (200, "duplicate"));
+    assert_eq!(forwarded(&double), 2);
+    proxy.shutdown().await;
+}

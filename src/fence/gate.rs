@@ -56,6 +56,11 @@ struct GateState {
     last_used: Option<Instant>,
     /// Requests waiting at this gate.
     waiters: usize,
+    /// The current mark, when the request that advanced to it was never forwarded (it was
+    /// refused after its commit, 503 `draining` or `unavailable`, or went away). Those
+    /// answers say "retry with the same token", so on an `equal = "reject"` route the
+    /// token still admits one request: the retry. Kept while the gate is in memory.
+    unclaimed: Option<Token>,
 }
 
 /// In-flight counts per generation, sorted by token, no zero counts.
@@ -232,6 +237,10 @@ impl Finish {
         };
         self.rx = None;
         finish_commit(&self.gate, self.token, &result);
+        // Its request is gone (or was answered `unavailable`): nobody used the token.
+        if result.is_ok() {
+            leave_unclaimed(&self.gate, self.token);
+        }
     }
 }
 
@@ -240,6 +249,35 @@ impl Drop for Finish {
         if self.rx.take().is_some() {
             finish_commit(&self.gate, self.token, &Err(writer_stopped()));
         }
+    }
+}
+
+/// `token`'s advance landed and no request of it was forwarded: if it is still the mark,
+/// its retry may use it (see [`GateState::unclaimed`]).
+fn leave_unclaimed(gate: &Gate, token: Token) {
+    let mut st = gate.lock();
+    if st.current == Some(token) {
+        st.unclaimed = Some(token);
+    }
+}
+
+/// A request that advanced the mark (or took an unclaimed advance) and has not been
+/// admitted yet: if it never is, the advance is left unclaimed.
+struct Claim<'a> {
+    gate: &'a Gate,
+    token: Token,
+}
+
+impl Claim<'_> {
+    /// The request was admitted: the advance is used.
+    fn used(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        leave_unclaimed(self.gate, self.token);
     }
 }
 
@@ -484,6 +522,8 @@ impl Gates {
         let deadline = arrived + self.drain_timeout;
         let (key, gate) = self.gate(scope).map_err(|_| Refusal::Unavailable)?;
         let mut advanced = false;
+        // Held from our advance (or our taking an unclaimed one) until admission.
+        let mut claim: Option<Claim<'_>> = None;
         let mut waiting = None;
         let mut looked = false;
         loop {
@@ -494,7 +534,7 @@ impl Gates {
             // registering as a waiter.
             let step = {
                 let mut st = gate.lock();
-                self.step(&mut st, &gate, token, equal, advanced, arrived, now)
+                self.step(&mut st, &gate, token, equal, &mut advanced, arrived, now)
             };
             // Made only to wait (boxed: the admitted request's future stays small).
             let mut notified = None;
@@ -505,13 +545,19 @@ impl Gates {
                     let registered = notified.insert(Box::pin(gate.notify.notified()));
                     registered.as_mut().enable();
                     let mut st = gate.lock();
-                    self.step(&mut st, &gate, token, equal, advanced, arrived, now)
+                    self.step(&mut st, &gate, token, equal, &mut advanced, arrived, now)
                 }
                 decided => decided,
             };
+            if advanced && claim.is_none() {
+                claim = Some(Claim { gate: &gate, token });
+            }
             let (wake_at, give_up, for_commit) = match step {
                 Step::Refuse(r) => return Err(r),
                 Step::Admit(a) => {
+                    if let Some(claim) = claim.take() {
+                        claim.used();
+                    }
                     // Only requests that really waited for an older generation count.
                     if waiting.is_some() {
                         self.metrics.gate_wait_seconds.observe_duration(a.waited);
@@ -527,6 +573,7 @@ impl Gates {
                     )
                     .await?;
                     advanced = true;
+                    claim = Some(Claim { gate: &gate, token });
                     continue;
                 }
                 Step::Wait(until) => (until, deadline, false),
@@ -578,7 +625,7 @@ impl Gates {
         gate: &Arc<Gate>,
         token: Token,
         equal: EqualPolicy,
-        advanced: bool,
+        advanced: &mut bool,
         arrived: Instant,
         now: Instant,
     ) -> Step {
@@ -586,7 +633,18 @@ impl Gates {
         let floor = self.store.floor();
         let decision = match decide(st.current, token, equal, floor) {
             // Our own advance made `token` current: we are its first request.
-            Decision::Stale if advanced && st.current == Some(token) && token.epoch >= floor => {
+            Decision::Stale if *advanced && st.current == Some(token) && token.epoch >= floor => {
+                Decision::Accept
+            }
+            // The retry of a request that advanced to `token` and was never forwarded
+            // (`equal = "reject"`: an equal token is otherwise stale): it takes the advance.
+            Decision::Stale
+                if st.unclaimed == Some(token)
+                    && st.current == Some(token)
+                    && token.epoch >= floor =>
+            {
+                st.unclaimed = None;
+                *advanced = true;
                 Decision::Accept
             }
             d => d,
@@ -619,6 +677,10 @@ impl Gates {
                 }
                 st.inflight.add(token);
                 st.last_used = Some(now);
+                if st.unclaimed == Some(token) {
+                    // Used, by a route that accepts equal tokens.
+                    st.unclaimed = None;
+                }
                 let waited = now - arrived;
                 Step::Admit(Admission {
                     guard: InflightGuard {
@@ -627,7 +689,7 @@ impl Gates {
                         settle: self.settle,
                         completed: false,
                     },
-                    advanced,
+                    advanced: *advanced,
                     waited,
                 })
             }
@@ -750,7 +812,7 @@ fn shard_index(seed: u64, scope: &str) -> usize {
 
 /// The shortest time a commit is waited for, whatever `drain_timeout` says: a zero
 /// `drain_timeout` (never wait for older generations) must not fail every advance.
-const MIN_COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const MIN_COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// When a request that arrived at `arrived` stops waiting for its mark's commit (a hung
 /// fsync): its drain deadline, but not before [`MIN_COMMIT_WAIT`].
@@ -825,6 +887,63 @@ mod tests {
         let evicted = g.shard("t").evicted;
         let (_, gate) = g.insert("t", Some(t5), evicted).expect("insert");
         assert_eq!(gate.lock().current, Some(t5));
+    }
+
+    /// On an `equal = "reject"` route an equal token is stale, but a request that advanced
+    /// the mark and was then refused (503 `draining`, which says "retry with the same
+    /// token") or went away was never forwarded: its retry must get through, once.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_advance_admits_its_retry_once_on_a_reject_route() {
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("store");
+        let metrics = Arc::new(Metrics::new(Vec::new()));
+        let g = Gates::new(store, metrics, Duration::from_secs(1), Duration::ZERO);
+        let reject = EqualPolicy::Reject;
+        let (t5, t7, t9) = (Token::new(0, 5), Token::new(0, 7), Token::new(0, 9));
+        let mut old = g.admit("s", t5, reject).await.expect("5");
+        // 7 advances, then waits for 5 to finish; the paused clock runs out its drain.
+        assert_eq!(
+            g.admit("s", t7, reject).await.unwrap_err(),
+            Refusal::Draining { highest: Some(t7) }
+        );
+        old.guard.complete();
+        drop(old);
+        let mut retry = g.admit("s", t7, reject).await.expect("the retry of 7");
+        assert!(retry.advanced, "it is the token's first request");
+        assert_eq!(
+            g.admit("s", t7, reject).await.unwrap_err(),
+            Refusal::Stale { highest: Some(t7) },
+            "once"
+        );
+        retry.guard.complete();
+        drop(retry);
+
+        // An advance whose request went away before admission (here: while it waited
+        // for an older generation) is left for its retry too.
+        let mut old = g.admit("s", Token::new(0, 8), reject).await.expect("8");
+        let gone = tokio::time::timeout(Duration::from_millis(10), g.admit("s", t9, reject)).await;
+        assert!(gone.is_err(), "9 waits for 8");
+        old.guard.complete();
+        drop(old);
+        let mut retry = g.admit("s", t9, reject).await.expect("the retry of 9");
+        retry.guard.complete();
+        drop(retry);
+        assert!(g.admit("s", t9, reject).await.is_err());
+
+        // A token that a request was forwarded with is used, whatever route took it.
+        let t10 = Token::new(0, 10);
+        let mut old = g.admit("s", t10, reject).await.expect("10");
+        let t11 = Token::new(0, 11);
+        assert!(g.admit("s", t11, reject).await.is_err(), "11 drains out");
+        old.guard.complete();
+        drop(old);
+        let mut by_accept = g.admit("s", t11, EqualPolicy::Accept).await.expect("11");
+        by_accept.guard.complete();
+        drop(by_accept);
+        assert_eq!(
+            g.admit("s", t11, reject).await.unwrap_err(),
+            Refusal::Stale { highest: Some(t11) }
+        );
     }
 
     #[test]
