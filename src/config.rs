@@ -165,6 +165,9 @@ pub struct IdempotencyConfig {
     pub max_request_body: u64,
     /// Largest response body stored for replay; a larger one is replayed without a body.
     pub max_response_body: u64,
+    /// Bytes of request and response bodies held in memory at once by requests with a
+    /// key, over all connections; a request body that finds no room gets 503.
+    pub max_buffered: u64,
 }
 
 #[derive(Deserialize, Default)]
@@ -173,6 +176,7 @@ struct RawIdempotency {
     ttl: Option<String>,
     max_request_body: Option<String>,
     max_response_body: Option<String>,
+    max_buffered: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -660,7 +664,22 @@ impl Config {
                 "idempotency.max_response_body",
                 &mut errors,
             ),
+            max_buffered: size(
+                raw_idem.max_buffered.as_deref(),
+                128 << 20,
+                "idempotency.max_buffered",
+                &mut errors,
+            ),
         };
+        if idempotency.max_buffered < idempotency.max_request_body {
+            errors.push(
+                "idempotency.max_buffered",
+                format!(
+                    "{} bytes is less than idempotency.max_request_body ({} bytes): a body that size could never be read",
+                    idempotency.max_buffered, idempotency.max_request_body
+                ),
+            );
+        }
         if overlaps(admin.listen, server.listen) {
             errors.push(
                 "admin.listen",
@@ -1057,6 +1076,19 @@ upstream = "objects"
             );
         }
         errs
+    }
+
+    #[test]
+    fn the_buffered_budget_holds_at_least_one_request_body() {
+        let text = format!(
+            "{GOOD}\n[idempotency]\nmax_request_body = \"1MiB\"\nmax_buffered = \"512KiB\"\n"
+        );
+        errors_at(&text, &["idempotency.max_buffered"]);
+        let text = text.replace("512KiB", "1MiB");
+        let c = Config::parse(&text, Path::new(".")).expect("equal is enough");
+        assert_eq!(c.idempotency.max_buffered, 1 << 20);
+        let c = Config::parse(GOOD, Path::new(".")).unwrap();
+        assert_eq!(c.idempotency.max_buffered, 128 << 20);
     }
 
     #[test]

@@ -123,13 +123,85 @@ fn now_secs() -> u64 {
 pub struct Idempotency {
     store: MarkStore,
     boot: u64,
+    budget: Budget,
+}
+
+/// Bytes of request and response bodies that requests with an `Idempotency-Key` hold in
+/// memory, over all connections (`idempotency.max_buffered`): a request body is read
+/// whole before it is forwarded, and a response body is read to be stored.
+#[derive(Clone)]
+struct Budget(Arc<tokio::sync::Semaphore>);
+
+/// Room taken from a [`Budget`], given back when dropped.
+#[derive(Default)]
+struct Room {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    taken: usize,
+    /// A take failed: the budget is spent.
+    short: bool,
+}
+
+impl Room {
+    /// Makes sure `total` bytes are covered; false (and `short`) if the budget has no room.
+    fn cover(&mut self, budget: &Budget, total: usize) -> bool {
+        let Some(more) = total.checked_sub(self.taken).filter(|m| *m > 0) else {
+            return true;
+        };
+        let got = u32::try_from(more)
+            .ok()
+            .and_then(|n| budget.0.clone().try_acquire_many_owned(n).ok());
+        match (got, self.permit.as_mut()) {
+            (Some(p), Some(have)) => have.merge(p),
+            (Some(p), None) => self.permit = Some(p),
+            (None, _) => {
+                self.short = true;
+                return false;
+            }
+        }
+        self.taken = total;
+        true
+    }
+}
+
+/// A body that holds its [`Room`] until it is dropped (sent, or abandoned).
+struct Held<B> {
+    body: B,
+    _room: Room,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Held<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 impl Idempotency {
-    pub fn new(store: MarkStore) -> Idempotency {
+    /// `max_buffered`: bytes of bodies held in memory at once for requests with a key.
+    pub fn new(store: MarkStore, max_buffered: u64) -> Idempotency {
         use std::hash::BuildHasher;
         let boot = std::collections::hash_map::RandomState::new().hash_one(SystemTime::now());
-        Idempotency { store, boot }
+        let permits = usize::try_from(max_buffered)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        Idempotency {
+            store,
+            boot,
+            budget: Budget(Arc::new(tokio::sync::Semaphore::new(permits))),
+        }
     }
 
     /// Deletes every expired record, in bounded batches; answers how many went.
@@ -198,9 +270,37 @@ impl Idempotency {
             m.min(settings.max_request_body)
         });
         let timeout = table.config.upstreams[route.upstream].timeout;
-        let read =
-            crate::timer::timeout_from(std::time::Instant::now(), timeout, read_up_to(body, limit))
-                .await;
+        // Room for the whole body is taken before it is read when its length is known, as
+        // it is read otherwise; with none left, 503 (load is shed, memory stays bounded).
+        let mut room = Room::default();
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|len| *len <= limit)
+            .and_then(|len| usize::try_from(len).ok());
+        let no_room = |plan: &mut Plan| {
+            refuse(
+                plan,
+                Outcome::Unavailable {
+                    scope: scope.clone(),
+                    token,
+                },
+            )
+        };
+        if declared.is_some_and(|len| !room.cover(&self.budget, len)) {
+            return no_room(&mut plan);
+        }
+        let read = crate::timer::timeout_from(
+            std::time::Instant::now(),
+            timeout,
+            read_up_to(body, limit, &self.budget, &mut room),
+        )
+        .await;
+        if room.short {
+            return no_room(&mut plan);
+        }
         let body = match read {
             Ok(Ok((bytes, None))) => bytes,
             Ok(Ok((_, Some(_)))) => {
@@ -261,6 +361,7 @@ impl Idempotency {
         let fwd = fwd.clone();
         let boot = self.boot;
         let cap = settings.max_response_body;
+        let budget = self.budget.clone();
         let task = crate::drain::spawn_detached(async move {
             let refuse = |plan: &mut Plan, outcome: Outcome| {
                 // Nothing was forwarded under this admission.
@@ -345,7 +446,11 @@ impl Idempotency {
             let held = plan.guard.as_ref().map(InflightGuard::hold);
             // The body's deadline counts from here, as the head's does in `forward`.
             let started = std::time::Instant::now();
-            let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
+            let body = Held {
+                body: Full::new(body).map_err(|e| match e {}),
+                _room: room,
+            };
+            let req = Request::from_parts(parts, body.boxed());
             let resp = fwd.forward(&table, req, plan, peer, tls).await;
             let result = resp
                 .headers()
@@ -369,8 +474,15 @@ impl Idempotency {
                     let (parts, body) = resp.into_parts();
                     // A body that breaks midway was still applied (the head came back):
                     // record it as completed without a replayable body.
-                    let read =
-                        crate::timer::timeout_from(started, timeout, read_up_to(body, cap)).await;
+                    // Stored only while the budget has room; beyond it the rest is streamed
+                    // and the record keeps no body, as past `cap`.
+                    let mut room = Room::default();
+                    let read = crate::timer::timeout_from(
+                        started,
+                        timeout,
+                        read_up_to(body, cap, &budget, &mut room),
+                    )
+                    .await;
                     let (prefix, rest, broken) = match read {
                         Ok(Ok((prefix, rest))) => (prefix, rest, false),
                         Ok(Err(e)) if !e.is::<ReadTimedOut>() => (Bytes::new(), None, true),
@@ -418,10 +530,17 @@ impl Idempotency {
                         tracing::warn!(error = %e, "idempotency record not completed; a retry will see an unknown outcome");
                     }
                     let body = match rest {
-                        None => Full::new(prefix).map_err(|e| match e {}).boxed(),
-                        Some(rest) => Chain {
-                            first: Some(prefix),
-                            rest,
+                        None => Held {
+                            body: Full::new(prefix).map_err(|e| match e {}),
+                            _room: room,
+                        }
+                        .boxed(),
+                        Some(rest) => Held {
+                            body: Chain {
+                                first: Some(prefix),
+                                rest,
+                            },
+                            _room: room,
                         }
                         .boxed(),
                     };
@@ -521,7 +640,15 @@ fn replay(
 
 /// Reads a body up to `cap` bytes. Answers the bytes and, if the body was longer, the
 /// rest still to stream (the read part is in the bytes); `Err` if the body broke.
-async fn read_up_to(mut body: Body, cap: u64) -> Result<(Bytes, Option<Body>), BoxError> {
+/// Reads `body` until it ends or more than `cap` bytes came, each byte covered by `room`
+/// out of `budget`. Answers what was read and, if it stopped early, the rest of the body:
+/// past `cap`, or when the budget had no more room (then `room.short`).
+async fn read_up_to(
+    mut body: Body,
+    cap: u64,
+    budget: &Budget,
+    room: &mut Room,
+) -> Result<(Bytes, Option<Body>), BoxError> {
     let mut buf = BytesMut::new();
     loop {
         match body.frame().await {
@@ -529,7 +656,7 @@ async fn read_up_to(mut body: Body, cap: u64) -> Result<(Bytes, Option<Body>), B
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
                     buf.extend_from_slice(&data);
-                    if buf.len() as u64 > cap {
+                    if buf.len() as u64 > cap || !room.cover(budget, buf.len()) {
                         return Ok((buf.freeze(), Some(body)));
                     }
                 }

@@ -745,6 +745,10 @@ pub fn reload(running: &Running, path: &std::path::Path) {
         ),
         ("store", old.store.path != new.store.path),
         (
+            "idempotency.max_buffered",
+            old.idempotency.max_buffered != new.idempotency.max_buffered,
+        ),
+        (
             "fencing",
             format!("{:?}", old.fencing) != format!("{:?}", new.fencing),
         ),

@@ -105,6 +105,80 @@ async fn an_idempotent_body_without_a_length_stops_at_max_body() {
     proxy.shutdown().await;
 }
 
+/// Bodies of requests with an `Idempotency-Key` are held in memory whole (to be
+/// fingerprinted) and are bounded over all connections by `idempotency.max_buffered`: a
+/// body that finds no room gets 503 `unavailable` and nothing is forwarded (one client
+/// sending many large keyed bodies on HTTP/2 streams held gigabytes before). The room
+/// comes back once a body has been sent on.
+#[tokio::test]
+async fn keyed_bodies_held_in_memory_are_bounded_over_all_connections() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::config_text(double.addr, "10s", "0s", "10s").replacen(
+        "scope = \"report/{report}\"\nupstream = \"u\"\n",
+        "scope = \"report/{report}\"\nupstream = \"u\"\nidempotency = \"optional\"\n",
+        1,
+    ) + "\n[idempotency]\nmax_request_body = \"4KiB\"\nmax_buffered = \"6KiB\"\n";
+    let config = fencegate::config::Config::parse(&text, dir.path()).expect("config");
+    let proxy = support::start(config).await;
+    let client = Client::new(proxy.proxy_addr);
+    let body = "x".repeat(4096);
+    let keyed = |n: usize| (format!("/reports/b{n}/x"), format!("\"key-{n}\""));
+
+    // A holds room for its whole declared body while the body is still on its way.
+    let mut a = TcpStream::connect(proxy.proxy_addr).await.unwrap();
+    let head = "PUT /reports/a/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\
+                Idempotency-Key: \"key-a\"\r\nContent-Length: 4096\r\n\r\n";
+    a.write_all(head.as_bytes()).await.unwrap();
+    a.write_all(&body.as_bytes()[..100]).await.unwrap();
+
+    // Until A's head has been read, another 4 KiB body fits; after, it does not.
+    let refused = tokio::time::timeout(BOUND, async {
+        for n in 0.. {
+            let (path, key) = keyed(n);
+            let r = client
+                .send(
+                    "PUT",
+                    &path,
+                    &[("fencing-token", "1"), ("idempotency-key", &key)],
+                    &body,
+                )
+                .await;
+            if r.status != 200 {
+                return (n, r);
+            }
+        }
+        unreachable!()
+    })
+    .await
+    .expect("A's body takes its room");
+    let (n, r) = refused;
+    assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+    let (path, _) = keyed(n);
+    assert!(
+        !double.seen().iter().any(|s| s.target == path),
+        "a body without room is not forwarded"
+    );
+    // A body without a key is not held, so it is not bounded by this.
+    assert_eq!(client.put("/reports/c/x", "1", &body).await.status, 200);
+
+    // A's body arrives: it is forwarded, and its room comes back.
+    a.write_all(&body.as_bytes()[100..]).await.unwrap();
+    let (status, text) = read_answer(&mut a).await;
+    assert_eq!(status, 200, "{text}");
+    let (path, key) = keyed(n + 1);
+    let r = client
+        .send(
+            "PUT",
+            &path,
+            &[("fencing-token", "1"), ("idempotency-key", &key)],
+            &body,
+        )
+        .await;
+    assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
+    proxy.shutdown().await;
+}
+
 /// Reads one answer (head, then a body of `Content-Length` bytes) within [`BOUND`].
 async fn read_answer(s: &mut TcpStream) -> (u16, String) {
     let mut buf = Vec::new();

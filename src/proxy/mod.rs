@@ -180,8 +180,9 @@ pub(crate) struct Plan {
 
 impl Proxy {
     pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
+        let max_buffered = config.idempotency.max_buffered;
         let table = Proxy::table(config, &metrics);
-        let idempotency = Idempotency::new(gates.store().clone());
+        let idempotency = Idempotency::new(gates.store().clone(), max_buffered);
         Proxy {
             table: ArcSwap::from_pointee(table),
             gates,
