@@ -201,6 +201,31 @@ async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<
                     .await;
                 return;
             }
+            // Bodiless answers with lengths: repeated, conflicting, and on a 204.
+            "head-lengths" => {
+                if s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\nContent-Length: 5\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            "head-conflict" => {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n")
+                    .await;
+                return;
+            }
+            "no-content" => {
+                if s
+                    .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
             // A HEAD's answer: the length the body would have, and no body.
             _ if head.starts_with("HEAD ") => {
                 if s
@@ -533,6 +558,44 @@ async fn framing_headers_are_checked_whichever_way_the_request_went() {
         assert!(r.headers.get("x-secret").is_none(), "{how}: {r:?}");
         assert!(r.headers.get("connection").is_none(), "{how}: {r:?}");
     }
+    running.shutdown().await;
+}
+
+/// A bodiless answer's length is checked as any length is: a repeated one is passed on
+/// once, conflicting ones are refused (the client got a closed connection and no answer
+/// at all before: its side of the proxy could not send such a head), and a 204 loses its
+/// length (RFC 9110 §8.6).
+#[tokio::test]
+async fn lengths_on_bodiless_answers_are_checked() {
+    let (_upstream, running, client, _dir) = setup().await;
+    let head = |path: &str| {
+        let (client, path) = (client.clone(), path.to_string());
+        async move {
+            tokio::time::timeout(
+                BOUND,
+                client.send("HEAD", &path, &[("fencing-token", "1")], ""),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer within bound"))
+        }
+    };
+    let lengths = |r: &support::Resp| -> Vec<String> {
+        r.headers
+            .get_all("content-length")
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect()
+    };
+    let r = head("/head-lengths/a").await;
+    assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
+    assert_eq!(lengths(&r), ["5"]);
+    let r = head("/head-conflict/a").await;
+    assert_eq!((r.status, r.result()), (504, "upstream_timeout"), "{r:?}");
+    let r = tokio::time::timeout(BOUND, client.put("/no-content/a", "1", "x"))
+        .await
+        .expect("answered");
+    assert_eq!((r.status, r.result()), (204, "accepted"), "{r:?}");
+    assert!(lengths(&r).is_empty(), "{r:?}");
     running.shutdown().await;
 }
 

@@ -477,6 +477,13 @@ fn framing(
     headers: &mut HeaderMap,
 ) -> Result<Framing, String> {
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        // No body, but a length the client is shown (the size of what a GET would get):
+        // it is checked as any length is, or the client's side could not send it on.
+        if status == StatusCode::NO_CONTENT {
+            headers.remove(header::CONTENT_LENGTH);
+        } else {
+            content_length(headers)?;
+        }
         return Ok(Framing {
             state: State::Done,
             reusable: true,
@@ -504,6 +511,25 @@ fn framing(
             reusable: !had_length,
         });
     }
+    Ok(match content_length(headers)? {
+        Some(0) => Framing {
+            state: State::Done,
+            reusable: true,
+        },
+        Some(n) => Framing {
+            state: State::Length(n),
+            reusable: true,
+        },
+        None => Framing {
+            state: State::Close,
+            reusable: false,
+        },
+    })
+}
+
+/// The response's `Content-Length`, if any; a length repeated (in one header or several)
+/// is left as one value, and different or malformed values are an error.
+fn content_length(headers: &mut HeaderMap) -> Result<Option<u64>, String> {
     let mut length = None;
     let mut values = 0;
     for v in headers.get_all(header::CONTENT_LENGTH) {
@@ -530,20 +556,7 @@ fn framing(
     {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     }
-    Ok(match length {
-        Some(0) => Framing {
-            state: State::Done,
-            reusable: true,
-        },
-        Some(n) => Framing {
-            state: State::Length(n),
-            reusable: true,
-        },
-        None => Framing {
-            state: State::Close,
-            reusable: false,
-        },
-    })
+    Ok(length)
 }
 
 enum State {

@@ -501,8 +501,10 @@ impl Forwarder {
             // early error): part of it would then stay unread on the client's connection,
             // which hyper closes after the response, and a client that already sent its next
             // request on it sees a broken pipe. Larger or unsized bodies are streamed, and so
-            // is every HTTP/2 body (an unread one ends its own stream only; and it may carry
-            // trailers, which a body read whole here would drop).
+            // is every HTTP/2 body (an unread one ends its own stream only). Request trailers
+            // are not passed on either way (`Trailer` is stripped, and hyper's client sends
+            // only declared ones): the fence reads the head alone, and a trailer field could
+            // carry what it refuses there.
             let whole = req.version() <= http::Version::HTTP_11;
             // The upstream timeout counts from here: reading the body is part of the exchange
             // (as it was when the body streamed upstream), and the clock is read once.
