@@ -155,6 +155,9 @@ pub struct FencingConfig {
     /// waiting at its gate. Beyond either: 503 draining, so memory stays bounded.
     pub max_inflight_per_scope: usize,
     pub max_waiters_per_scope: usize,
+    /// Longest scope a fenced request may derive: each one admitted is kept in memory
+    /// while hot and on disk for good. Beyond: 400 invalid_path.
+    pub max_scope_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -282,6 +285,7 @@ struct RawFencing {
     settle: Option<String>,
     max_inflight_per_scope: Option<usize>,
     max_waiters_per_scope: Option<usize>,
+    max_scope_bytes: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -620,6 +624,12 @@ impl Config {
                 fencing.max_waiters_per_scope,
                 1024,
                 "fencing.max_waiters_per_scope",
+                &mut errors,
+            ),
+            max_scope_bytes: positive(
+                fencing.max_scope_bytes,
+                1024,
+                "fencing.max_scope_bytes",
                 &mut errors,
             ),
         };

@@ -179,6 +179,34 @@ async fn keyed_bodies_held_in_memory_are_bounded_over_all_connections() {
     proxy.shutdown().await;
 }
 
+/// A fenced request's scope is kept in memory while hot and as a mark for good, so its
+/// length is bounded (`fencing.max_scope_bytes`, 1024 by default): a path may be as long
+/// as the head allows. Unfenced requests derive no state and are not bounded by it.
+#[tokio::test]
+async fn a_scope_past_max_scope_bytes_is_invalid_path() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = proxy_with(&double, dir.path(), "", "").await;
+    let client = Client::new(proxy.proxy_addr);
+    // `report/` and 1017 bytes: exactly the limit.
+    let fits = format!("/reports/{}/x", "r".repeat(1017));
+    assert_eq!(client.put(&fits, "1", "").await.status, 200);
+    let long = format!("/reports/{}/x", "r".repeat(1018));
+    let r = client.put(&long, "1", "").await;
+    assert_eq!((r.status, r.result()), (400, "invalid_path"), "{r:?}");
+    assert!(r.body.contains("max_scope_bytes"), "{}", r.body);
+    assert!(
+        !double.seen().iter().any(|s| s.target == long),
+        "not forwarded"
+    );
+    let scope = format!("report/{}", "r".repeat(1018));
+    assert_eq!(proxy.app.gates.mark(&scope).unwrap(), None, "no mark");
+    // A read without a token is not fenced: no scope is kept.
+    let r = client.send("GET", &long, &[], "").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    proxy.shutdown().await;
+}
+
 /// Reads one answer (head, then a body of `Content-Length` bytes) within [`BOUND`].
 async fn read_answer(s: &mut TcpStream) -> (u16, String) {
     let mut buf = Vec::new();

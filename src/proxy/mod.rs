@@ -403,6 +403,17 @@ impl Proxy {
             }
             Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
         };
+        // An admitted scope is kept in memory while hot and as a mark for good: its length
+        // is bounded (a path may be up to the head's size).
+        if scope.len() > config.fencing.max_scope_bytes {
+            return Err(at(Outcome::InvalidPath {
+                detail: format!(
+                    "the path's scope would be {} bytes, more than fencing.max_scope_bytes ({})",
+                    scope.len(),
+                    config.fencing.max_scope_bytes
+                ),
+            }));
+        }
         check_scope_header(head.scope, &scope).map_err(|_| {
             at(Outcome::ScopeMismatch {
                 scope: scope.clone(),
