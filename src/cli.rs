@@ -121,6 +121,9 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         Command::CheckConfig { config } => {
             let c = load(&config)?;
             print!("{}", c.describe());
+            for w in c.warnings() {
+                println!("warning: {w}");
+            }
             println!("{}: OK", config.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -153,6 +156,9 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
 
 async fn serve(path: PathBuf, config: Config) -> Result<ExitCode, ExitCode> {
     use tokio::signal::unix::{SignalKind, signal};
+    for w in config.warnings() {
+        tracing::warn!("{w}");
+    }
     let running = crate::server::start(config, None).await.map_err(|e| {
         eprintln!("fencegate: {e}");
         ExitCode::from(1)

@@ -777,6 +777,36 @@ impl Config {
     }
 
     /// A short human description of what was understood, for `check-config`.
+    /// What the file allows but is likely a mistake: printed by `check-config`, logged at
+    /// start-up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            if !r.fenced {
+                continue;
+            }
+            if let Some((a, b)) = r.scope.ambiguous_captures(&r.path) {
+                out.push(format!(
+                    "route `{}`: scope `{}` joins captures `{a}` and `{b}` without a `/` between them, and a capture may hold any other character: two different paths can share one scope (and one mark)",
+                    r.name, r.scope
+                ));
+            }
+            for e in &self.routes[..i] {
+                let hosts_meet = e.host.is_none() || r.host.is_none() || e.host == r.host;
+                if e.fenced || !hosts_meet {
+                    continue;
+                }
+                if let Some(example) = e.path.overlap(&r.path) {
+                    out.push(format!(
+                        "route `{}` is fenced, but pass-through route `{}` ({}) comes first and takes some of its paths (such as {example}): those are forwarded unfenced",
+                        r.name, e.name, e.path
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     pub fn describe(&self) -> String {
         let mut out = format!(
             "listen {}{}  admin {}  store {}\n",
@@ -1086,6 +1116,89 @@ upstream = "objects"
             );
         }
         errs
+    }
+
+    /// Allowed, but likely mistakes: warned about, not refused.
+    #[test]
+    fn warns_of_shared_scopes_and_pass_through_routes_over_fenced_paths() {
+        let routes = r#"
+[[route]]
+name = "public"
+path = "/{x}/{y}/{z}"
+upstream = "objects"
+fenced = false
+[[route]]
+name = "kv"
+path = "/kv/{bucket}/{*key}"
+scope = "kv/{bucket}:{key}"
+upstream = "objects"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*rest}"
+scope = "report/{report}"
+upstream = "objects"
+[[route]]
+name = "files"
+path = "/files/{a}/{*rest}"
+scope = "f/{a}/{rest}"
+upstream = "objects"
+host = "files.example"
+[[route]]
+name = "other-host"
+path = "/{p}"
+upstream = "objects"
+fenced = false
+host = "other.example"
+[[route]]
+name = "top"
+path = "/{q}"
+scope = "top/{q}"
+upstream = "objects"
+"#;
+        let text = GOOD
+            .split("[[route]]")
+            .next()
+            .unwrap_or_default()
+            .to_string()
+            + routes;
+        let c = Config::parse(&text, Path::new(".")).expect("a config with warnings loads");
+        let w = c.warnings();
+        let has = |needle: &str| w.iter().any(|x| x.contains(needle));
+        assert!(
+            has("route `kv`: scope `kv/{bucket}:{key}` joins captures `bucket` and `key`"),
+            "{w:#?}"
+        );
+        assert!(
+            has("route `kv` is fenced, but pass-through route `public`"),
+            "{w:#?}"
+        );
+        assert!(has("(such as /kv/a/a)"), "{w:#?}");
+        assert!(
+            has(
+                "route `reports` is fenced, but pass-through route `public` (/{x}/{y}/{z}) comes first and takes some of its paths (such as /reports/a/a)"
+            ),
+            "{w:#?}"
+        );
+        assert!(
+            has("route `files` is fenced, but pass-through route `public`"),
+            "{w:#?}"
+        );
+        // A pass-through route for one host takes that host's paths of a route for all.
+        assert!(
+            has(
+                "route `top` is fenced, but pass-through route `other-host` (/{p}) comes first and takes some of its paths (such as /a)"
+            ),
+            "{w:#?}"
+        );
+        // Another host (`files` after `other-host`), or no common path (`top` after
+        // `public`): nothing to say.
+        assert_eq!(w.len(), 5, "{w:#?}");
+        assert!(
+            Config::parse(GOOD, Path::new("."))
+                .unwrap()
+                .warnings()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -220,6 +220,41 @@ impl PathTemplate {
         (path.len() == self.segments.len()).then_some(caps)
     }
 
+    /// A path that both templates match, if there is one (written with `a` for a capture
+    /// that the other template leaves free).
+    pub fn overlap(&self, other: &PathTemplate) -> Option<String> {
+        let mut path = String::new();
+        for i in 0.. {
+            let seg = match (self.segments.get(i), other.segments.get(i)) {
+                (None, None) => return Some(if path.is_empty() { "/".into() } else { path }),
+                (None, Some(_)) | (Some(_), None) => return None,
+                (Some(Segment::CatchAll(_)), Some(rest))
+                | (Some(rest), Some(Segment::CatchAll(_))) => {
+                    // The catch-all takes whatever the other one needs from here on.
+                    let tail = if std::ptr::eq(rest, &self.segments[i]) {
+                        self
+                    } else {
+                        other
+                    };
+                    for s in &tail.segments[i..] {
+                        path.push('/');
+                        path.push_str(match s {
+                            Segment::Literal(l) => l,
+                            _ => "a",
+                        });
+                    }
+                    return Some(path);
+                }
+                (Some(Segment::Literal(a)), Some(Segment::Literal(b))) if a != b => return None,
+                (Some(Segment::Literal(l)), _) | (_, Some(Segment::Literal(l))) => l.as_str(),
+                (Some(_), Some(_)) => "a",
+            };
+            path.push('/');
+            path.push_str(seg);
+        }
+        None
+    }
+
     /// True when every path this template matches is also matched by `earlier`
     /// (so a later route with this template can never be reached).
     pub fn is_covered_by(&self, earlier: &PathTemplate) -> bool {
@@ -342,6 +377,28 @@ impl ScopeTemplate {
 
     pub fn is_constant(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, ScopePart::Text(_)))
+    }
+
+    /// Two captures of `path` that this template joins with no `/` between them, if any:
+    /// a capture may hold any character but `/`, so two paths can render one scope
+    /// (`{a}:{b}` gives `x:y:z` for `x:y` and `z`, and for `x` and `y:z`).
+    pub fn ambiguous_captures(&self, path: &PathTemplate) -> Option<(String, String)> {
+        let names: Vec<&str> = path.captures().collect();
+        let mut last: Option<usize> = None;
+        let mut slash = false;
+        for part in &self.parts {
+            match part {
+                ScopePart::Text(t) => slash |= t.contains('/'),
+                ScopePart::Capture(i) => {
+                    if let Some(prev) = last.filter(|_| !slash) {
+                        let name = |k: usize| names.get(k).map_or("?", |n| *n).to_string();
+                        return Some((name(prev), name(*i)));
+                    }
+                    (last, slash) = (Some(*i), false);
+                }
+            }
+        }
+        None
     }
 
     pub fn render(&self, caps: &[Capture<'_>]) -> String {
@@ -575,6 +632,31 @@ mod tests {
             scope_of("/reports/{r}/{*rest}", "report/{r}", "/reports/july;v=1/x").as_deref(),
             Some("report/july")
         );
+    }
+
+    #[test]
+    fn overlaps_and_shared_scopes() {
+        let t = |p: &str| PathTemplate::parse(p).unwrap();
+        let o = |a: &str, b: &str| t(a).overlap(&t(b));
+        assert_eq!(o("/a/{x}", "/{y}/b").as_deref(), Some("/a/b"));
+        assert_eq!(o("/a/{x}", "/b/{y}"), None);
+        assert_eq!(o("/a/{x}", "/a/{x}/c"), None);
+        assert_eq!(o("/a/{*r}", "/{y}/b/c").as_deref(), Some("/a/b/c"));
+        assert_eq!(o("/{y}/b/c", "/a/{*r}").as_deref(), Some("/a/b/c"));
+        assert_eq!(o("/a/{*r}", "/a"), None);
+        assert_eq!(o("/{*r}", "/{*s}").as_deref(), Some("/a"));
+        assert_eq!(o("/", "/").as_deref(), Some("/"));
+        let amb = |p: &str, s: &str| {
+            ScopeTemplate::parse(s, &t(p))
+                .unwrap()
+                .ambiguous_captures(&t(p))
+        };
+        assert_eq!(amb("/{a}/{b}", "s/{a}/{b}"), None);
+        assert_eq!(amb("/{a}/{*b}", "{a}/x/{b}"), None);
+        assert_eq!(amb("/{a}/{*b}", "{b}/{a}"), None);
+        assert_eq!(amb("/{a}/{b}", "s/{a}-{b}"), Some(("a".into(), "b".into())));
+        assert_eq!(amb("/{a}/{b}", "{b}{a}"), Some(("b".into(), "a".into())));
+        assert_eq!(amb("/{a}/{b}", "s/{a}"), None);
     }
 
     #[test]

@@ -733,6 +733,9 @@ pub fn reload(running: &Running, path: &std::path::Path) {
             return;
         }
     };
+    for w in new.warnings() {
+        tracing::warn!("{w}");
+    }
     let old = running.app.proxy.config();
     let fixed = [
         (
