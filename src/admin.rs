@@ -189,6 +189,11 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                         "Tokens of a lower epoch are stale everywhere.",
                         floor,
                     ),
+                    (
+                        "fencegate_idempotency_buffered_bytes",
+                        "Bytes of bodies held in memory for requests with an Idempotency-Key (bounded by idempotency.max_buffered).",
+                        app.proxy.idempotency().buffered() as f64,
+                    ),
                 ],
             );
             respond(StatusCode::OK, "text/plain; version=0.0.4", text)

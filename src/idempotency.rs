@@ -130,7 +130,10 @@ pub struct Idempotency {
 /// memory, over all connections (`idempotency.max_buffered`): a request body is read
 /// whole before it is forwarded, and a response body is read to be stored.
 #[derive(Clone)]
-struct Budget(Arc<tokio::sync::Semaphore>);
+struct Budget {
+    room: Arc<tokio::sync::Semaphore>,
+    size: usize,
+}
 
 /// Room taken from a [`Budget`], given back when dropped.
 #[derive(Default)]
@@ -149,7 +152,7 @@ impl Room {
         };
         let got = u32::try_from(more)
             .ok()
-            .and_then(|n| budget.0.clone().try_acquire_many_owned(n).ok());
+            .and_then(|n| budget.room.clone().try_acquire_many_owned(n).ok());
         match (got, self.permit.as_mut()) {
             (Some(p), Some(have)) => have.merge(p),
             (Some(p), None) => self.permit = Some(p),
@@ -200,8 +203,16 @@ impl Idempotency {
         Idempotency {
             store,
             boot,
-            budget: Budget(Arc::new(tokio::sync::Semaphore::new(permits))),
+            budget: Budget {
+                room: Arc::new(tokio::sync::Semaphore::new(permits)),
+                size: permits,
+            },
         }
+    }
+
+    /// Bytes of bodies held in memory for requests with a key right now.
+    pub fn buffered(&self) -> usize {
+        self.budget.size - self.budget.room.available_permits()
     }
 
     /// Deletes every expired record, in bounded batches; answers how many went.
