@@ -65,6 +65,9 @@ impl Upstream {
 
 async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<Notify>) {
     let mut buf = Vec::new();
+    // `drop-next` answers, then closes the connection on its next request without a word
+    // (a keep-alive timeout that races the proxy's reuse of the connection).
+    let mut drop_next = false;
     loop {
         // One request head (and a Content-Length body, if any).
         let end = loop {
@@ -94,7 +97,11 @@ async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<
         buf.drain(..end + length);
         let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
         log.lock().expect("log").requests.push((conn, path.clone()));
+        if drop_next {
+            return;
+        }
         let kind = path.trim_start_matches('/').split('/').next().unwrap_or("");
+        drop_next = kind == "drop-next";
         match kind {
             "big" => {
                 let body = vec![b'b'; 8 << 20];
@@ -596,6 +603,47 @@ async fn lengths_on_bodiless_answers_are_checked() {
         .expect("answered");
     assert_eq!((r.status, r.result()), (204, "accepted"), "{r:?}");
     assert!(lengths(&r).is_empty(), "{r:?}");
+    running.shutdown().await;
+}
+
+/// A pooled connection the upstream closes without answering just as a request goes out
+/// on it (its keep-alive timeout racing the reuse): a safe method is sent again on a new
+/// connection, as nginx does, instead of answering 504; any other method may have been
+/// acted on, so it is answered as sent (504, outcome unknown).
+#[tokio::test]
+async fn a_safe_request_on_a_connection_closed_unanswered_is_sent_again() {
+    let (upstream, running, client, _dir) = setup().await;
+    let get = |path: &str| {
+        let (client, path) = (client.clone(), path.to_string());
+        async move {
+            tokio::time::timeout(BOUND, client.send("GET", &path, &[], ""))
+                .await
+                .unwrap_or_else(|_| panic!("{path}: no answer within bound"))
+        }
+    };
+    assert_eq!(get("/drop-next/a").await.status, 200);
+    let r = get("/keep/b").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ok"), "{r:?}");
+    let sent: Vec<usize> = upstream
+        .requests()
+        .iter()
+        .filter(|(_, p)| p == "/keep/b")
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(sent.len(), 2, "sent twice: {sent:?}");
+    assert_ne!(sent[0], sent[1], "the second time on a new connection");
+
+    assert_eq!(get("/drop-next/c").await.status, 200);
+    let r = tokio::time::timeout(BOUND, client.put("/keep/d", "1", "x"))
+        .await
+        .expect("answered");
+    assert_eq!((r.status, r.result()), (504, "upstream_timeout"), "{r:?}");
+    let puts = upstream
+        .requests()
+        .iter()
+        .filter(|(_, p)| p == "/keep/d")
+        .count();
+    assert_eq!(puts, 1, "a PUT is not sent again");
     running.shutdown().await;
 }
 

@@ -63,6 +63,8 @@ pub struct Error {
     /// Nothing reached the upstream (so it cannot act on the request).
     pub not_sent: bool,
     pub detail: String,
+    /// The upstream closed the connection without a byte of answer.
+    unanswered: bool,
 }
 
 impl Error {
@@ -70,6 +72,7 @@ impl Error {
         Error {
             not_sent: true,
             detail: detail.into(),
+            unanswered: false,
         }
     }
 
@@ -77,6 +80,7 @@ impl Error {
         Error {
             not_sent: false,
             detail: detail.into(),
+            unanswered: false,
         }
     }
 }
@@ -159,8 +163,13 @@ impl H1Pool {
         let authority =
             authority.ok_or_else(|| Error::not_sent("upstream URL has no authority"))?;
         let out = encode(parts, extra, authority, body);
+        // Safe methods (RFC 9110 §9.2.1) may be sent again when nothing came back.
+        let safe = matches!(
+            parts.method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        );
         let mut attempt = 0;
-        let mut conn = loop {
+        let (conn, mut head) = loop {
             attempt += 1;
             let pooled = if attempt <= MAX_STALE_RETRIES {
                 self.take(authority)
@@ -173,14 +182,22 @@ impl H1Pool {
                 None => self.connect(authority, connect_by).await?,
             };
             match write_all(&mut conn.io, &out).await {
-                Ok(()) => break conn,
+                Ok(()) => {}
                 // Closed while idle, and nothing left: another connection may take it.
                 Err((0, _)) if reused => continue,
                 Err((0, e)) => return Err(Error::not_sent(format!("write to {authority}: {e}"))),
                 Err((_, e)) => return Err(Error::sent(format!("write to {authority}: {e}"))),
             }
+            match read_head(&mut conn).await {
+                Ok(head) => break (conn, head),
+                // A reused connection the upstream closed without a word as the request
+                // went out (its keep-alive timeout racing ours): a safe method goes again,
+                // on a new connection once the pool's stale ones are used up, as nginx
+                // does. Any other method may have been acted on: answered as sent (504).
+                Err(e) if e.unanswered && reused && safe => continue,
+                Err(e) => return Err(e),
+            }
         };
-        let mut head = read_head(&mut conn).await?;
         let framing = framing(head.status, parts.method == Method::HEAD, &mut head.headers)
             .map_err(Error::sent)?;
         let reusable = head.keep_alive && framing.reusable;
@@ -338,6 +355,7 @@ struct Head {
 
 /// Reads until a final (non-1xx) response head has arrived; consumes it from the buffer.
 async fn read_head(conn: &mut Conn) -> Result<Head, Error> {
+    let mut interim = false;
     loop {
         if let Some(head) = parse_head(&mut conn.buf)? {
             if head.status.is_informational() {
@@ -346,6 +364,7 @@ async fn read_head(conn: &mut Conn) -> Result<Head, Error> {
                 if head.status == StatusCode::SWITCHING_PROTOCOLS {
                     return Err(Error::sent("the upstream switched protocols unasked"));
                 }
+                interim = true;
                 continue;
             }
             return Ok(head);
@@ -355,11 +374,14 @@ async fn read_head(conn: &mut Conn) -> Result<Head, Error> {
         }
         match std::future::poll_fn(|cx| conn.poll_fill(cx)).await {
             Ok(0) => {
-                return Err(Error::sent(if conn.buf.is_empty() {
+                let unanswered = conn.buf.is_empty() && !interim;
+                let mut e = Error::sent(if unanswered {
                     "the upstream closed the connection before answering"
                 } else {
                     "the upstream closed the connection mid-head"
-                }));
+                });
+                e.unanswered = unanswered;
+                return Err(e);
             }
             Ok(_) => {}
             Err(e) => return Err(Error::sent(format!("reading the upstream's answer: {e}"))),
