@@ -761,7 +761,8 @@ fn underscore_alias(name: &str, token_name: &str) -> bool {
         .into_iter()
         .chain(METHOD_OVERRIDES.iter().map(|h| h.as_str()))
         .chain(RETARGETS.iter().map(|h| h.as_str()))
-        .any(same)
+        // A configured token header may itself have `_`: that name is the header.
+        .any(|known| known != name && same(known))
 }
 
 /// The request's host without port (see [`route::host_of`]), for `host =` routes. The
@@ -835,5 +836,31 @@ fn check_scope_header(seen: Seen<'_>, scope: &str) -> Result<(), ()> {
         Seen::None => Ok(()),
         Seen::One(v) if v.as_bytes() == scope.as_bytes() => Ok(()),
         _ => Err(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::underscore_alias;
+
+    #[test]
+    fn underscore_aliases_of_the_headers_the_fence_reads() {
+        let token = "fencing-token";
+        for alias in [
+            "x_http_method_override",
+            "x-http_method",
+            "x_original_url",
+            "fencing_scope",
+            "fencing_token",
+        ] {
+            assert!(underscore_alias(alias, token), "{alias}");
+        }
+        for other in ["x_trace_id", "x_http_method_overrides", "fencing__token"] {
+            assert!(!underscore_alias(other, token), "{other}");
+        }
+        // A configured token header with `_` is that header, not an alias of it; its dashed
+        // spelling is not an alias either (only `_` stands for `-`).
+        assert!(!underscore_alias("x_fence", "x_fence"));
+        assert!(underscore_alias("x_fencing_token", "x-fencing-token"));
     }
 }
