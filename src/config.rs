@@ -785,6 +785,12 @@ impl Config {
             if !r.fenced {
                 continue;
             }
+            if r.equal == EqualPolicy::Reject && r.idempotency != crate::idempotency::Mode::Off {
+                out.push(format!(
+                    "route `{}`: idempotency with equal = \"reject\": a retry with the same token is stale_fence before its Idempotency-Key is looked at, so keys replay nothing here",
+                    r.name
+                ));
+            }
             if let Some((a, b)) = r.scope.ambiguous_captures(&r.path) {
                 out.push(format!(
                     "route `{}`: scope `{}` joins captures `{a}` and `{b}` without a `/` between them, and a capture may hold any other character: two different paths can share one scope (and one mark)",
@@ -1154,6 +1160,8 @@ name = "top"
 path = "/{q}"
 scope = "top/{q}"
 upstream = "objects"
+equal = "reject"
+idempotency = "optional"
 "#;
         let text = GOOD
             .split("[[route]]")
@@ -1192,7 +1200,11 @@ upstream = "objects"
         );
         // Another host (`files` after `other-host`), or no common path (`top` after
         // `public`): nothing to say.
-        assert_eq!(w.len(), 5, "{w:#?}");
+        assert!(
+            has("route `top`: idempotency with equal = \"reject\""),
+            "{w:#?}"
+        );
+        assert_eq!(w.len(), 6, "{w:#?}");
         assert!(
             Config::parse(GOOD, Path::new("."))
                 .unwrap()

@@ -238,7 +238,7 @@ impl Idempotency {
         let refuse = |plan: &mut Plan, outcome: Outcome| {
             // Nothing was forwarded under this admission.
             if let Some(g) = plan.guard.as_mut() {
-                g.complete();
+                g.not_forwarded();
             }
             fwd.refuse(&table, route_idx, outcome)
         };
@@ -377,7 +377,7 @@ impl Idempotency {
             let refuse = |plan: &mut Plan, outcome: Outcome| {
                 // Nothing was forwarded under this admission.
                 if let Some(g) = plan.guard.as_mut() {
-                    g.complete();
+                    g.not_forwarded();
                 }
                 fwd.refuse(&table, route_idx, outcome)
             };
@@ -457,12 +457,11 @@ impl Idempotency {
             let held = plan.guard.as_ref().map(InflightGuard::hold);
             // The body's deadline counts from here, as the head's does in `forward`.
             let started = std::time::Instant::now();
-            let body = Held {
-                body: Full::new(body).map_err(|e| match e {}),
-                _room: room,
-            };
-            let req = Request::from_parts(parts, body.boxed());
+            let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
             let resp = fwd.forward(&table, req, plan, peer, tls).await;
+            // The body's room is given back once the exchange has its answer: a body in
+            // memory is kept (or queued to be written) until then, whichever way it went.
+            drop(room);
             let result = resp
                 .headers()
                 .get(FENCING_RESULT)

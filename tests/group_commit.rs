@@ -364,7 +364,6 @@ async fn a_hung_idempotency_claim_answers_unavailable_and_is_released() {
     assert_eq!(client.put("/idem/h", "3", "").await.status, 200);
 
     disk.hold();
-    let started = std::time::Instant::now();
     let c = client.clone();
     let keyed = tokio::spawn(async move {
         c.send("PUT", "/idem/h", &[("fencing-token", "3"), key], "once")
@@ -377,10 +376,6 @@ async fn a_hung_idempotency_claim_answers_unavailable_and_is_released() {
         .unwrap();
     assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
     assert!(disk.syncing(), "the claim is still held");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(15),
-        "answered by the commit deadline, not later"
-    );
     let forwarded = |d: &Double| d.seen().iter().filter(|s| s.target == "/idem/h").count();
     assert_eq!(
         forwarded(&double),
@@ -415,4 +410,49 @@ async fn a_hung_idempotency_claim_answers_unavailable_and_is_released() {
     assert_eq!((again.status, again.result()), (200, "duplicate"));
     assert_eq!(forwarded(&double), 2);
     proxy.shutdown().await;
+}
+
+/// On an `equal = "reject"` route: an advance whose commit did not land in time (503
+/// `unavailable`, "retry with the same token") and landed later was never forwarded, so
+/// its token still admits the retry, once (it was `stale_fence` for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_commit_leaves_its_token_to_the_retry_on_a_reject_route() {
+    use fencegate::config::EqualPolicy::Reject;
+    use fencegate::fence::Refusal;
+    use fencegate::token::Token;
+    use std::time::Duration;
+
+    let disk = Disk::new();
+    let (_store, gates) = gates_on(&disk, Duration::from_millis(300));
+    let token = Token::new(0, 7);
+    disk.hold();
+    let g = gates.clone();
+    let first = tokio::spawn(async move { g.admit("s", token, Reject).await });
+    until_syncing(&disk).await;
+    let refused = tokio::time::timeout(support::BOUND, first)
+        .await
+        .expect("answered while the commit still hangs")
+        .unwrap();
+    assert_eq!(refused.unwrap_err(), Refusal::Unavailable);
+    disk.release();
+    tokio::time::timeout(support::BOUND, async {
+        while gates.mark("s").unwrap() != Some(token) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the commit lands and the gate learns it");
+    let retry = tokio::time::timeout(support::BOUND, gates.admit("s", token, Reject))
+        .await
+        .expect("answered within the bound")
+        .expect("the retry is admitted");
+    assert!(retry.advanced, "it takes the advance nobody used");
+    let again = gates.admit("s", token, Reject).await.unwrap_err();
+    assert_eq!(
+        again,
+        Refusal::Stale {
+            highest: Some(token)
+        },
+        "once"
+    );
 }

@@ -132,12 +132,26 @@ pub struct InflightGuard {
     token: Token,
     settle: Duration,
     completed: bool,
+    /// This admission's request advanced the mark (or took an unclaimed advance).
+    advanced: bool,
+    /// Nothing of this admission reached the upstream (see [`InflightGuard::not_forwarded`]).
+    unused: bool,
 }
 
 impl InflightGuard {
     /// The upstream answered (or provably never received the request).
     pub fn complete(&mut self) {
         self.completed = true;
+    }
+
+    /// The request was refused after admission and nothing of it reached the upstream
+    /// (a 502 before sending, a refused or unreadable body, an idempotency refusal).
+    /// If it advanced the mark, its token still admits one request on an
+    /// `equal = "reject"` route: the retry those answers ask for (see
+    /// [`GateState::unclaimed`]).
+    pub fn not_forwarded(&mut self) {
+        self.completed = true;
+        self.unused = true;
     }
 
     pub fn token(&self) -> Token {
@@ -157,6 +171,8 @@ impl InflightGuard {
             token: self.token,
             settle: self.settle,
             completed: false,
+            advanced: false,
+            unused: false,
         }
     }
 }
@@ -177,6 +193,9 @@ impl Drop for InflightGuard {
             });
             st.last_used = Some(now);
         }
+        if self.unused && self.advanced {
+            unclaim(&mut st, self.token);
+        }
         drop(st);
         self.gate.notify.notify_waiters();
     }
@@ -188,6 +207,9 @@ struct PendingCommit {
     rx: Option<oneshot::Receiver<Result<Token, StoreError>>>,
     gate: Arc<Gate>,
     token: Token,
+    /// A request's advance (not an admin raise): if it lands with nobody waiting, the
+    /// request was never forwarded and its token is left unclaimed.
+    for_request: bool,
 }
 
 impl PendingCommit {
@@ -197,7 +219,7 @@ impl PendingCommit {
             None => Err(writer_stopped()),
         };
         self.rx = None;
-        finish_commit(&self.gate, self.token, &result);
+        finish_commit(&self.gate, self.token, &result, false);
         result
     }
 }
@@ -211,6 +233,7 @@ impl Drop for PendingCommit {
             rx: Some(rx),
             gate: self.gate.clone(),
             token: self.token,
+            for_request: self.for_request,
         };
         // With no runtime, or one shutting down (which drops the task unrun), `finish` is
         // dropped unfinished and clears the advance there and then.
@@ -227,6 +250,7 @@ struct Finish {
     rx: Option<oneshot::Receiver<Result<Token, StoreError>>>,
     gate: Arc<Gate>,
     token: Token,
+    for_request: bool,
 }
 
 impl Finish {
@@ -236,29 +260,31 @@ impl Finish {
             None => return,
         };
         self.rx = None;
-        finish_commit(&self.gate, self.token, &result);
         // Its request is gone (or was answered `unavailable`): nobody used the token.
-        if result.is_ok() {
-            leave_unclaimed(&self.gate, self.token);
-        }
+        finish_commit(&self.gate, self.token, &result, self.for_request);
     }
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
         if self.rx.take().is_some() {
-            finish_commit(&self.gate, self.token, &Err(writer_stopped()));
+            finish_commit(&self.gate, self.token, &Err(writer_stopped()), false);
         }
     }
 }
 
-/// `token`'s advance landed and no request of it was forwarded: if it is still the mark,
-/// its retry may use it (see [`GateState::unclaimed`]).
-fn leave_unclaimed(gate: &Gate, token: Token) {
-    let mut st = gate.lock();
+/// Under the gate's lock: `token`'s advance landed and no request of it was forwarded. If
+/// it is still the mark, its retry may use it (see [`GateState::unclaimed`]); the gate is
+/// kept from the sweep for `IDLE_TTL` from now, so that the retry finds it.
+fn unclaim(st: &mut GateState, token: Token) {
     if st.current == Some(token) {
         st.unclaimed = Some(token);
+        st.last_used = Some(Instant::now());
     }
+}
+
+fn leave_unclaimed(gate: &Gate, token: Token) {
+    unclaim(&mut gate.lock(), token);
 }
 
 /// A request that advanced the mark (or took an unclaimed advance) and has not been
@@ -282,14 +308,17 @@ impl Drop for Claim<'_> {
 }
 
 /// A commit of `token` landed (or failed): the gate takes the stored mark and wakes its
-/// waiters.
-fn finish_commit(gate: &Gate, token: Token, result: &Result<Token, StoreError>) {
+/// waiters. `unclaimed`: nobody waits for it any more, and nothing of it was forwarded.
+fn finish_commit(gate: &Gate, token: Token, result: &Result<Token, StoreError>, unclaimed: bool) {
     let mut st = gate.lock();
     if st.advancing == Some(token) {
         st.advancing = None;
     }
     if let Ok(stored) = result {
         st.current = st.current.max(Some(*stored));
+        if unclaimed {
+            unclaim(&mut st, token);
+        }
     }
     drop(st);
     gate.notify.notify_waiters();
@@ -570,6 +599,7 @@ impl Gates {
                         &gate,
                         token,
                         commit_deadline(arrived, self.drain_timeout),
+                        true,
                     )
                     .await?;
                     advanced = true;
@@ -688,6 +718,8 @@ impl Gates {
                         token,
                         settle: self.settle,
                         completed: false,
+                        advanced: *advanced,
+                        unused: false,
                     },
                     advanced: *advanced,
                     waited,
@@ -701,21 +733,24 @@ impl Gates {
     /// the gate never believes an advance is still under way. A commit that has not
     /// landed by `deadline` (a hung fsync) is answered `Unavailable`; the commit is then
     /// left to that task as if the request had gone away.
+    /// `for_request`: the advance of a request (not an admin raise).
     async fn commit(
         &self,
         key: &Arc<str>,
         gate: &Arc<Gate>,
         token: Token,
         deadline: Instant,
+        for_request: bool,
     ) -> Result<Token, Refusal> {
         let pending = match self.store.begin_advance(key.clone(), token) {
             Ok(rx) => PendingCommit {
                 rx: Some(rx),
                 gate: gate.clone(),
                 token,
+                for_request,
             },
             Err(e) => {
-                finish_commit(gate, token, &Err(e));
+                finish_commit(gate, token, &Err(e), false);
                 return Err(Refusal::Unavailable);
             }
         };
@@ -739,6 +774,7 @@ impl Gates {
             &gate,
             token,
             commit_deadline(Instant::now(), self.drain_timeout),
+            false,
         )
         .await
     }
@@ -908,6 +944,10 @@ mod tests {
         );
         old.guard.complete();
         drop(old);
+        // The gate (and what it remembers) outlives an idle sweep until its retry comes.
+        tokio::time::advance(IDLE_TTL - Duration::from_millis(500)).await;
+        g.sweep();
+        assert_eq!(g.len(), 1, "kept for the retry");
         let mut retry = g.admit("s", t7, reject).await.expect("the retry of 7");
         assert!(retry.advanced, "it is the token's first request");
         assert_eq!(
@@ -930,14 +970,25 @@ mod tests {
         drop(retry);
         assert!(g.admit("s", t9, reject).await.is_err());
 
+        // Admitted, then refused before anything reached the upstream (a 502 before
+        // sending, an idempotency refusal): the retry gets through, once.
+        let t95 = Token::new(0, 95);
+        let mut first = g.admit("s", t95, reject).await.expect("95");
+        first.guard.not_forwarded();
+        drop(first);
+        let mut retry = g.admit("s", t95, reject).await.expect("the retry of 95");
+        retry.guard.complete();
+        drop(retry);
+        assert!(g.admit("s", t95, reject).await.is_err(), "once");
+
         // A token that a request was forwarded with is used, whatever route took it.
-        let t10 = Token::new(0, 10);
-        let mut old = g.admit("s", t10, reject).await.expect("10");
-        let t11 = Token::new(0, 11);
-        assert!(g.admit("s", t11, reject).await.is_err(), "11 drains out");
+        let t10 = Token::new(0, 100);
+        let mut old = g.admit("s", t10, reject).await.expect("100");
+        let t11 = Token::new(0, 101);
+        assert!(g.admit("s", t11, reject).await.is_err(), "101 drains out");
         old.guard.complete();
         drop(old);
-        let mut by_accept = g.admit("s", t11, EqualPolicy::Accept).await.expect("11");
+        let mut by_accept = g.admit("s", t11, EqualPolicy::Accept).await.expect("101");
         by_accept.guard.complete();
         drop(by_accept);
         assert_eq!(

@@ -542,7 +542,7 @@ impl Forwarder {
                             Ok(Ok(bytes)) => Ok(bytes),
                             Ok(Err(_)) | Err(_) => {
                                 if let Some(g) = guard.as_mut() {
-                                    g.complete();
+                                    g.not_forwarded();
                                 }
                                 return fail(Outcome::InvalidRequest {
                                     detail: "the request body could not be read (in time)".into(),
@@ -564,7 +564,7 @@ impl Forwarder {
                 Ok(added) => added,
                 Err(e) => {
                     if let Some(g) = guard.as_mut() {
-                        g.complete();
+                        g.not_forwarded();
                     }
                     return fail(Outcome::InvalidRequest {
                         detail: format!("cannot forward: {e}"),
@@ -634,9 +634,10 @@ impl Forwarder {
                     })
                 }
                 Ok(Err(e)) if e.not_sent => {
-                    // Never reached the upstream: nothing to settle.
+                    // Never reached the upstream: nothing to settle, and the token was not
+                    // used (the answer says retry).
                     if let Some(g) = guard.as_mut() {
-                        g.complete();
+                        g.not_forwarded();
                     }
                     fail(Outcome::UpstreamUnavailable {
                         scope,
