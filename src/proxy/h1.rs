@@ -163,13 +163,8 @@ impl H1Pool {
         let authority =
             authority.ok_or_else(|| Error::not_sent("upstream URL has no authority"))?;
         let out = encode(parts, extra, authority, body);
-        // Safe methods (RFC 9110 §9.2.1) may be sent again when nothing came back.
-        let safe = matches!(
-            parts.method,
-            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
-        );
         let mut attempt = 0;
-        let (conn, mut head) = loop {
+        let (mut conn, reused) = loop {
             attempt += 1;
             let pooled = if attempt <= MAX_STALE_RETRIES {
                 self.take(authority)
@@ -182,24 +177,33 @@ impl H1Pool {
                 None => self.connect(authority, connect_by).await?,
             };
             match write_all(&mut conn.io, &out).await {
-                Ok(()) => {}
+                Ok(()) => break (conn, reused),
                 // Closed while idle, and nothing left: another connection may take it.
                 Err((0, _)) if reused => continue,
                 Err((0, e)) => return Err(Error::not_sent(format!("write to {authority}: {e}"))),
                 Err((_, e)) => return Err(Error::sent(format!("write to {authority}: {e}"))),
             }
-            match read_head(&mut conn).await {
-                Ok(head) => break (conn, head),
-                // A reused connection the upstream closed without a word as the request
-                // went out (its keep-alive timeout racing ours): a safe method goes again,
-                // on a new connection once the pool's stale ones are used up, as nginx
-                // does. Any other method may have been acted on: answered as sent (504).
-                Err(e) if e.unanswered && reused && safe => continue,
-                Err(e) => return Err(e),
-            }
         };
-        let framing = framing(head.status, parts.method == Method::HEAD, &mut head.headers)
-            .map_err(Error::sent)?;
+        let mut head = match read_head(&mut conn).await {
+            Ok(head) => head,
+            // A reused connection the upstream closed without a word as the request went
+            // out (its keep-alive timeout racing ours): a safe method (RFC 9110 §9.2.1)
+            // goes again on a new connection, as nginx does. Any other method may have
+            // been acted on: answered as sent (504).
+            Err(e) if e.unanswered && reused && is_safe(&parts.method) => {
+                let (fresh, head) = Box::pin(self.send_fresh(authority, &out, connect_by)).await?;
+                conn = fresh;
+                head
+            }
+            Err(e) => return Err(e),
+        };
+        let framing = framing(
+            head.status,
+            parts.method == Method::HEAD,
+            head.has_length,
+            &mut head.headers,
+        )
+        .map_err(Error::sent)?;
         let reusable = head.keep_alive && framing.reusable;
         let mut response = Response::new(());
         *response.status_mut() = head.status;
@@ -216,6 +220,24 @@ impl H1Pool {
         };
         body.take_ready();
         Ok(response.map(|()| body))
+    }
+
+    /// [`H1Pool::send`]'s second try, on a new connection (kept out of its way).
+    #[inline(never)]
+    async fn send_fresh(
+        &self,
+        authority: &Authority,
+        out: &[u8],
+        connect_by: Instant,
+    ) -> Result<(Box<Conn>, Head), Error> {
+        let mut conn = self.connect(authority, connect_by).await?;
+        match write_all(&mut conn.io, out).await {
+            Ok(()) => {}
+            Err((0, e)) => return Err(Error::not_sent(format!("write to {authority}: {e}"))),
+            Err((_, e)) => return Err(Error::sent(format!("write to {authority}: {e}"))),
+        }
+        let head = read_head(&mut conn).await?;
+        Ok((conn, head))
     }
 
     fn take(&self, authority: &Authority) -> Option<Box<Conn>> {
@@ -351,6 +373,16 @@ struct Head {
     headers: HeaderMap,
     /// HTTP/1.1 without `Connection: close`.
     keep_alive: bool,
+    /// A `Content-Length` is among the headers.
+    has_length: bool,
+}
+
+/// Safe methods (RFC 9110 §9.2.1): sent again when nothing came back.
+fn is_safe(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
 }
 
 /// Reads until a final (non-1xx) response head has arrived; consumes it from the buffer.
@@ -429,6 +461,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     let head = buf.split_to(len).freeze();
     let mut headers = HeaderMap::with_capacity(spans.len());
     let mut close = minor == 0;
+    let mut has_length = false;
     for (name, value) in spans {
         let value = match value {
             Ok(copied) => copied,
@@ -456,12 +489,14 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         } else if name.as_str() == "keep-alive" {
             continue;
         }
+        has_length |= name == header::CONTENT_LENGTH;
         headers.append(name, value);
     }
     Ok(Some(Head {
         status,
         headers,
         keep_alive: !close,
+        has_length,
     }))
 }
 
@@ -480,7 +515,8 @@ pub(crate) fn check_framing(
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Err("the upstream switched protocols unasked".into());
     }
-    framing(status, head_request, headers).map(|f| f.reusable)
+    let has_length = headers.contains_key(header::CONTENT_LENGTH);
+    framing(status, head_request, has_length, headers).map(|f| f.reusable)
 }
 
 /// How a response body is delimited.
@@ -496,14 +532,14 @@ struct Framing {
 fn framing(
     status: StatusCode,
     head_request: bool,
+    has_length: bool,
     headers: &mut HeaderMap,
 ) -> Result<Framing, String> {
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         // No body, but a length the client is shown (the size of what a GET would get):
         // it is checked as any length is, or the client's side could not send it on.
-        if status == StatusCode::NO_CONTENT {
-            headers.remove(header::CONTENT_LENGTH);
-        } else {
+        // (`has_length`: known from the parse, which spares a lookup on most answers.)
+        if has_length {
             content_length(headers)?;
         }
         return Ok(Framing {
@@ -851,9 +887,11 @@ mod tests {
                 HeaderValue::from_str(v).unwrap(),
             );
         }
+        let has_length = headers.contains_key(header::CONTENT_LENGTH);
         let f = framing(
             StatusCode::from_u16(status).unwrap(),
             head_request,
+            has_length,
             &mut headers,
         )?;
         Ok((matches!(f.state, State::Done), f.reusable))
@@ -1012,7 +1050,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("5, 5"));
         headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
-        framing(StatusCode::OK, false, &mut headers).unwrap();
+        framing(StatusCode::OK, false, true, &mut headers).unwrap();
         let lengths: Vec<_> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
         assert_eq!(lengths, ["5"]);
         let mut headers = HeaderMap::new();
@@ -1021,7 +1059,7 @@ mod tests {
             HeaderValue::from_static("chunked"),
         );
         headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("7"));
-        framing(StatusCode::OK, false, &mut headers).unwrap();
+        framing(StatusCode::OK, false, true, &mut headers).unwrap();
         assert!(!headers.contains_key(header::CONTENT_LENGTH));
         for bad in ["5, 6", "-1", "x", "", "+5", "18446744073709551616"] {
             assert!(

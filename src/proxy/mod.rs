@@ -737,12 +737,29 @@ impl<'a> HeadScan<'a> {
                 }
                 n if RETARGETS.iter().any(|m| m.as_str() == n) => scan.retarget = true,
                 n if METHOD_OVERRIDES.iter().any(|m| m.as_str() == n) => scan.suspect = true,
-                n if n.contains('_') && underscore_alias(n, token_name) => scan.alias = Some(n),
+                n if maybe_alias(n, token_name) && underscore_alias(n, token_name) => {
+                    scan.alias = Some(n)
+                }
                 _ => {}
             }
         }
         scan
     }
+}
+
+/// A cheap first look for [`underscore_alias`] (run on every header name the scan does
+/// not know): the names it knows begin with `x` or `f` and are 13 to 22 bytes long, or
+/// are as long as the token header's and begin as it does.
+#[inline]
+fn maybe_alias(name: &str, token_name: &str) -> bool {
+    let (n, t) = (name.as_bytes(), token_name.as_bytes());
+    let known = match n.first() {
+        Some(b'x' | b'f') => matches!(n.len(), 13..=22),
+        _ => false,
+    };
+    (known || (n.len() == t.len() && n.first() == t.first()))
+        && name != token_name
+        && n.contains(&b'_')
 }
 
 /// True when `name` (which has a `_`) reads, with `_` as `-`, as a header the fence
@@ -842,7 +859,7 @@ fn check_scope_header(seen: Seen<'_>, scope: &str) -> Result<(), ()> {
 
 #[cfg(test)]
 mod tests {
-    use super::underscore_alias;
+    use super::{maybe_alias, underscore_alias};
 
     #[test]
     fn underscore_aliases_of_the_headers_the_fence_reads() {
@@ -854,6 +871,7 @@ mod tests {
             "fencing_scope",
             "fencing_token",
         ] {
+            assert!(maybe_alias(alias, token), "{alias}");
             assert!(underscore_alias(alias, token), "{alias}");
         }
         for other in ["x_trace_id", "x_http_method_overrides", "fencing__token"] {
@@ -861,7 +879,14 @@ mod tests {
         }
         // A configured token header with `_` is that header, not an alias of it; its dashed
         // spelling is not an alias either (only `_` stands for `-`).
+        assert!(!maybe_alias("x_fence", "x_fence"));
         assert!(!underscore_alias("x_fence", "x_fence"));
+        assert!(maybe_alias("x_fencing_token", "x-fencing-token"));
         assert!(underscore_alias("x_fencing_token", "x-fencing-token"));
+        assert!(
+            maybe_alias("y_fence", "y-fence"),
+            "as long as the token header"
+        );
+        assert!(!maybe_alias("content-length", token));
     }
 }
