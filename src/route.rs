@@ -631,6 +631,31 @@ mod tests {
     }
 
     #[test]
+    fn overlaps_and_shared_scopes() {
+        let t = |p: &str| PathTemplate::parse(p).unwrap();
+        let o = |a: &str, b: &str| t(a).overlap(&t(b));
+        assert_eq!(o("/a/{x}", "/{y}/b").as_deref(), Some("/a/b"));
+        assert_eq!(o("/a/{x}", "/b/{y}"), None);
+        assert_eq!(o("/a/{x}", "/a/{x}/c"), None);
+        assert_eq!(o("/a/{*r}", "/{y}/b/c").as_deref(), Some("/a/b/c"));
+        assert_eq!(o("/{y}/b/c", "/a/{*r}").as_deref(), Some("/a/b/c"));
+        assert_eq!(o("/a/{*r}", "/a"), None);
+        assert_eq!(o("/{*r}", "/{*s}").as_deref(), Some("/a"));
+        assert_eq!(o("/", "/").as_deref(), Some("/"));
+        let amb = |p: &str, s: &str| {
+            ScopeTemplate::parse(s, &t(p))
+                .unwrap()
+                .ambiguous_captures(&t(p))
+        };
+        assert_eq!(amb("/{a}/{b}", "s/{a}/{b}"), None);
+        assert_eq!(amb("/{a}/{*b}", "{a}/x/{b}"), None);
+        assert_eq!(amb("/{a}/{*b}", "{b}/{a}"), None);
+        assert_eq!(amb("/{a}/{b}", "s/{a}-{b}"), Some(("a".into(), "b".into())));
+        assert_eq!(amb("/{a}/{b}", "{b}{a}"), Some(("b".into(), "a".into())));
+        assert_eq!(amb("/{a}/{b}", "s/{a}"), None);
+    }
+
+    #[test]
     fn templates() {
         assert!(PathTemplate::parse("/a/{*r}/b").is_err());
         assert!(PathTemplate::parse("/a/{x}/{x}").is_err());

@@ -61,6 +61,12 @@ struct GateState {
     /// answers say "retry with the same token", so on an `equal = "reject"` route the
     /// token still admits one request: the retry. Kept while the gate is in memory.
     unclaimed: Option<Token>,
+    /// (token, n): `n` requests of `token` were admitted and not known to have been left
+    /// unsent ([`InflightGuard::not_forwarded`] takes its own back). An advance is left
+    /// unclaimed only when none of its token's requests may have reached the upstream: a
+    /// scope can be shared by a `reject` route and an `accept` route that admits the
+    /// same token meanwhile.
+    admitted: Option<(Token, u32)>,
 }
 
 /// In-flight counts per generation, sorted by token, no zero counts.
@@ -193,8 +199,15 @@ impl Drop for InflightGuard {
             });
             st.last_used = Some(now);
         }
-        if self.unused && self.advanced {
-            unclaim(&mut st, self.token);
+        if self.unused {
+            if let Some((t, n)) = &mut st.admitted
+                && *t == self.token
+            {
+                *n = n.saturating_sub(1);
+            }
+            if self.advanced {
+                unclaim(&mut st, self.token);
+            }
         }
         drop(st);
         self.gate.notify.notify_waiters();
@@ -277,7 +290,11 @@ impl Drop for Finish {
 /// it is still the mark, its retry may use it (see [`GateState::unclaimed`]); the gate is
 /// kept from the sweep for `IDLE_TTL` from now, so that the retry finds it.
 fn unclaim(st: &mut GateState, token: Token) {
-    if st.current == Some(token) {
+    let admitted = match st.admitted {
+        Some((t, n)) if t == token => n,
+        _ => 0,
+    };
+    if st.current == Some(token) && admitted == 0 {
         st.unclaimed = Some(token);
         st.last_used = Some(Instant::now());
     }
@@ -707,6 +724,10 @@ impl Gates {
                 }
                 st.inflight.add(token);
                 st.last_used = Some(now);
+                st.admitted = Some(match st.admitted {
+                    Some((t, n)) if t == token => (t, n.saturating_add(1)),
+                    _ => (token, 1),
+                });
                 if st.unclaimed == Some(token) {
                     // Used, by a route that accepts equal tokens.
                     st.unclaimed = None;
@@ -980,6 +1001,25 @@ mod tests {
         retry.guard.complete();
         drop(retry);
         assert!(g.admit("s", t95, reject).await.is_err(), "once");
+
+        // One scope, a reject route and an accept route: a request of the token that
+        // the accept route admitted (and so may have forwarded) uses it, even if the
+        // request that advanced is then refused unsent.
+        let t96 = Token::new(0, 96);
+        let mut x = g.admit("s", t96, reject).await.expect("96 advances");
+        let mut y = g
+            .admit("s", t96, EqualPolicy::Accept)
+            .await
+            .expect("96 by accept");
+        x.guard.not_forwarded();
+        drop(x);
+        assert_eq!(
+            g.admit("s", t96, reject).await.unwrap_err(),
+            Refusal::Stale { highest: Some(t96) },
+            "96 reached the backend through the accept route"
+        );
+        y.guard.complete();
+        drop(y);
 
         // A token that a request was forwarded with is used, whatever route took it.
         let t10 = Token::new(0, 100);

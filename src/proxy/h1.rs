@@ -222,7 +222,8 @@ impl H1Pool {
         Ok(response.map(|()| body))
     }
 
-    /// [`H1Pool::send`]'s second try, on a new connection (kept out of its way).
+    /// [`H1Pool::send`]'s second try, on a new connection (kept out of its way). The
+    /// request went out once already, so every failure here is one of a sent request.
     #[inline(never)]
     async fn send_fresh(
         &self,
@@ -230,11 +231,10 @@ impl H1Pool {
         out: &[u8],
         connect_by: Instant,
     ) -> Result<(Box<Conn>, Head), Error> {
-        let mut conn = self.connect(authority, connect_by).await?;
-        match write_all(&mut conn.io, out).await {
-            Ok(()) => {}
-            Err((0, e)) => return Err(Error::not_sent(format!("write to {authority}: {e}"))),
-            Err((_, e)) => return Err(Error::sent(format!("write to {authority}: {e}"))),
+        let sent = |e: Error| Error::sent(e.detail);
+        let mut conn = self.connect(authority, connect_by).await.map_err(sent)?;
+        if let Err((_, e)) = write_all(&mut conn.io, out).await {
+            return Err(Error::sent(format!("write to {authority}: {e}")));
         }
         let head = read_head(&mut conn).await?;
         Ok((conn, head))
