@@ -36,6 +36,42 @@ async fn until_syncing(disk: &Disk) {
     .expect("the commit reaches the disk");
 }
 
+/// An advance of `token` on `s` whose commit hangs at `disk`: answered `unavailable` by its
+/// deadline while the commit is still held, with memory not ahead of disk; then the disk
+/// lets go, and this returns once the gate has taken the commit that landed.
+async fn refused_while_hung_then_landed(
+    disk: &Disk,
+    store: &MarkStore,
+    gates: &Arc<fencegate::fence::Gates>,
+    token: fencegate::token::Token,
+    equal: fencegate::config::EqualPolicy,
+) {
+    disk.hold();
+    let g = gates.clone();
+    let first = tokio::spawn(async move { g.admit("s", token, equal).await });
+    until_syncing(disk).await;
+    let refused = tokio::time::timeout(support::BOUND, first)
+        .await
+        .expect("answered while the commit still hangs")
+        .unwrap();
+    assert_eq!(refused.unwrap_err(), fencegate::fence::Refusal::Unavailable);
+    assert!(disk.syncing(), "the commit is still held");
+    assert_eq!(
+        gates.mark("s").unwrap(),
+        None,
+        "memory never runs ahead of disk"
+    );
+    assert!(!store.is_failed(), "a slow disk is not a failed one");
+    disk.release();
+    tokio::time::timeout(support::BOUND, async {
+        while gates.mark("s").unwrap() != Some(token) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the commit lands and the gate learns it");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
     let double = Double::start().await;
@@ -117,39 +153,13 @@ async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_commit_answers_unavailable_by_the_deadline() {
     use fencegate::config::EqualPolicy::Accept;
-    use fencegate::fence::Refusal;
     use fencegate::token::Token;
     use std::time::Duration;
 
     let disk = Disk::new();
     let (store, gates) = gates_on(&disk, Duration::from_millis(300));
     let token = Token::new(0, 7);
-    disk.hold();
-    let g = gates.clone();
-    let first = tokio::spawn(async move { g.admit("s", token, Accept).await });
-    until_syncing(&disk).await;
-    let refused = tokio::time::timeout(support::BOUND, first)
-        .await
-        .expect("answered while the commit still hangs")
-        .unwrap();
-    assert_eq!(refused.unwrap_err(), Refusal::Unavailable);
-    assert!(disk.syncing(), "the commit is still held");
-    assert_eq!(
-        gates.mark("s").unwrap(),
-        None,
-        "memory never runs ahead of disk"
-    );
-    assert!(!store.is_failed(), "a slow disk is not a failed one");
-
-    disk.release();
-    // Bounded wait until the abandoned commit has landed and the gate has taken it.
-    tokio::time::timeout(support::BOUND, async {
-        while gates.mark("s").unwrap() != Some(token) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the commit lands and the gate learns it");
+    refused_while_hung_then_landed(&disk, &store, &gates, token, Accept).await;
     let again = tokio::time::timeout(support::BOUND, gates.admit("s", token, Accept))
         .await
         .expect("admitted within the bound")
@@ -423,25 +433,9 @@ async fn a_late_commit_leaves_its_token_to_the_retry_on_a_reject_route() {
     use std::time::Duration;
 
     let disk = Disk::new();
-    let (_store, gates) = gates_on(&disk, Duration::from_millis(300));
+    let (store, gates) = gates_on(&disk, Duration::from_millis(300));
     let token = Token::new(0, 7);
-    disk.hold();
-    let g = gates.clone();
-    let first = tokio::spawn(async move { g.admit("s", token, Reject).await });
-    until_syncing(&disk).await;
-    let refused = tokio::time::timeout(support::BOUND, first)
-        .await
-        .expect("answered while the commit still hangs")
-        .unwrap();
-    assert_eq!(refused.unwrap_err(), Refusal::Unavailable);
-    disk.release();
-    tokio::time::timeout(support::BOUND, async {
-        while gates.mark("s").unwrap() != Some(token) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the commit lands and the gate learns it");
+    refused_while_hung_then_landed(&disk, &store, &gates, token, Reject).await;
     let retry = tokio::time::timeout(support::BOUND, gates.admit("s", token, Reject))
         .await
         .expect("answered within the bound")

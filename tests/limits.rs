@@ -124,6 +124,20 @@ async fn keyed_bodies_held_in_memory_are_bounded_over_all_connections() {
     let client = Client::new(proxy.proxy_addr);
     let body = "x".repeat(4096);
     let keyed = |n: usize| (format!("/reports/b{n}/x"), format!("\"key-{n}\""));
+    let send_keyed = |n: usize| {
+        let (client, body) = (client.clone(), body.clone());
+        async move {
+            let (path, key) = keyed(n);
+            client
+                .send(
+                    "PUT",
+                    &path,
+                    &[("fencing-token", "1"), ("idempotency-key", &key)],
+                    &body,
+                )
+                .await
+        }
+    };
 
     // A holds room for its whole declared body while the body is still on its way.
     let mut a = TcpStream::connect(proxy.proxy_addr).await.unwrap();
@@ -141,15 +155,7 @@ async fn keyed_bodies_held_in_memory_are_bounded_over_all_connections() {
     .await
     .expect("A's body takes its room");
     let n = 0;
-    let (path, key) = keyed(n);
-    let r = client
-        .send(
-            "PUT",
-            &path,
-            &[("fencing-token", "1"), ("idempotency-key", &key)],
-            &body,
-        )
-        .await;
+    let r = send_keyed(n).await;
     assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
     let (path, _) = keyed(n);
     assert!(
@@ -163,15 +169,7 @@ async fn keyed_bodies_held_in_memory_are_bounded_over_all_connections() {
     a.write_all(&body.as_bytes()[100..]).await.unwrap();
     let (status, text) = read_answer(&mut a).await;
     assert_eq!(status, 200, "{text}");
-    let (path, key) = keyed(n + 1);
-    let r = client
-        .send(
-            "PUT",
-            &path,
-            &[("fencing-token", "1"), ("idempotency-key", &key)],
-            &body,
-        )
-        .await;
+    let r = send_keyed(n + 1).await;
     assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
     proxy.shutdown().await;
 }

@@ -261,6 +261,15 @@ async fn serve(mut s: TcpStream, conn: usize, log: Arc<Mutex<Log>>, closed: Arc<
     }
 }
 
+/// The `Content-Length` values of an answer, in order.
+fn lengths(r: &support::Resp) -> Vec<String> {
+    r.headers
+        .get_all("content-length")
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect()
+}
+
 fn config(upstream: SocketAddr, dir: &std::path::Path) -> Config {
     let text = format!(
         r#"
@@ -499,13 +508,6 @@ async fn framing_headers_are_checked_whichever_way_the_request_went() {
                     .unwrap_or_else(|_| panic!("{path}: no answer within bound"))
             }
         };
-        let lengths = |r: &support::Resp| -> Vec<String> {
-            r.headers
-                .get_all("content-length")
-                .iter()
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                .collect()
-        };
 
         let r = put("te-and-length").await;
         assert_eq!(
@@ -585,13 +587,6 @@ async fn lengths_on_bodiless_answers_are_checked() {
             .await
             .unwrap_or_else(|_| panic!("{path}: no answer within bound"))
         }
-    };
-    let lengths = |r: &support::Resp| -> Vec<String> {
-        r.headers
-            .get_all("content-length")
-            .iter()
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .collect()
     };
     let r = head("/head-lengths/a").await;
     assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
