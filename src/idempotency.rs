@@ -404,7 +404,9 @@ impl Idempotency {
                             },
                             &[],
                         );
-                        tokio::spawn(async move {
+                        // Counted by the worker's drain: shutdown waits for it (within
+                        // its grace), so a landed claim is not left in flight.
+                        crate::drain::spawn_detached(async move {
                             if let Ok(None) = claim.await {
                                 let _ = store.put_record(key, released).await;
                             }
