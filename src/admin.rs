@@ -206,7 +206,12 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 Some(Ok(l)) if (1..=MAX_LIMIT).contains(&l) => l,
                 Some(_) => return problem(StatusCode::BAD_REQUEST, "limit must be 1..=10000"),
             };
-            match app.store.list(&prefix, after.as_deref(), limit) {
+            // redb alone shows every acknowledged mark once the journal is applied.
+            let listed = match app.store.checkpoint().await {
+                Ok(()) => app.store.list(&prefix, after.as_deref(), limit),
+                Err(e) => Err(e),
+            };
+            match listed {
                 Ok(marks) => {
                     let next = (!crate::fence::marks::listed_all(&marks, limit))
                         .then(|| marks.last().map(|m| m.0.clone()))
@@ -357,6 +362,10 @@ async fn backup(app: &App) -> Response<Body> {
             .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         return r;
     };
+    // redb alone shows every acknowledged mark once the journal is applied.
+    if let Err(e) = app.store.checkpoint().await {
+        return problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
+    }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
     let store = app.store.clone();
     let runtime = tokio::runtime::Handle::current();

@@ -261,6 +261,15 @@ impl Metrics {
             "fencegate_mark_commit_failures_total {}",
             store.commit_failures.load(Relaxed)
         );
+        out.push_str(
+            "# HELP fencegate_mark_checkpoints_total Checkpoints of the mark journal into the store.\n",
+        );
+        out.push_str("# TYPE fencegate_mark_checkpoints_total counter\n");
+        let _ = writeln!(
+            out,
+            "fencegate_mark_checkpoints_total {}",
+            store.checkpoints.load(Relaxed)
+        );
         self.gate_wait_seconds.render(
             &mut out,
             "fencegate_gate_wait_seconds",

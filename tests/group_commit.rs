@@ -450,3 +450,106 @@ async fn a_late_commit_leaves_its_token_to_the_retry_on_a_reject_route() {
         "once"
     );
 }
+
+/// A store with its journal on `journal` and redb on `db`, committed by the writer thread.
+fn journaled(db: &Disk, journal: &Disk) -> MarkStore {
+    MarkStore::open_with_backends(db.clone(), journal.clone()).unwrap()
+}
+
+/// `n` concurrent advances of `token` on scopes `{prefix}{i}`; all answered.
+async fn advance_all(store: &MarkStore, prefix: &str, n: usize, token: u64) -> Vec<bool> {
+    let waits: Vec<_> = (0..n)
+        .map(|i| {
+            let (store, scope) = (store.clone(), Arc::from(format!("{prefix}{i}")));
+            tokio::spawn(async move {
+                store
+                    .advance(scope, fencegate::token::Token::new(0, token))
+                    .await
+            })
+        })
+        .collect();
+    let mut ok = Vec::new();
+    for w in waits {
+        ok.push(w.await.unwrap().is_ok());
+    }
+    ok
+}
+
+/// Batches of advances go to the journal (one record and one sync each, redb untouched):
+/// they are read back through the journal before any checkpoint, applied to redb when the
+/// store is opened again, and a journal that cannot be written fails its batch and the
+/// store closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advances_are_journaled_then_applied_and_a_failed_journal_fails_them_all() {
+    let (db, journal) = (Disk::new(), Disk::new());
+    let store = journaled(&db, &journal);
+    assert!(advance_all(&store, "j", 64, 5).await.iter().all(|ok| *ok));
+    let commits = store.stats().commit_batch_size_count();
+    assert!((1..64).contains(&commits), "{commits} records for 64");
+    assert_eq!(store.stats().checkpoints.load(Ordering::SeqCst), 0);
+    // redb does not have them yet; the store's reads do.
+    assert!(store.list("j", None, 100).unwrap().is_empty());
+    let five = Some(fencegate::token::Token::new(0, 5));
+    assert_eq!(store.get("j7").unwrap(), five);
+    // A lower advance answers the journaled mark and does not lower it.
+    let lower = store
+        .advance(Arc::from("j7"), fencegate::token::Token::new(0, 3))
+        .await
+        .unwrap();
+    assert_eq!(Some(lower), five);
+
+    // Without a close (as after a crash) the next open applies the journal to redb (a
+    // fresh one here: the journal alone holds these marks).
+    drop(store);
+    let store = journaled(&Disk::new(), &journal);
+    assert_eq!(store.list("j", None, 100).unwrap().len(), 64);
+    assert_eq!(store.get("j63").unwrap(), five);
+
+    journal.set_broken(true);
+    let answered = advance_all(&store, "j", 16, 6).await;
+    assert!(answered.iter().all(|ok| !ok), "{answered:?}");
+    assert!(store.is_failed());
+    assert!(store.get("j3").is_err());
+}
+
+/// A checkpoint that cannot commit to redb fails the store closed, and what the journal
+/// holds is applied when the store is opened again; one that can leaves redb with every
+/// mark. Checkpoints also happen by themselves once enough scopes wait in the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_checkpoint_fails_closed_and_loses_nothing() {
+    let (db, journal) = (Disk::new(), Disk::new());
+    let store = journaled(&db, &journal);
+    assert!(advance_all(&store, "c", 32, 9).await.iter().all(|ok| *ok));
+    db.set_broken(true);
+    assert!(store.checkpoint().await.is_err());
+    assert!(store.is_failed());
+    assert!(!advance_all(&store, "c", 1, 10).await[0]);
+    drop(store);
+
+    // The journal alone holds them (a fresh redb: the old one's handle may still close).
+    let store = journaled(&Disk::new(), &journal);
+    let marks = store.list("c", None, 100).unwrap();
+    assert_eq!(marks.len(), 32);
+    assert!(marks.iter().all(|(_, t)| t.counter == 9), "{marks:?}");
+
+    // Past PENDING_SCOPES scopes waiting, a checkpoint follows without being asked.
+    let n = fencegate::fence::journal::PENDING_SCOPES + 100;
+    for chunk in 0..n.div_ceil(4096) {
+        let ok = advance_all(&store, &format!("p{chunk}-"), 4096, 1).await;
+        assert!(ok.iter().all(|ok| *ok));
+    }
+    assert!(store.stats().checkpoints.load(Ordering::SeqCst) >= 1);
+    assert!(store.list("p", None, 10_000).unwrap().len() >= 4096);
+    store.checkpoint().await.unwrap();
+    let mut listed = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let page = store.list("p", after.as_deref(), 10_000).unwrap();
+        listed += page.len();
+        match page.last() {
+            Some((s, _)) if page.len() == 10_000 => after = Some(s.clone()),
+            _ => break,
+        }
+    }
+    assert_eq!(listed, n.div_ceil(4096) * 4096);
+}

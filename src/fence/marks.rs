@@ -7,9 +7,9 @@
 //! so nothing in memory may be trusted to match the disk until a restart reopens it. A
 //! writer that panics or stops fails the store closed too.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
 
 use redb::{
@@ -18,6 +18,7 @@ use redb::{
 };
 use tokio::sync::oneshot;
 
+use super::journal::{self, Journal, Pending};
 use crate::metrics::Histogram;
 use crate::token::Token;
 
@@ -68,6 +69,10 @@ enum Op {
     },
     /// Finish what is queued, then stop the writer (it drops its database handle).
     Close { reply: oneshot::Sender<()> },
+    /// Apply the journal's advances to redb (so that redb alone shows every mark).
+    Checkpoint {
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
     /// Idempotency: insert `value` under `key` unless a live record is there (or the one
     /// there equals `replace_if`); answers the live record that stopped it, if any.
     Claim {
@@ -104,6 +109,8 @@ struct Inner {
     commits: Commits,
     failed: Arc<AtomicBool>,
     floor: Arc<AtomicU64>,
+    /// Advances in the journal and not yet in redb: the highest token per scope.
+    pending: Arc<Mutex<Pending>>,
 }
 
 /// Where commits happen.
@@ -112,7 +119,7 @@ enum Commits {
     Thread(mpsc::Sender<Op>),
     /// On the calling task, one op per commit: deterministic under a paused test clock,
     /// where waiting on another thread would let the clock jump.
-    Inline(Writer),
+    Inline(Mutex<Writer>),
 }
 
 /// What the writer measures; rendered by the admin listener's /metrics.
@@ -121,6 +128,8 @@ pub struct StoreStats {
     pub commit_seconds: Histogram,
     pub commit_batch_size: Histogram,
     pub commit_failures: AtomicU64,
+    /// Checkpoints of the journal into redb.
+    pub checkpoints: AtomicU64,
 }
 
 impl StoreStats {
@@ -136,6 +145,7 @@ impl Default for StoreStats {
             commit_seconds: Histogram::new(crate::metrics::SECONDS),
             commit_batch_size: Histogram::new(crate::metrics::BATCH),
             commit_failures: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
         }
     }
 }
@@ -178,10 +188,34 @@ impl MarkStore {
         let db = builder()
             .create(path)
             .map_err(|e| open_err(e.to_string()))?;
-        MarkStore::start(db, false).map_err(|e| open_err(e.to_string()))
+        // Only once redb's lock is held: the journal belongs to whoever holds the store.
+        let journal = JournalFile::open(&journal_path(path))
+            .map_err(|e| open_err(format!("its journal {}: {e}", journal_path(path).display())))?;
+        MarkStore::start(db, Some(journal), false).map_err(|e| open_err(e.to_string()))
     }
 
-    /// Opens a store on any redb backend (tests inject failing disks this way).
+    /// Opens a store on redb backends for the marks and the journal (tests inject failing
+    /// disks this way).
+    pub fn open_with_backends(
+        backend: impl StorageBackend,
+        journal: impl StorageBackend,
+    ) -> Result<MarkStore, StoreError> {
+        let mut b = Database::builder();
+        b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
+        let db = b
+            .create_with_backend(backend)
+            .map_err(|e| StoreError::Open {
+                path: "<backend>".into(),
+                reason: e.to_string(),
+            })?;
+        MarkStore::start(db, Some(journal), false).map_err(|e| StoreError::Open {
+            path: "<backend>".into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Opens a store on any redb backend, without a journal: every batch is a redb commit
+    /// (tests inject failing disks this way).
     pub fn open_with_backend(backend: impl StorageBackend) -> Result<MarkStore, StoreError> {
         MarkStore::with_backend(backend, false)
     }
@@ -202,23 +236,34 @@ impl MarkStore {
         let db = b
             .create_with_backend(backend)
             .map_err(|e| open_err(e.to_string()))?;
-        MarkStore::start(db, inline).map_err(|e| open_err(e.to_string()))
+        MarkStore::start(db, None::<JournalFile>, inline).map_err(|e| open_err(e.to_string()))
     }
 
-    fn start(db: Database, inline: bool) -> Result<MarkStore, redb::Error> {
+    fn start(
+        db: Database,
+        journal: Option<impl StorageBackend>,
+        inline: bool,
+    ) -> Result<MarkStore, redb::Error> {
         let floor = initialize(&db)?;
         let stats = Arc::new(StoreStats::default());
         let db = Arc::new(db);
         let failed = Arc::new(AtomicBool::new(false));
         let floor = Arc::new(AtomicU64::new(floor));
+        let pending = Arc::new(Mutex::new(Pending::new()));
+        let journal = match journal {
+            Some(file) => Some(recover(&db, file)?),
+            None => None,
+        };
         let writer = Writer {
             db: db.clone(),
             failed: failed.clone(),
             floor: floor.clone(),
             stats: stats.clone(),
+            journal,
+            pending: pending.clone(),
         };
         let commits = if inline {
-            Commits::Inline(writer)
+            Commits::Inline(Mutex::new(writer))
         } else {
             let (tx, rx) = mpsc::channel();
             std::thread::Builder::new()
@@ -234,6 +279,7 @@ impl MarkStore {
                 commits,
                 failed,
                 floor,
+                pending,
             }),
         })
     }
@@ -360,7 +406,10 @@ impl MarkStore {
                 writer_stopped()
             }),
             Commits::Inline(writer) => {
-                writer.commit(vec![op]);
+                writer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .commit(vec![op]);
                 Ok(())
             }
         }
@@ -371,10 +420,29 @@ impl MarkStore {
         if self.is_failed() {
             return Err(StoreError::Failed("an earlier commit failed".into()));
         }
-        get_mark(&*self.inner.db, scope)
+        // The journal's view first, then redb's: a checkpoint commits to redb before it
+        // forgets its advances, so one of the two shows every acknowledged advance.
+        let journaled = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(scope)
+            .copied();
+        Ok(journaled.max(get_mark(&*self.inner.db, scope)?))
     }
 
-    /// Marks in scope order, starting after `after` (exclusive) and with `prefix`.
+    /// Applies the journal's advances to redb, so that redb alone shows every mark
+    /// acknowledged before the call ([`list`](MarkStore::list) and
+    /// [`snapshot`](MarkStore::snapshot) read redb alone).
+    pub async fn checkpoint(&self) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Op::Checkpoint { reply })?;
+        rx.await.unwrap_or_else(|_| Err(writer_stopped()))
+    }
+
+    /// Marks in scope order, starting after `after` (exclusive) and with `prefix`, as redb
+    /// has them: after a [`checkpoint`](MarkStore::checkpoint), every mark.
     pub fn list(
         &self,
         prefix: &str,
@@ -384,7 +452,8 @@ impl MarkStore {
         list_marks(&*self.inner.db, prefix, after, limit)
     }
 
-    /// The epoch floor and every mark as of one moment (a backup).
+    /// The epoch floor and every mark as of one moment (a backup), as redb has them: after
+    /// a [`checkpoint`](MarkStore::checkpoint), every mark.
     pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
         Snapshot::of(&*self.inner.db)
     }
@@ -417,6 +486,116 @@ fn initialize(db: &Database) -> Result<u64, redb::Error> {
     }
     txn.commit()?;
     Ok(floor)
+}
+
+/// Where the journal of the store at `path` lives: next to it, `<file name>.journal`.
+pub fn journal_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".journal");
+    path.with_file_name(name)
+}
+
+/// The journal's file (redb's backend trait, so that tests can inject a failing disk).
+#[derive(Debug)]
+struct JournalFile(std::fs::File);
+
+impl JournalFile {
+    fn open(path: &Path) -> std::io::Result<JournalFile> {
+        let existed = path.exists();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        if !existed {
+            // The file's name must survive a crash as surely as what is written in it.
+            file.sync_all()?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+        }
+        Ok(JournalFile(file))
+    }
+}
+
+impl StorageBackend for JournalFile {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+    }
+}
+
+/// Applies what the journal holds to redb in one transaction; returns the journal emptied.
+fn recover(db: &Database, file: impl StorageBackend) -> Result<Journal, redb::Error> {
+    let (mut journal, pending) = Journal::open(file).map_err(redb::Error::Io)?;
+    if !pending.is_empty() {
+        let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
+        marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        tracing::info!(
+            scopes = marks.len(),
+            "applying the mark journal left by the last run"
+        );
+        raise_marks(db, &mut marks)?;
+    }
+    journal.reset().map_err(redb::Error::Io)?;
+    Ok(journal)
+}
+
+/// Raises each mark to at least its token in one durable transaction (never lowers one);
+/// each token becomes the mark stored.
+fn raise_marks(db: &Database, marks: &mut [(Arc<str>, Token)]) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+    let mut changed = false;
+    {
+        let mut table = txn.open_table(MARKS)?;
+        for (scope, token) in marks.iter_mut() {
+            changed |= raise(&mut table, scope, token)?;
+        }
+    }
+    if changed {
+        txn.commit()?;
+    } else {
+        txn.abort()?;
+    }
+    Ok(())
+}
+
+/// Raises one mark to at least `token` in one walk down the tree; `token` becomes the
+/// mark stored. Answers whether anything changed.
+fn raise(
+    marks: &mut redb::Table<&str, (u64, u64)>,
+    scope: &str,
+    token: &mut Token,
+) -> Result<bool, redb::Error> {
+    // Write, and look at what was there. A higher one found is put back (rare: the gates
+    // queue only advances above what they hold, and they hold what is on disk).
+    let before = marks.insert(scope, (token.epoch, token.counter))?.map(|g| {
+        let (e, c) = g.value();
+        Token::new(e, c)
+    });
+    Ok(match before {
+        Some(b) if b > *token => {
+            marks.insert(scope, (b.epoch, b.counter))?;
+            *token = b;
+            false
+        }
+        Some(b) => b != *token,
+        None => true,
+    })
 }
 
 fn get_mark(db: &impl ReadableDatabase, scope: &str) -> Result<Option<Token>, StoreError> {
@@ -524,6 +703,34 @@ impl MarkReader {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
+        let journal = journal_path(path);
+        if journal.exists() {
+            // The last run's journal may hold advances redb does not have yet; applying
+            // them needs the store for writing, which a running server holds.
+            let db = match builder().open(path) {
+                Ok(db) => db,
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                    return Err(StoreError::InUse(path.display().to_string()));
+                }
+                Err(e) => return Err(open_err(e)),
+            };
+            let applied = JournalFile::open(&journal)
+                .and_then(Journal::open)
+                .map_err(redb::Error::Io)
+                .and_then(|(mut j, pending)| {
+                    if pending.is_empty() {
+                        return Ok(());
+                    }
+                    let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
+                    marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                    raise_marks(&db, &mut marks)?;
+                    j.reset().map_err(redb::Error::Io)
+                });
+            applied.map_err(|e| StoreError::Open {
+                path: journal.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        }
         match builder().open_read_only(path) {
             Ok(db) => Ok(MarkReader { db }),
             // Not closed cleanly (a crash) and nobody has it open: a read-only handle
@@ -564,10 +771,14 @@ struct Writer {
     failed: Arc<AtomicBool>,
     floor: Arc<AtomicU64>,
     stats: Arc<StoreStats>,
+    /// None: every batch is a redb commit (stores on test backends without a journal).
+    journal: Option<Journal>,
+    /// The journal's advances not yet in redb; shared with readers.
+    pending: Arc<Mutex<Pending>>,
 }
 
 impl Writer {
-    fn run(self, rx: mpsc::Receiver<Op>) {
+    fn run(mut self, rx: mpsc::Receiver<Op>) {
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -584,6 +795,12 @@ impl Writer {
                 self.commit(batch);
             }
             if let Some(Op::Close { reply }) = close {
+                // A clean stop leaves the journal empty and redb whole.
+                if !self.failed.load(Ordering::Acquire)
+                    && let Err(e) = self.checkpoint()
+                {
+                    tracing::warn!(error = %e, "checkpoint at close failed; the journal is applied at the next open");
+                }
                 drop(self);
                 let _ = reply.send(());
                 return;
@@ -591,15 +808,150 @@ impl Writer {
         }
     }
 
-    fn commit(&self, mut batch: Vec<Op>) {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies the journal's advances to redb, then empties the journal. A failure fails
+    /// the store closed (what the journal holds is durable and applied at the next open).
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let Some(journal) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        let mut marks: Vec<(Arc<str>, Token)> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(s, t)| (s.clone(), *t))
+            .collect();
+        if marks.is_empty() {
+            return Ok(());
+        }
+        marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let done = raise_marks(&self.db, &mut marks)
+            .map_err(|e| e.to_string())
+            .and_then(|()| journal.reset().map_err(|e| e.to_string()));
+        match done {
+            Ok(()) => {
+                // Forgotten only now that redb has them (readers look here first).
+                self.lock_pending().clear();
+                self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed.store(true, Ordering::Release);
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "mark journal checkpoint failed; the store refuses writes until restarted");
+                Err(StoreError::Failed(e))
+            }
+        }
+    }
+
+    fn commit(&mut self, mut batch: Vec<Op>) {
         // Declared after `batch`, so dropped before it: a panic marks the store failed
         // before the batch's callers hear that their replies are gone.
-        let _fail_closed = FailOnPanic(&self.failed);
+        let failed = self.failed.clone();
+        let _fail_closed = FailOnPanic(&failed);
         // Close is handled by `run`; inline stores have nothing to stop.
         batch.retain(|op| !matches!(op, Op::Close { .. }));
         if self.failed.load(Ordering::Acquire) {
             return fail_all(batch, "an earlier commit failed");
         }
+        let checkpoints: Vec<_> = {
+            let (asked, rest): (Vec<Op>, Vec<Op>) = batch
+                .into_iter()
+                .partition(|op| matches!(op, Op::Checkpoint { .. }));
+            batch = rest;
+            asked
+        };
+        if !batch.is_empty() {
+            if self.journal.is_some() && batch.iter().all(|op| matches!(op, Op::Advance { .. })) {
+                self.journal_advances(batch);
+            } else {
+                self.commit_redb(batch);
+            }
+        }
+        let due = self.journal.as_ref().is_some_and(Journal::is_long)
+            || self.lock_pending().len() >= journal::PENDING_SCOPES;
+        if (due || !checkpoints.is_empty()) && !self.failed.load(Ordering::Acquire) {
+            let done = self.checkpoint();
+            for op in checkpoints {
+                if let Op::Checkpoint { reply } = op {
+                    let _ = reply.send(done.clone());
+                }
+            }
+        } else {
+            fail_all(checkpoints, "an earlier commit failed");
+        }
+    }
+
+    /// A batch of advances only: one journal record, one `fdatasync`.
+    fn journal_advances(&mut self, batch: Vec<Op>) {
+        let started = Instant::now();
+        let mut wanted = wanted(&batch);
+        let stored = self.stored(&mut wanted);
+        let written = stored.and_then(|()| match self.journal.as_mut() {
+            Some(j) => j.append(&wanted).map_err(|e| e.to_string()),
+            None => Err("no journal".into()),
+        });
+        if let Err(e) = written {
+            // A failed write may still have reached the disk: fail closed.
+            self.failed.store(true, Ordering::Release);
+            self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "mark journal write failed; the store refuses writes until restarted");
+            return fail_all(batch, &e);
+        }
+        {
+            let mut pending = self.lock_pending();
+            for (scope, token) in &wanted {
+                pending.insert(scope.clone(), *token);
+            }
+        }
+        self.stats
+            .commit_seconds
+            .observe_duration(started.elapsed());
+        self.stats.commit_batch_size.observe(batch.len() as f64);
+        for op in batch {
+            if let Op::Advance { scope, reply, .. } = op {
+                let _ = reply.send(answer_for(&wanted, &scope));
+            }
+        }
+    }
+
+    /// Raises each wanted token to the mark already held for its scope (the journal's
+    /// pending one, else redb's), so that what is journaled and answered is the mark.
+    fn stored(&self, wanted: &mut [(Arc<str>, Token)]) -> Result<(), String> {
+        let mut read = None;
+        let pending = self.lock_pending();
+        for (scope, token) in wanted.iter_mut() {
+            let held = match pending.get(scope) {
+                Some(t) => Some(*t),
+                None => {
+                    if read.is_none() {
+                        read = Some(self.db.begin_read().map_err(|e| e.to_string())?);
+                    }
+                    match &read {
+                        Some(txn) => {
+                            let table = txn.open_table(MARKS).map_err(|e| e.to_string())?;
+                            table.get(&**scope).map_err(|e| e.to_string())?.map(|g| {
+                                let (e, c) = g.value();
+                                Token::new(e, c)
+                            })
+                        }
+                        None => None,
+                    }
+                }
+            };
+            if let Some(h) = held.filter(|h| *h > *token) {
+                *token = h;
+            }
+        }
+        Ok(())
+    }
+
+    /// Any batch as one redb transaction.
+    fn commit_redb(&self, batch: Vec<Op>) {
         let started = Instant::now();
         match self.apply(&batch) {
             Ok((marks, floor, answers, committed)) => {
@@ -628,16 +980,12 @@ impl Writer {
                             }));
                         }
                         Op::Advance { scope, reply, .. } => {
-                            let stored = marks
-                                .binary_search_by(|(s, _)| s.cmp(&scope))
-                                .map(|i| marks[i].1)
-                                .map_err(|_| StoreError::Failed("scope missing from batch".into()));
-                            let _ = reply.send(stored);
+                            let _ = reply.send(answer_for(&marks, &scope));
                         }
                         Op::Floor { reply, .. } => {
                             let _ = reply.send(Ok(floor));
                         }
-                        Op::Close { .. } => {}
+                        Op::Close { .. } | Op::Checkpoint { .. } => {}
                     }
                 }
             }
@@ -658,20 +1006,23 @@ impl Writer {
         &self,
         batch: &[Op],
     ) -> Result<(Vec<(Arc<str>, Token)>, u64, Vec<Answer>, bool), redb::Error> {
-        let mut wanted: Vec<(Arc<str>, Token)> = Vec::with_capacity(batch.len());
-        let mut floor_wanted = None;
-        for op in batch {
-            match op {
-                Op::Advance { scope, token, .. } => wanted.push((scope.clone(), *token)),
-                Op::Floor { epoch, .. } => {
-                    floor_wanted = floor_wanted.max(Some(*epoch));
+        let mut wanted = wanted(batch);
+        let floor_wanted = batch
+            .iter()
+            .filter_map(|op| match op {
+                Op::Floor { epoch, .. } => Some(*epoch),
+                _ => None,
+            })
+            .max();
+        {
+            // A journaled advance may be ahead of redb: answer the mark, not less.
+            let pending = self.lock_pending();
+            for (scope, token) in wanted.iter_mut() {
+                if let Some(p) = pending.get(scope).filter(|p| **p > *token) {
+                    *token = *p;
                 }
-                _ => {}
             }
         }
-        // Scope order (the tree's order), highest token first within a scope; keep that one.
-        wanted.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        wanted.dedup_by(|later, kept| later.0 == kept.0);
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)
             .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
@@ -680,23 +1031,7 @@ impl Writer {
         {
             let mut marks = txn.open_table(MARKS)?;
             for (scope, token) in wanted.iter_mut() {
-                // One walk down the tree: write, and look at what was there. A mark is never
-                // lowered: a higher one found is put back (rare: the gates queue only
-                // advances above what they hold, and they hold what is on disk).
-                let before = marks
-                    .insert(&**scope, (token.epoch, token.counter))?
-                    .map(|g| {
-                        let (e, c) = g.value();
-                        Token::new(e, c)
-                    });
-                match before {
-                    Some(b) if b > *token => {
-                        marks.insert(&**scope, (b.epoch, b.counter))?;
-                        *token = b;
-                    }
-                    Some(b) if b == *token => {}
-                    _ => changed = true,
-                }
+                changed |= raise(&mut marks, scope, token)?;
             }
             if let Some(epoch) = floor_wanted.filter(|e| *e > floor) {
                 let mut meta = txn.open_table(META)?;
@@ -784,6 +1119,28 @@ impl Writer {
     }
 }
 
+/// The advances of a batch in scope order (the tree's order), one per scope: its highest.
+fn wanted(batch: &[Op]) -> Vec<(Arc<str>, Token)> {
+    let mut wanted: Vec<(Arc<str>, Token)> = batch
+        .iter()
+        .filter_map(|op| match op {
+            Op::Advance { scope, token, .. } => Some((scope.clone(), *token)),
+            _ => None,
+        })
+        .collect();
+    wanted.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    wanted.dedup_by(|later, kept| later.0 == kept.0);
+    wanted
+}
+
+/// The mark stored for `scope` by a batch whose (sorted) marks are `marks`.
+fn answer_for(marks: &[(Arc<str>, Token)], scope: &str) -> Result<Token, StoreError> {
+    marks
+        .binary_search_by(|(s, _)| (**s).cmp(scope))
+        .map(|i| marks[i].1)
+        .map_err(|_| StoreError::Failed("scope missing from batch".into()))
+}
+
 /// Fails the store closed if dropped while the writer panics: the panicking commit's
 /// outcome on disk is unknown, and the writer thread is about to end.
 struct FailOnPanic<'a>(&'a AtomicBool);
@@ -815,6 +1172,9 @@ fn fail_all(batch: Vec<Op>, why: &str) {
                 let _ = reply.send(Err(StoreError::Failed(why.to_string())));
             }
             Op::Collect { reply, .. } => {
+                let _ = reply.send(Err(StoreError::Failed(why.to_string())));
+            }
+            Op::Checkpoint { reply } => {
                 let _ = reply.send(Err(StoreError::Failed(why.to_string())));
             }
             Op::Close { .. } => {}
@@ -859,6 +1219,7 @@ mod tests {
                 commits: Commits::Thread(tx),
                 failed: Arc::default(),
                 floor: Arc::default(),
+                pending: Arc::default(),
             }),
         };
         assert!(!gone.is_failed());
@@ -878,6 +1239,7 @@ mod tests {
         let Commits::Inline(writer) = &store.inner.commits else {
             panic!("inline store expected");
         };
+        let mut writer = writer.lock().unwrap();
         let long = |i: usize| format!("{i:03}{}", "s".repeat(60_000));
         let n = LIST_BYTES / 60_000 + 10;
         writer.commit((0..n).map(|i| advance(&long(i), 1).0).collect());
@@ -909,6 +1271,7 @@ mod tests {
         let Commits::Inline(writer) = &store.inner.commits else {
             panic!("inline store expected");
         };
+        let mut writer = writer.lock().unwrap();
         let (a5, ra5) = advance("a", 5);
         let (b2, rb2) = advance("b", 2);
         let (a7, ra7) = advance("a", 7);

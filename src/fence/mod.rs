@@ -2,6 +2,7 @@
 //! generation gate (gate) that orders generations at the backend.
 
 pub mod gate;
+pub mod journal;
 pub mod marks;
 pub mod policy;
 
