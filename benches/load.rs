@@ -1270,8 +1270,9 @@ async fn run(args: &Args) -> Result<bool, Error> {
         args.rounds
     ));
     md.push_str(
-        "- fencegate: the release binary, `settle = \"0s\"`, its redb store in a temp dir on disk (ext4, \
-         immediate durability: every advance is fsynced before it is forwarded). \
+        "- fencegate: the release binary, `settle = \"0s\"`, its store in a temp dir on disk (ext4; \
+         every advance is on disk before it is forwarded: a batch of advances is one record appended to the \
+         store's journal and one `fdatasync`, applied to redb in checkpoints). \
          Routes `/reports/{report}/{*rest}` → null backend (scope `report/{report}`) and \
          `/dav/reports/{report}/{*rest}` → WebDAV (scope `dav/{report}`).\n\
          - W1: every scope's mark is set once before the run (not measured), then each request picks a random scope of \

@@ -704,9 +704,23 @@ impl MarkReader {
             reason: e.to_string(),
         };
         let journal = journal_path(path);
-        if journal.exists() {
-            // The last run's journal may hold advances redb does not have yet; applying
-            // them needs the store for writing, which a running server holds.
+        let journal_err = |e: std::io::Error| StoreError::Open {
+            path: journal.display().to_string(),
+            reason: e.to_string(),
+        };
+        // Whether the last run left advances in the journal that redb does not have yet.
+        // Read without the store's lock: while a server runs this view may be torn, but
+        // then the opens below find the store in use.
+        let left = match std::fs::File::open(&journal) {
+            Ok(f) => !Journal::open(JournalFile(f))
+                .map_err(journal_err)?
+                .1
+                .is_empty(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(journal_err(e)),
+        };
+        if left {
+            // Applying them needs the store for writing, which a running server holds.
             let db = match builder().open(path) {
                 Ok(db) => db,
                 Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
@@ -922,29 +936,27 @@ impl Writer {
     /// Raises each wanted token to the mark already held for its scope (the journal's
     /// pending one, else redb's), so that what is journaled and answered is the mark.
     fn stored(&self, wanted: &mut [(Arc<str>, Token)]) -> Result<(), String> {
-        let mut read = None;
-        let pending = self.lock_pending();
-        for (scope, token) in wanted.iter_mut() {
-            let held = match pending.get(scope) {
-                Some(t) => Some(*t),
-                None => {
-                    if read.is_none() {
-                        read = Some(self.db.begin_read().map_err(|e| e.to_string())?);
-                    }
-                    match &read {
-                        Some(txn) => {
-                            let table = txn.open_table(MARKS).map_err(|e| e.to_string())?;
-                            table.get(&**scope).map_err(|e| e.to_string())?.map(|g| {
-                                let (e, c) = g.value();
-                                Token::new(e, c)
-                            })
-                        }
-                        None => None,
-                    }
+        let mut missing = Vec::new();
+        {
+            // Only this thread changes `pending`: what it shows stays true after the lock.
+            let pending = self.lock_pending();
+            for (i, (scope, token)) in wanted.iter_mut().enumerate() {
+                match pending.get(scope) {
+                    Some(p) => *token = (*token).max(*p),
+                    None => missing.push(i),
                 }
-            };
-            if let Some(h) = held.filter(|h| *h > *token) {
-                *token = h;
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let table = txn.open_table(MARKS).map_err(|e| e.to_string())?;
+        for i in missing {
+            let (scope, token) = &mut wanted[i];
+            if let Some(g) = table.get(&**scope).map_err(|e| e.to_string())? {
+                let (e, c) = g.value();
+                *token = (*token).max(Token::new(e, c));
             }
         }
         Ok(())
