@@ -207,8 +207,8 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 Some(_) => return problem(StatusCode::BAD_REQUEST, "limit must be 1..=10000"),
             };
             // redb alone shows every acknowledged mark once the journal is applied.
-            let listed = match app.store.checkpoint().await {
-                Ok(()) => app.store.list(&prefix, after.as_deref(), limit),
+            let listed = match checkpoint(app).await {
+                Ok(_) => app.store.list(&prefix, after.as_deref(), limit),
                 Err(e) => Err(e),
             };
             match listed {
@@ -298,6 +298,21 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
 pub const MAX_BACKUPS: usize = 2;
 
 /// A backup's text in pieces of about this size.
+/// How long a listing or a backup waits for the journal to be applied (a hung disk).
+const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Applies the mark journal to redb (bounded by [`CHECKPOINT_WAIT`]); answers a snapshot
+/// taken right after.
+async fn checkpoint(app: &App) -> Result<crate::fence::Snapshot, crate::fence::StoreError> {
+    tokio::time::timeout(CHECKPOINT_WAIT, app.store.checkpoint())
+        .await
+        .unwrap_or_else(|_| {
+            Err(crate::fence::StoreError::Read(
+                "the mark journal was not applied in time (the disk is not answering)".into(),
+            ))
+        })
+}
+
 const BACKUP_CHUNK: usize = 64 * 1024;
 /// A client that takes no piece of a backup for this long is given up on (the backup
 /// holds a read transaction, which keeps the store from reusing freed pages).
@@ -362,17 +377,18 @@ async fn backup(app: &App) -> Response<Body> {
             .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         return r;
     };
-    // redb alone shows every acknowledged mark once the journal is applied.
-    if let Err(e) = app.store.checkpoint().await {
-        return problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
-    }
+    // redb alone shows every acknowledged mark once the journal is applied; the snapshot
+    // is taken right after, before anything else is committed.
+    let snapshot = match checkpoint(app).await {
+        Ok(s) => s,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
-    let store = app.store.clone();
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         // Held until the producer stops: the read transaction and this thread with it.
         let _running = running;
-        produce_backup(store.snapshot(), |piece| {
+        produce_backup(Ok(snapshot), |piece| {
             runtime
                 .block_on(tokio::time::timeout(BACKUP_STALL, tx.send(piece)))
                 .is_ok_and(|sent| sent.is_ok())

@@ -71,7 +71,7 @@ enum Op {
     Close { reply: oneshot::Sender<()> },
     /// Apply the journal's advances to redb (so that redb alone shows every mark).
     Checkpoint {
-        reply: oneshot::Sender<Result<(), StoreError>>,
+        reply: oneshot::Sender<Result<Snapshot, StoreError>>,
     },
     /// Idempotency: insert `value` under `key` unless a live record is there (or the one
     /// there equals `replace_if`); answers the live record that stopped it, if any.
@@ -434,8 +434,10 @@ impl MarkStore {
 
     /// Applies the journal's advances to redb, so that redb alone shows every mark
     /// acknowledged before the call ([`list`](MarkStore::list) and
-    /// [`snapshot`](MarkStore::snapshot) read redb alone).
-    pub async fn checkpoint(&self) -> Result<(), StoreError> {
+    /// [`snapshot`](MarkStore::snapshot) read redb alone), and answers a snapshot taken
+    /// right after it, before anything else is committed: the floor and every mark as of
+    /// one moment (a backup).
+    pub async fn checkpoint(&self) -> Result<Snapshot, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.send(Op::Checkpoint { reply })?;
         rx.await.unwrap_or_else(|_| Err(writer_stopped()))
@@ -501,20 +503,20 @@ struct JournalFile(std::fs::File);
 
 impl JournalFile {
     fn open(path: &Path) -> std::io::Result<JournalFile> {
-        let existed = path.exists();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)?;
-        if !existed {
-            // The file's name must survive a crash as surely as what is written in it.
-            file.sync_all()?;
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-        }
+        // The file's name must survive a crash as surely as what is written in it (on every
+        // open: a run that created it may have crashed before this).
+        file.sync_all()?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(dir)?.sync_all()?;
         Ok(JournalFile(file))
     }
 }
@@ -708,58 +710,64 @@ impl MarkReader {
             path: journal.display().to_string(),
             reason: e.to_string(),
         };
-        // Whether the last run left advances in the journal that redb does not have yet.
-        // Read without the store's lock: while a server runs this view may be torn, but
-        // then the opens below find the store in use.
-        let left = match std::fs::File::open(&journal) {
-            Ok(f) => !Journal::open(JournalFile(f))
+        // Whether a run left advances in the journal that redb does not have yet. Read
+        // without the store's lock: while a server runs this view may be torn, but then
+        // the opens below find the store in use.
+        let left = || match std::fs::File::open(&journal) {
+            Ok(f) => Ok(!Journal::open(JournalFile(f))
                 .map_err(journal_err)?
                 .1
-                .is_empty(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(journal_err(e)),
+                .is_empty()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(journal_err(e)),
         };
-        if left {
-            // Applying them needs the store for writing, which a running server holds.
-            let db = match builder().open(path) {
+        // A server may start (and stop) between the look at the journal and the read-only
+        // open; the journal is looked at again once the handle is held.
+        for _ in 0..3 {
+            if left()? {
+                // Applying them needs the store for writing, which a running server holds.
+                let db = match builder().open(path) {
+                    Ok(db) => db,
+                    Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                        return Err(StoreError::InUse(path.display().to_string()));
+                    }
+                    Err(e) => return Err(open_err(e)),
+                };
+                let applied = JournalFile::open(&journal)
+                    .and_then(Journal::open)
+                    .map_err(redb::Error::Io)
+                    .and_then(|(mut j, pending)| {
+                        if pending.is_empty() {
+                            return Ok(());
+                        }
+                        let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
+                        marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                        raise_marks(&db, &mut marks)?;
+                        j.reset().map_err(redb::Error::Io)
+                    });
+                applied.map_err(|e| StoreError::Open {
+                    path: journal.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+            }
+            let db = match builder().open_read_only(path) {
                 Ok(db) => db,
                 Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                     return Err(StoreError::InUse(path.display().to_string()));
                 }
+                // Not closed cleanly (a crash) and nobody has it open: a read-only handle
+                // cannot repair, so open it once for writing, which repairs, then read.
+                Err(redb::DatabaseError::RepairAborted) => {
+                    drop(builder().open(path).map_err(open_err)?);
+                    builder().open_read_only(path).map_err(open_err)?
+                }
                 Err(e) => return Err(open_err(e)),
             };
-            let applied = JournalFile::open(&journal)
-                .and_then(Journal::open)
-                .map_err(redb::Error::Io)
-                .and_then(|(mut j, pending)| {
-                    if pending.is_empty() {
-                        return Ok(());
-                    }
-                    let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
-                    marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                    raise_marks(&db, &mut marks)?;
-                    j.reset().map_err(redb::Error::Io)
-                });
-            applied.map_err(|e| StoreError::Open {
-                path: journal.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        }
-        match builder().open_read_only(path) {
-            Ok(db) => Ok(MarkReader { db }),
-            // Not closed cleanly (a crash) and nobody has it open: a read-only handle
-            // cannot repair, so open it once for writing, which repairs, then read.
-            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-                Err(StoreError::InUse(path.display().to_string()))
+            if !left()? {
+                return Ok(MarkReader { db });
             }
-            Err(redb::DatabaseError::RepairAborted) => {
-                drop(builder().open(path).map_err(open_err)?);
-                Ok(MarkReader {
-                    db: builder().open_read_only(path).map_err(open_err)?,
-                })
-            }
-            Err(e) => Err(open_err(e)),
         }
+        Err(StoreError::InUse(path.display().to_string()))
     }
 
     pub fn get(&self, scope: &str) -> Result<Option<Token>, StoreError> {
@@ -892,7 +900,8 @@ impl Writer {
             let done = self.checkpoint();
             for op in checkpoints {
                 if let Op::Checkpoint { reply } = op {
-                    let _ = reply.send(done.clone());
+                    // Taken here, before the next batch: nothing is journaled in between.
+                    let _ = reply.send(done.clone().and_then(|()| Snapshot::of(&*self.db)));
                 }
             }
         } else {
@@ -974,6 +983,17 @@ impl Writer {
                     self.stats.commit_batch_size.observe(batch.len() as f64);
                 }
                 self.floor.store(floor, Ordering::Release);
+                {
+                    // A scope the journal holds keeps there the mark now in redb, so that
+                    // a later batch of advances (which trusts the journal's) never answers
+                    // less than what is stored.
+                    let mut pending = self.lock_pending();
+                    for (scope, token) in &marks {
+                        if let Some(p) = pending.get_mut(scope) {
+                            *p = (*p).max(*token);
+                        }
+                    }
+                }
                 for (op, answer) in batch.into_iter().zip(answers) {
                     match op {
                         Op::Claim { reply, .. } => {
@@ -1267,6 +1287,43 @@ mod tests {
         let few = store.list("0", None, 3).expect("list");
         assert_eq!(few.len(), 3);
         assert!(!listed_all(&few, 3));
+    }
+
+    /// A scope the journal holds, then raised further by a batch that had to go to redb
+    /// (an advance sharing it with a floor raise): a later batch of lower advances answers
+    /// the mark stored, not the journal's older one.
+    #[test]
+    fn a_journaled_scope_never_answers_less_than_is_stored() {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("db");
+        let store =
+            MarkStore::start(db, Some(redb::backends::InMemoryBackend::new()), true).expect("open");
+        let Commits::Inline(writer) = &store.inner.commits else {
+            panic!("inline store expected");
+        };
+        let mut writer = writer.lock().unwrap();
+        let (a3, r3) = advance("s", 3);
+        writer.commit(vec![a3]);
+        assert_eq!(answer(r3), Some(3));
+        assert!(
+            store.list("", None, 10).expect("list").is_empty(),
+            "journaled"
+        );
+        let (a7, r7) = advance("s", 7);
+        let (floor, _floor_rx) = oneshot::channel();
+        writer.commit(vec![
+            a7,
+            Op::Floor {
+                epoch: 0,
+                reply: floor,
+            },
+        ]);
+        assert_eq!(answer(r7), Some(7));
+        let (a5, r5) = advance("s", 5);
+        writer.commit(vec![a5]);
+        assert_eq!(answer(r5), Some(7));
+        assert_eq!(store.get("s").expect("read"), Some(Token::new(1, 7)));
     }
 
     fn answer(mut rx: oneshot::Receiver<Result<Token, StoreError>>) -> Option<u64> {
