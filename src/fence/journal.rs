@@ -80,9 +80,7 @@ impl Journal {
     /// [`reset`](Journal::reset), which must follow once what was read is applied.
     pub fn open(file: impl StorageBackend) -> std::io::Result<(Journal, Pending)> {
         let len = file.len()?;
-        let mut bytes = vec![0u8; usize::try_from(len).map_err(std::io::Error::other)?];
-        file.read(0, &mut bytes)?;
-        let (generation, pending) = read(&bytes);
+        let (generation, pending) = read(&file, len)?;
         Ok((
             Journal {
                 file: Box::new(file),
@@ -99,7 +97,11 @@ impl Journal {
     /// what they hold has been committed to redb.
     pub fn reset(&mut self) -> std::io::Result<()> {
         let len = self.file.len()?;
-        if len < JOURNAL_BYTES {
+        if len > JOURNAL_BYTES {
+            // A batch crossed the mark; what lies past it is void from now on.
+            self.file.set_len(JOURNAL_BYTES)?;
+            self.len = JOURNAL_BYTES;
+        } else if len < JOURNAL_BYTES {
             self.file.set_len(JOURNAL_BYTES)?;
             self.len = JOURNAL_BYTES;
             let zeros = vec![0u8; 1 << 20];
@@ -165,40 +167,47 @@ impl Journal {
     }
 }
 
-/// The generation and the advances of a journal's bytes.
-fn read(bytes: &[u8]) -> (u64, Pending) {
+/// The generation and the advances of a journal of `len` bytes, read one record at a time
+/// (memory bounded by the largest record, not the file).
+fn read(file: &impl StorageBackend, len: u64) -> std::io::Result<(u64, Pending)> {
     let mut pending = Pending::new();
-    let header_ok = bytes.get(..8) == Some(&MAGIC[..]);
-    let generation = u64_at(bytes, 8).unwrap_or(0);
-    if !header_ok || u64_at(bytes, 16) != Some(check(generation, &MAGIC)) {
+    if len < HEADER {
+        return Ok((0, pending));
+    }
+    let mut header = [0u8; HEADER as usize];
+    file.read(0, &mut header)?;
+    let generation = u64_at(&header, 8).unwrap_or(0);
+    if header[..8] != MAGIC || u64_at(&header, 16) != Some(check(generation, &MAGIC)) {
         // No journal yet, or a header torn while a reset wrote it: a reset writes the
         // header only after a checkpoint, so nothing behind it is needed.
-        return (generation, pending);
+        return Ok((generation, pending));
     }
-    let mut at = HEADER as usize;
-    while let (Some(len), Some(g), Some(c)) = (
-        u32_at(bytes, at),
-        u64_at(bytes, at + 8),
-        u64_at(bytes, at + 16),
-    ) {
-        let start = at + RECORD_HEADER;
-        let Some(body) = start
-            .checked_add(len as usize)
-            .and_then(|end| bytes.get(start..end))
+    let mut at = HEADER;
+    let mut body = Vec::new();
+    let mut head = [0u8; RECORD_HEADER];
+    while at + RECORD_HEADER as u64 <= len {
+        file.read(at, &mut head)?;
+        let (Some(n), Some(g), Some(c)) = (u32_at(&head, 0), u64_at(&head, 8), u64_at(&head, 16))
         else {
             break;
         };
-        if len == 0 || g != generation || c != check(generation, body) {
+        let start = at + RECORD_HEADER as u64;
+        if n == 0 || g != generation || start + u64::from(n) > len {
             break;
         }
-        let Some(entries) = parse(body) else { break };
+        body.resize(n as usize, 0);
+        file.read(start, &mut body)?;
+        if c != check(generation, &body) {
+            break;
+        }
+        let Some(entries) = parse(&body) else { break };
         for (scope, token) in entries {
             let e = pending.entry(scope).or_insert(token);
             *e = (*e).max(token);
         }
-        at = start + len as usize;
+        at = start + u64::from(n);
     }
-    (generation, pending)
+    Ok((generation, pending))
 }
 
 fn parse(body: &[u8]) -> Option<Vec<(Arc<str>, Token)>> {
@@ -320,7 +329,16 @@ mod tests {
         while !j.is_long() {
             j.append(&big).unwrap();
         }
-        let (_, pending) = Journal::open(file).unwrap();
+        assert!(
+            file.len().unwrap() > JOURNAL_BYTES,
+            "the last record crossed the mark"
+        );
+        let (mut j, pending) = Journal::open(file.clone()).unwrap();
         assert_eq!(pending.len(), 7);
+        // A reset brings it back to its length.
+        j.reset().unwrap();
+        assert_eq!(file.len().unwrap(), JOURNAL_BYTES);
+        let (_, pending) = Journal::open(file).unwrap();
+        assert!(pending.is_empty());
     }
 }
