@@ -17,7 +17,8 @@
 //! little-endian). A record counts only when it is whole, its check matches and it
 //! belongs to the header's generation; reading stops at the first that does not (a torn
 //! tail, or what is left of an earlier generation: the file is overwritten from the start
-//! after each checkpoint, cut back to [`JOURNAL_BYTES`] only when a batch made it longer). The check is the first 8 bytes of SHA-256.
+//! after each checkpoint, cut back to [`JOURNAL_BYTES`] only when a batch made it longer).
+//! The check is the first 8 bytes of SHA-256.
 
 use std::collections::HashMap;
 use std::sync::Arc;
