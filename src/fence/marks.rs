@@ -871,10 +871,6 @@ impl Writer {
     }
 
     fn commit(&mut self, mut batch: Vec<Op>) {
-        // Declared after `batch`, so dropped before it: a panic marks the store failed
-        // before the batch's callers hear that their replies are gone.
-        let failed = self.failed.clone();
-        let _fail_closed = FailOnPanic(&failed);
         // Close is handled by `run`; inline stores have nothing to stop.
         batch.retain(|op| !matches!(op, Op::Close { .. }));
         if self.failed.load(Ordering::Acquire) {
@@ -887,6 +883,11 @@ impl Writer {
             batch = rest;
             asked
         };
+        // Declared after every op's owner here (and the functions the batch is handed to
+        // have guards of their own), so dropped before them: a panic marks the store failed
+        // before any caller hears that its reply is gone.
+        let failed = self.failed.clone();
+        let _fail_closed = FailOnPanic(&failed);
         if !batch.is_empty() {
             if self.journal.is_some() && batch.iter().all(|op| matches!(op, Op::Advance { .. })) {
                 self.journal_advances(batch);
@@ -911,6 +912,9 @@ impl Writer {
 
     /// A batch of advances only: one journal record, one `fdatasync`.
     fn journal_advances(&mut self, batch: Vec<Op>) {
+        // Dropped before `batch` (a parameter): see `commit`.
+        let failed = self.failed.clone();
+        let _fail_closed = FailOnPanic(&failed);
         let started = Instant::now();
         let mut wanted = wanted(&batch);
         let stored = self.stored(&mut wanted);
@@ -973,6 +977,8 @@ impl Writer {
 
     /// Any batch as one redb transaction.
     fn commit_redb(&self, batch: Vec<Op>) {
+        // Dropped before `batch` (a parameter): see `commit`.
+        let _fail_closed = FailOnPanic(&self.failed);
         let started = Instant::now();
         match self.apply(&batch) {
             Ok((marks, floor, answers, committed)) => {
