@@ -297,7 +297,6 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
 /// Online backups that may run at once; another gets 503 with `Retry-After`.
 pub const MAX_BACKUPS: usize = 2;
 
-/// A backup's text in pieces of about this size.
 /// How long a listing or a backup waits for the journal to be applied (a hung disk).
 const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -313,6 +312,7 @@ async fn checkpoint(app: &App) -> Result<crate::fence::Snapshot, crate::fence::S
         })
 }
 
+/// A backup's text in pieces of about this size.
 const BACKUP_CHUNK: usize = 64 * 1024;
 /// A client that takes no piece of a backup for this long is given up on (the backup
 /// holds a read transaction, which keeps the store from reusing freed pages).

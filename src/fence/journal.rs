@@ -187,7 +187,11 @@ fn read(file: &impl StorageBackend, len: u64) -> std::io::Result<(u64, Pending)>
     let mut body = Vec::new();
     let mut head = [0u8; RECORD_HEADER];
     while at + RECORD_HEADER as u64 <= len {
-        file.read(at, &mut head)?;
+        // A file cut shorter while being read (an offline reader looking at a running
+        // server's journal, which a reset may shorten) ends like a torn tail.
+        if let Err(e) = file.read(at, &mut head) {
+            return stop_at_eof(e, generation, pending);
+        }
         let (Some(n), Some(g), Some(c)) = (u32_at(&head, 0), u64_at(&head, 8), u64_at(&head, 16))
         else {
             break;
@@ -197,7 +201,9 @@ fn read(file: &impl StorageBackend, len: u64) -> std::io::Result<(u64, Pending)>
             break;
         }
         body.resize(n as usize, 0);
-        file.read(start, &mut body)?;
+        if let Err(e) = file.read(start, &mut body) {
+            return stop_at_eof(e, generation, pending);
+        }
         if c != check(generation, &body) {
             break;
         }
@@ -209,6 +215,18 @@ fn read(file: &impl StorageBackend, len: u64) -> std::io::Result<(u64, Pending)>
         at = start + u64::from(n);
     }
     Ok((generation, pending))
+}
+
+fn stop_at_eof(
+    e: std::io::Error,
+    generation: u64,
+    pending: Pending,
+) -> std::io::Result<(u64, Pending)> {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        Ok((generation, pending))
+    } else {
+        Err(e)
+    }
 }
 
 fn parse(body: &[u8]) -> Option<Vec<(Arc<str>, Token)>> {
@@ -317,6 +335,53 @@ mod tests {
         file.write(3, b"X").unwrap();
         let (_, pending) = Journal::open(file).unwrap();
         assert!(pending.is_empty());
+    }
+
+    /// A file that reports more than it holds, as a file cut shorter after its length was
+    /// read: reads past its end fail as a file's do.
+    #[derive(Debug)]
+    struct Shortened(Shared, u64);
+
+    impl StorageBackend for Shortened {
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(self.0.len()? + self.1)
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            if offset + out.len() as u64 > self.0.len()? {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.0.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.0.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.0.write(offset, data)
+        }
+    }
+
+    #[test]
+    fn a_file_cut_short_while_read_ends_like_a_torn_tail() {
+        let file = Shared::default();
+        let (mut j, _) = Journal::open(file.clone()).unwrap();
+        j.reset().unwrap();
+        let big: Vec<_> = (0..3_000).map(|i| e(&format!("s{i:0>200}"), 1)).collect();
+        while !j.is_long() {
+            j.append(&big).unwrap();
+        }
+        let grown = file.len().unwrap() - JOURNAL_BYTES;
+        // The file cut back to 4 MiB (as a reset does) after a reader took its length and
+        // read its header: the record that crossed 4 MiB is no longer whole.
+        file.set_len(JOURNAL_BYTES).unwrap();
+        let (_, pending) = Journal::open(Shortened(file, grown)).unwrap();
+        assert_eq!(
+            pending.len(),
+            big.len(),
+            "the whole records before it are read"
+        );
     }
 
     #[test]

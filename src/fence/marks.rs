@@ -817,12 +817,16 @@ impl Writer {
                 self.commit(batch);
             }
             if let Some(Op::Close { reply }) = close {
+                // Dropped before `reply` and the ops still queued: see `commit`.
+                let failed = self.failed.clone();
+                let fail_closed = FailOnPanic(&failed);
                 // A clean stop leaves the journal empty and redb whole.
                 if !self.failed.load(Ordering::Acquire)
                     && let Err(e) = self.checkpoint()
                 {
                     tracing::warn!(error = %e, "checkpoint at close failed; the journal is applied at the next open");
                 }
+                drop(fail_closed);
                 drop(self);
                 let _ = reply.send(());
                 return;
