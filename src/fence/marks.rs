@@ -734,17 +734,8 @@ impl MarkReader {
                     Err(e) => return Err(open_err(e)),
                 };
                 let applied = JournalFile::open(&journal)
-                    .and_then(Journal::open)
                     .map_err(redb::Error::Io)
-                    .and_then(|(mut j, pending)| {
-                        if pending.is_empty() {
-                            return Ok(());
-                        }
-                        let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
-                        marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                        raise_marks(&db, &mut marks)?;
-                        j.reset().map_err(redb::Error::Io)
-                    });
+                    .and_then(|file| recover(&db, file));
                 applied.map_err(|e| StoreError::Open {
                     path: journal.display().to_string(),
                     reason: e.to_string(),
@@ -841,19 +832,14 @@ impl Writer {
     /// Applies the journal's advances to redb, then empties the journal. A failure fails
     /// the store closed (what the journal holds is durable and applied at the next open).
     fn checkpoint(&mut self) -> Result<(), StoreError> {
-        let Some(journal) = self.journal.as_mut() else {
-            return Ok(());
-        };
         let mut marks: Vec<(Arc<str>, Token)> = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_pending()
             .iter()
             .map(|(s, t)| (s.clone(), *t))
             .collect();
-        if marks.is_empty() {
+        let Some(journal) = self.journal.as_mut().filter(|_| !marks.is_empty()) else {
             return Ok(());
-        }
+        };
         marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let done = raise_marks(&self.db, &mut marks)
             .map_err(|e| e.to_string())
