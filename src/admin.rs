@@ -207,10 +207,9 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 Some(_) => return problem(StatusCode::BAD_REQUEST, "limit must be 1..=10000"),
             };
             // redb alone shows every acknowledged mark once the journal is applied.
-            let listed = match checkpoint(app).await {
-                Ok(_) => app.store.list(&prefix, after.as_deref(), limit),
-                Err(e) => Err(e),
-            };
+            let listed = checkpoint(app)
+                .await
+                .and_then(|_| app.store.list(&prefix, after.as_deref(), limit));
             match listed {
                 Ok(marks) => {
                     let next = (!crate::fence::marks::listed_all(&marks, limit))

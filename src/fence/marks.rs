@@ -907,28 +907,35 @@ impl Writer {
         let _fail_closed = FailOnPanic(&failed);
         let started = Instant::now();
         let mut wanted = wanted(&batch);
-        let stored = self.stored(&mut wanted);
-        let written = stored.and_then(|()| match self.journal.as_mut() {
-            Some(j) => j.append(&wanted).map_err(|e| e.to_string()),
-            None => Err("no journal".into()),
-        });
-        if let Err(e) = written {
-            // A failed write may still have reached the disk: fail closed.
-            self.failed.store(true, Ordering::Release);
-            self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "mark journal write failed; the store refuses writes until restarted");
-            return fail_all(batch, &e);
-        }
-        {
+        // A batch that raises nothing is durable already: no record, no sync.
+        let written = self
+            .stored(&mut wanted)
+            .and_then(|raised| match self.journal.as_mut() {
+                Some(j) if raised => j.append(&wanted).map(|()| true).map_err(|e| e.to_string()),
+                Some(_) => Ok(false),
+                None => Err("no journal".into()),
+            });
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                // A failed write may still have reached the disk: fail closed.
+                self.failed.store(true, Ordering::Release);
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "mark journal write failed; the store refuses writes until restarted");
+                return fail_all(batch, &e);
+            }
+        };
+        if written {
             let mut pending = self.lock_pending();
             for (scope, token) in &wanted {
                 pending.insert(scope.clone(), *token);
             }
+            drop(pending);
+            self.stats
+                .commit_seconds
+                .observe_duration(started.elapsed());
+            self.stats.commit_batch_size.observe(batch.len() as f64);
         }
-        self.stats
-            .commit_seconds
-            .observe_duration(started.elapsed());
-        self.stats.commit_batch_size.observe(batch.len() as f64);
         for op in batch {
             if let Op::Advance { scope, reply, .. } = op {
                 let _ = reply.send(answer_for(&wanted, &scope));
@@ -938,31 +945,37 @@ impl Writer {
 
     /// Raises each wanted token to the mark already held for its scope (the journal's
     /// pending one, else redb's), so that what is journaled and answered is the mark.
-    fn stored(&self, wanted: &mut [(Arc<str>, Token)]) -> Result<(), String> {
+    /// Answers whether any wanted token is above what is held (else nothing needs writing).
+    fn stored(&self, wanted: &mut [(Arc<str>, Token)]) -> Result<bool, String> {
+        let mut raised = false;
+        let mut hold = |token: &mut Token, held: Option<Token>| match held {
+            Some(h) if h >= *token => *token = h,
+            _ => raised = true,
+        };
         let mut missing = Vec::new();
         {
             // Only this thread changes `pending`: what it shows stays true after the lock.
             let pending = self.lock_pending();
             for (i, (scope, token)) in wanted.iter_mut().enumerate() {
                 match pending.get(scope) {
-                    Some(p) => *token = (*token).max(*p),
+                    Some(p) => hold(token, Some(*p)),
                     None => missing.push(i),
                 }
             }
         }
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
-        let table = txn.open_table(MARKS).map_err(|e| e.to_string())?;
-        for i in missing {
-            let (scope, token) = &mut wanted[i];
-            if let Some(g) = table.get(&**scope).map_err(|e| e.to_string())? {
-                let (e, c) = g.value();
-                *token = (*token).max(Token::new(e, c));
+        if !missing.is_empty() {
+            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            let table = txn.open_table(MARKS).map_err(|e| e.to_string())?;
+            for i in missing {
+                let (scope, token) = &mut wanted[i];
+                let held = table.get(&**scope).map_err(|e| e.to_string())?.map(|g| {
+                    let (e, c) = g.value();
+                    Token::new(e, c)
+                });
+                hold(token, held);
             }
         }
-        Ok(())
+        Ok(raised)
     }
 
     /// Any batch as one redb transaction.
@@ -1316,9 +1329,15 @@ mod tests {
             },
         ]);
         assert_eq!(answer(r7), Some(7));
+        let records = store.stats().commit_batch_size_count();
         let (a5, r5) = advance("s", 5);
         writer.commit(vec![a5]);
         assert_eq!(answer(r5), Some(7));
+        assert_eq!(
+            store.stats().commit_batch_size_count(),
+            records,
+            "a batch that raises nothing writes nothing"
+        );
         assert_eq!(store.get("s").expect("read"), Some(Token::new(1, 7)));
     }
 
