@@ -40,6 +40,8 @@ pub enum Plan {
     /// Every scope in `0..scopes` exactly once (partitioned like `Churn`), with `token`.
     /// The connection stops when its share is done.
     Sweep { scopes: u32, token: u64 },
+    /// Every scope of the list exactly once (partitioned like `Sweep`), with `token`.
+    Each { scopes: Arc<Vec<u32>>, token: u64 },
 }
 
 /// What a correct answer looks like.
@@ -159,6 +161,7 @@ impl ConnPlan {
             Plan::Churn { scopes, .. } | Plan::Sweep { scopes, .. } => {
                 (conn as u32..*scopes).step_by(conns).collect()
             }
+            Plan::Each { scopes, .. } => scopes.iter().skip(conn).step_by(conns).copied().collect(),
             Plan::Random { .. } => Vec::new(),
         };
         let tokens = match plan {
@@ -200,7 +203,7 @@ impl ConnPlan {
                 self.tokens[i] += 1;
                 Some((self.owned[i], self.tokens[i]))
             }
-            Plan::Sweep { token, .. } => {
+            Plan::Sweep { token, .. } | Plan::Each { token, .. } => {
                 let token = *token;
                 let i = self.pos;
                 self.pos += 1;
