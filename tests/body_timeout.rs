@@ -28,7 +28,9 @@ const BIG: usize = 8 << 20;
 /// `stall`: a head with `Content-Length: 10` and 3 bytes of body, then nothing (it holds
 /// the connection until the proxy closes it, and reports that on `closed`);
 /// `trickle`: the same head, then one byte every 100 ms until the 10 are sent;
-/// `big`: 8 MiB at once.
+/// `big`: 8 MiB at once; `broken`: a chunked head, then the connection closed (its body
+/// fails before its first byte); `short`: a head with `Content-Length: 10`, then closed;
+/// `cut`: that head and 3 bytes of body, then closed.
 struct Upstream {
     addr: SocketAddr,
     closed: mpsc::UnboundedReceiver<()>,
@@ -126,6 +128,19 @@ async fn serve(mut s: TcpStream, closed: mpsc::UnboundedSender<()>) {
                         return;
                     }
                 }
+            }
+            "broken" => {
+                let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+                let _ = s.write_all(head.as_bytes()).await;
+                return;
+            }
+            "short" => {
+                let _ = s.write_all(head.as_bytes()).await;
+                return;
+            }
+            "cut" => {
+                let _ = s.write_all(format!("{head}abc").as_bytes()).await;
+                return;
             }
             "big" => {
                 let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n\r\n");
@@ -285,6 +300,66 @@ async fn a_body_that_keeps_coming_is_not_cut_off_in_the_lean_exchange() {
 #[tokio::test]
 async fn a_body_that_keeps_coming_is_not_cut_off_in_the_streamed_exchange() {
     a_trickling_body_arrives_whole(true).await;
+}
+
+/// An upstream body that fails at once, right after the head (or after its first bytes):
+/// the client gets the head (the upstream's status: it may have acted) and what came of
+/// the body, then the connection closes short of the message's end: never a complete
+/// message, and never silence.
+async fn a_body_that_breaks_at_once_still_shows_its_head(kind: &str, streamed: bool) {
+    let (_upstream, running, _dir) = setup().await;
+    let mut s = TcpStream::connect(running.proxy_addr)
+        .await
+        .expect("connect");
+    s.write_all(request(kind, streamed).as_bytes())
+        .await
+        .expect("write");
+    let got = read_until_closed(&mut s).await;
+    let (head, body) = split(&got);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("fencing-result: accepted\r\n"), "{head}");
+    match kind {
+        // Chunked to the client too: no last chunk, so not a complete (empty) body.
+        "broken" => assert!(
+            head.contains("transfer-encoding: chunked\r\n") && !body.ends_with(b"0\r\n\r\n"),
+            "{head}{:?}",
+            String::from_utf8_lossy(body)
+        ),
+        "short" => {
+            assert!(head.contains("content-length: 10\r\n"), "{head}");
+            assert!(body.is_empty(), "{:?}", String::from_utf8_lossy(body));
+        }
+        _ => {
+            assert!(head.contains("content-length: 10\r\n"), "{head}");
+            assert_eq!(body, b"abc", "what came before the upstream closed");
+        }
+    }
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_chunked_body_that_breaks_at_once_still_shows_its_head_in_the_lean_exchange() {
+    a_body_that_breaks_at_once_still_shows_its_head("broken", false).await;
+}
+
+#[tokio::test]
+async fn a_chunked_body_that_breaks_at_once_still_shows_its_head_in_the_streamed_exchange() {
+    a_body_that_breaks_at_once_still_shows_its_head("broken", true).await;
+}
+
+#[tokio::test]
+async fn a_sized_body_that_breaks_at_once_still_shows_its_head() {
+    a_body_that_breaks_at_once_still_shows_its_head("short", false).await;
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_after_its_first_bytes_shows_them_in_the_lean_exchange() {
+    a_body_that_breaks_at_once_still_shows_its_head("cut", false).await;
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_after_its_first_bytes_shows_them_in_the_streamed_exchange() {
+    a_body_that_breaks_at_once_still_shows_its_head("cut", true).await;
 }
 
 /// A client that stops reading for longer than the timeout: the proxy does not ask the

@@ -640,7 +640,11 @@ pub fn client_response(
             }
             _ => None,
         };
-        let body = GuardedBody { inner: body, held };
+        let body = GuardedBody {
+            inner: body,
+            held,
+            failed: None,
+        };
         Response::from_parts(parts, body.boxed())
     }
     match resp {
@@ -687,6 +691,8 @@ struct GuardedBody<B> {
     inner: B,
     /// For a fenced response: its count, the stall deadline, and the stall limit.
     held: Option<(Arc<Held>, Deadline, Duration)>,
+    /// An error held back for one poll: see [`GuardedBody::poll_frame`].
+    failed: Option<BoxError>,
 }
 
 impl<B> GuardedBody<B> {
@@ -716,7 +722,23 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(e) = this.failed.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = polled {
+            // The upstream closed or broke its framing. hyper's HTTP/1 server flushes
+            // what it buffered (the head, the data before) only once a poll of the body
+            // returns pending, and drops that buffer with the connection on an error: an
+            // upstream that fails right after its head would leave the client with no
+            // answer at all, not even the status of what it may have done. Held back for
+            // one poll, everything before the failure goes out first, then the connection
+            // closes short of the message's end (never a complete message).
+            this.release();
+            this.failed = Some(e.into());
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         match &polled {
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.release(),
             Poll::Ready(Some(Ok(_))) => {
