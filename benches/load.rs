@@ -1309,7 +1309,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
          Requests in the warm-up are checked but not measured.\n\
          - Rounds: the null-backend workloads and their baselines run in {} round(s), each measuring direct, bare hyper, \
          nginx proxy_pass, W1, W3, the bare 409 server, W2 and PostgreSQL in a row; a ratio is the median of its per-round ratios and a \
-         row shows its workload's median round (errors: every round's). WebDAV and W4 run once.\n",
+         row shows its workload's median round (errors: every round's). WebDAV and W4 run once, but for W4's W1 after the fill (up to 3 alternating rounds, see W4 below).\n",
         client::BODY.len(),
         args.rounds
     ));
