@@ -231,6 +231,7 @@ impl Idempotency {
         tls: bool,
     ) -> Response<Body> {
         let route_idx = plan.route;
+        let hold_back = crate::proxy::forward::holds_back(req.version());
         let route = &table.config.routes[route_idx];
         let settings = &table.config.idempotency;
         let scope = plan.scope.clone().unwrap_or_default();
@@ -496,8 +497,8 @@ impl Idempotency {
                     )
                     .await;
                     let (prefix, rest, broken) = match read {
-                        Ok(Ok((prefix, rest))) => (prefix, rest, false),
-                        Ok(Err(e)) if !e.is::<ReadTimedOut>() => (Bytes::new(), None, true),
+                        Ok(Ok((prefix, rest))) => (prefix, rest, None),
+                        Ok(Err(e)) if !e.is::<ReadTimedOut>() => (Bytes::new(), None, Some(e)),
                         // The body did not end within the upstream timeout (or a wait for
                         // more of it outlasted that timeout, whichever came first): the
                         // exchange is treated as one that timed out (504, outcome unknown),
@@ -529,7 +530,7 @@ impl Idempotency {
                         .filter(|(n, _)| *n != http::header::DATE && *n != FENCING_RESULT)
                         .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
                         .collect();
-                    let body_stored = rest.is_none() && !broken;
+                    let body_stored = rest.is_none() && broken.is_none();
                     let state = State::Completed {
                         status: parts.status.as_u16(),
                         headers,
@@ -541,13 +542,20 @@ impl Idempotency {
                     {
                         tracing::warn!(error = %e, "idempotency record not completed; a retry will see an unknown outcome");
                     }
-                    let body = match rest {
-                        None => Held {
+                    let body = match (rest, broken) {
+                        // The client sees it break as it broke: the head, then a body cut
+                        // short (not a complete empty one).
+                        (_, Some(e)) => Held {
+                            body: crate::proxy::forward::CutShort::new(e, hold_back),
+                            _room: room,
+                        }
+                        .boxed(),
+                        (None, None) => Held {
                             body: Full::new(prefix).map_err(|e| match e {}),
                             _room: room,
                         }
                         .boxed(),
-                        Some(rest) => Held {
+                        (Some(rest), None) => Held {
                             body: Chain {
                                 first: Some(prefix),
                                 rest,

@@ -362,6 +362,89 @@ async fn a_body_that_breaks_after_its_first_bytes_shows_them_in_the_streamed_exc
     a_body_that_breaks_at_once_still_shows_its_head("cut", true).await;
 }
 
+/// Whether a response (its lowercased head and the body bytes after it) is a complete
+/// HTTP/1.1 message: all of its `Content-Length`, or chunked up to the last chunk.
+fn complete(head: &str, body: &[u8]) -> bool {
+    let length = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == "content-length")
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok());
+    match length {
+        Some(n) => body.len() >= n,
+        None => !head.contains("transfer-encoding: chunked") || body.ends_with(b"0\r\n\r\n"),
+    }
+}
+
+/// An HTTP/1.0 client reads a response without a length up to the connection's close, so
+/// a cut there would look like the end: such a client gets no answer at all instead.
+#[tokio::test]
+async fn an_http10_client_is_never_handed_a_cut_body_that_looks_whole() {
+    let (_upstream, running, _dir) = setup().await;
+    let mut s = TcpStream::connect(running.proxy_addr)
+        .await
+        .expect("connect");
+    s.write_all(
+        b"PUT /reports/broken/x HTTP/1.0\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx",
+    )
+    .await
+    .expect("write");
+    let got = read_until_closed(&mut s).await;
+    assert!(
+        got.is_empty(),
+        "an HTTP/1.0 answer that ends at the close: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    running.shutdown().await;
+}
+
+/// With an `Idempotency-Key` the response is read whole before it is answered; a body that
+/// breaks then still reaches the client as broken (its head, then a cut), not as a
+/// complete empty body.
+async fn with_a_key_a_broken_body_is_answered_as_broken(kind: &str) {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let route = "scope = \"report/{report}\"\nupstream = \"u\"\n";
+    let text = support::config_text(upstream.addr, "5s", "0s", "300ms").replacen(
+        route,
+        &format!("{route}idempotency = \"optional\"\n"),
+        1,
+    );
+    assert!(text.contains("idempotency = \"optional\""), "{text}");
+    let config = Config::parse(&text, dir.path()).expect("config");
+    let running = support::start(config).await;
+    let mut s = TcpStream::connect(running.proxy_addr)
+        .await
+        .expect("connect");
+    s.write_all(
+        format!(
+            "PUT /reports/{kind}/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nIdempotency-Key: \"k-{kind}\"\r\nContent-Length: 1\r\n\r\nx"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let got = read_until_closed(&mut s).await;
+    let (head, body) = split(&got);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(
+        !complete(&head, body),
+        "a broken body answered as complete: {head}{:?}",
+        String::from_utf8_lossy(body)
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_a_key_a_sized_body_that_breaks_is_answered_as_broken() {
+    with_a_key_a_broken_body_is_answered_as_broken("short").await;
+}
+
+#[tokio::test]
+async fn with_a_key_a_chunked_body_that_breaks_is_answered_as_broken() {
+    with_a_key_a_broken_body_is_answered_as_broken("broken").await;
+}
+
 /// A client that stops reading for longer than the timeout: the proxy does not ask the
 /// upstream for more meanwhile, so that time is not a wait for the upstream.
 #[tokio::test]

@@ -618,11 +618,13 @@ pub fn client_response(
     resp: Upstreamed,
     guard: Option<InflightGuard>,
     stall: Duration,
+    hold_back: bool,
 ) -> Response<Body> {
     fn guarded<B>(
         resp: Response<B>,
         guard: Option<InflightGuard>,
         stall: Duration,
+        hold_back: bool,
     ) -> Response<Body>
     where
         B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
@@ -643,14 +645,58 @@ pub fn client_response(
         let body = GuardedBody {
             inner: body,
             held,
+            hold_back,
             failed: None,
         };
         Response::from_parts(parts, body.boxed())
     }
     match resp {
-        Upstreamed::Pooled(r) => guarded(r, guard, stall),
-        Upstreamed::H1(r) => guarded(r, guard, stall),
-        Upstreamed::Tls(r) => guarded(r, guard, stall),
+        Upstreamed::Pooled(r) => guarded(r, guard, stall, hold_back),
+        Upstreamed::H1(r) => guarded(r, guard, stall, hold_back),
+        Upstreamed::Tls(r) => guarded(r, guard, stall, hold_back),
+    }
+}
+
+/// Whether a response body that fails may hold its error back one poll, so that what came
+/// before it (the head at least) reaches the client first: see [`GuardedBody::poll_frame`].
+/// Not for an HTTP/1.0 client, whose response without a length ends where the connection
+/// closes: a cut there would read as the body's end, where no answer at all cannot.
+pub fn holds_back(client: http::Version) -> bool {
+    client != http::Version::HTTP_10
+}
+
+/// The body of a response whose upstream body failed before it was answered (read whole
+/// first, as for a request with an `Idempotency-Key`): the head goes out, then the error
+/// ends the connection short of the message's end. The error is held back one poll as in
+/// [`GuardedBody`] when `hold_back` ([`holds_back`]).
+pub struct CutShort {
+    error: Option<BoxError>,
+    hold_back: bool,
+}
+
+impl CutShort {
+    pub fn new(error: BoxError, hold_back: bool) -> CutShort {
+        CutShort {
+            error: Some(error),
+            hold_back,
+        }
+    }
+}
+
+impl http_body::Body for CutShort {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if std::mem::take(&mut this.hold_back) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(this.error.take().map(Err))
     }
 }
 
@@ -691,6 +737,8 @@ struct GuardedBody<B> {
     inner: B,
     /// For a fenced response: its count, the stall deadline, and the stall limit.
     held: Option<(Arc<Held>, Deadline, Duration)>,
+    /// Whether an error is held back for one poll ([`holds_back`]).
+    hold_back: bool,
     /// An error held back for one poll: see [`GuardedBody::poll_frame`].
     failed: Option<BoxError>,
 }
@@ -726,7 +774,9 @@ where
             return Poll::Ready(Some(Err(e)));
         }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Err(e))) = polled {
+        if this.hold_back
+            && let Poll::Ready(Some(Err(e))) = polled
+        {
             // The upstream closed or broke its framing. hyper's HTTP/1 server flushes
             // what it buffered (the head, the data before) only once a poll of the body
             // returns pending, and drops that buffer with the connection on an error: an
