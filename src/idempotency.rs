@@ -231,7 +231,7 @@ impl Idempotency {
         tls: bool,
     ) -> Response<Body> {
         let route_idx = plan.route;
-        let hold_back = crate::proxy::forward::holds_back(req.version());
+        let client_version = req.version();
         let route = &table.config.routes[route_idx];
         let settings = &table.config.idempotency;
         let scope = plan.scope.clone().unwrap_or_default();
@@ -546,7 +546,10 @@ impl Idempotency {
                         // The client sees it break as it broke: the head, then a body cut
                         // short (not a complete empty one).
                         (_, Some(e)) => Held {
-                            body: crate::proxy::forward::CutShort::new(e, hold_back),
+                            body: crate::proxy::forward::CutShort::new(
+                                e,
+                                crate::proxy::forward::holds_back(client_version, &parts.headers),
+                            ),
                             _room: room,
                         }
                         .boxed(),

@@ -30,7 +30,9 @@ const BIG: usize = 8 << 20;
 /// `trickle`: the same head, then one byte every 100 ms until the 10 are sent;
 /// `big`: 8 MiB at once; `broken`: a chunked head, then the connection closed (its body
 /// fails before its first byte); `short`: a head with `Content-Length: 10`, then closed;
-/// `cut`: that head and 3 bytes of body, then closed.
+/// `cut`: that head and 3 bytes of body, then closed; `garbled`: a chunked head and a
+/// chunk size that is no number, in one write (its body fails at its first read, with
+/// nothing left to wait for), then closed.
 struct Upstream {
     addr: SocketAddr,
     closed: mpsc::UnboundedReceiver<()>,
@@ -135,6 +137,11 @@ async fn serve(mut s: TcpStream, closed: mpsc::UnboundedSender<()>) {
                 return;
             }
             "short" => {
+                let _ = s.write_all(head.as_bytes()).await;
+                return;
+            }
+            "garbled" => {
+                let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n";
                 let _ = s.write_all(head.as_bytes()).await;
                 return;
             }
@@ -376,26 +383,44 @@ fn complete(head: &str, body: &[u8]) -> bool {
     }
 }
 
-/// An HTTP/1.0 client reads a response without a length up to the connection's close, so
-/// a cut there would look like the end: such a client gets no answer at all instead.
-#[tokio::test]
-async fn an_http10_client_is_never_handed_a_cut_body_that_looks_whole() {
+/// What an HTTP/1.0 client gets for `/reports/{kind}/x` (until the proxy closes).
+async fn http10_answer(kind: &str) -> Vec<u8> {
     let (_upstream, running, _dir) = setup().await;
     let mut s = TcpStream::connect(running.proxy_addr)
         .await
         .expect("connect");
     s.write_all(
-        b"PUT /reports/broken/x HTTP/1.0\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx",
+        format!("PUT /reports/{kind}/x HTTP/1.0\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx")
+            .as_bytes(),
     )
     .await
     .expect("write");
     let got = read_until_closed(&mut s).await;
+    running.shutdown().await;
+    got
+}
+
+/// An HTTP/1.0 client reads a response without a length up to the connection's close, so
+/// a cut there would look like the end: when the body fails at once, such a client gets
+/// no answer at all instead.
+#[tokio::test]
+async fn an_http10_client_gets_no_answer_when_a_body_without_length_fails_at_once() {
+    let got = http10_answer("garbled").await;
     assert!(
         got.is_empty(),
         "an HTTP/1.0 answer that ends at the close: {:?}",
         String::from_utf8_lossy(&got)
     );
-    running.shutdown().await;
+}
+
+/// With a length, an HTTP/1.0 client can tell a cut: it gets the head, then a short body.
+#[tokio::test]
+async fn an_http10_client_gets_the_head_of_a_sized_body_that_breaks_at_once() {
+    let got = http10_answer("short").await;
+    let (head, body) = split(&got);
+    assert!(head.starts_with("http/1.0 200"), "{head}");
+    assert!(head.contains("content-length: 10\r\n"), "{head}");
+    assert!(body.is_empty(), "{:?}", String::from_utf8_lossy(body));
 }
 
 /// With an `Idempotency-Key` the response is read whole before it is answered; a body that

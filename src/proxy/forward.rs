@@ -618,13 +618,13 @@ pub fn client_response(
     resp: Upstreamed,
     guard: Option<InflightGuard>,
     stall: Duration,
-    hold_back: bool,
+    client: http::Version,
 ) -> Response<Body> {
     fn guarded<B>(
         resp: Response<B>,
         guard: Option<InflightGuard>,
         stall: Duration,
-        hold_back: bool,
+        client: http::Version,
     ) -> Response<Body>
     where
         B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
@@ -645,24 +645,25 @@ pub fn client_response(
         let body = GuardedBody {
             inner: body,
             held,
-            hold_back,
+            hold_back: holds_back(client, &parts.headers),
             failed: None,
         };
         Response::from_parts(parts, body.boxed())
     }
     match resp {
-        Upstreamed::Pooled(r) => guarded(r, guard, stall, hold_back),
-        Upstreamed::H1(r) => guarded(r, guard, stall, hold_back),
-        Upstreamed::Tls(r) => guarded(r, guard, stall, hold_back),
+        Upstreamed::Pooled(r) => guarded(r, guard, stall, client),
+        Upstreamed::H1(r) => guarded(r, guard, stall, client),
+        Upstreamed::Tls(r) => guarded(r, guard, stall, client),
     }
 }
 
 /// Whether a response body that fails may hold its error back one poll, so that what came
 /// before it (the head at least) reaches the client first: see [`GuardedBody::poll_frame`].
-/// Not for an HTTP/1.0 client, whose response without a length ends where the connection
-/// closes: a cut there would read as the body's end, where no answer at all cannot.
-pub fn holds_back(client: http::Version) -> bool {
-    client != http::Version::HTTP_10
+/// Not for an HTTP/1.0 client of a response without `Content-Length` (`headers`: the
+/// response's), which ends where the connection closes: a cut there would read as the
+/// body's end, where no answer at all cannot.
+pub fn holds_back(client: http::Version, headers: &http::HeaderMap) -> bool {
+    client != http::Version::HTTP_10 || headers.contains_key(header::CONTENT_LENGTH)
 }
 
 /// The body of a response whose upstream body failed before it was answered (read whole

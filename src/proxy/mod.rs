@@ -527,7 +527,7 @@ impl Forwarder {
                 .checked_add(upstream.timeout)
                 .unwrap_or(started + Duration::from_secs(86_400 * 365));
             let (mut parts, body) = req.into_parts();
-            let hold_back = forward::holds_back(parts.version);
+            let client_version = parts.version;
             // The body in memory (none, or a small one read whole), or still to stream.
             let body: Result<Bytes, Body> = if http_body::Body::is_end_stream(&body) {
                 Ok(Bytes::new())
@@ -614,7 +614,7 @@ impl Forwarder {
                     row.count(if fenced { "accepted" } else { "unfenced" });
                     // A body that stops moving for the upstream's timeout lets go of its generation.
                     let mut resp =
-                        forward::client_response(resp, guard, upstream.timeout, hold_back);
+                        forward::client_response(resp, guard, upstream.timeout, client_version);
                     if fenced {
                         resp.headers_mut()
                             .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
