@@ -163,9 +163,16 @@ async fn serve(mut s: TcpStream, closed: mpsc::UnboundedSender<()>) {
 }
 
 async fn setup() -> (Upstream, fencegate::server::Running, tempfile::TempDir) {
+    setup_with(|text| text).await
+}
+
+/// [`setup`], its config text changed by `edit` first.
+async fn setup_with(
+    edit: impl FnOnce(String) -> String,
+) -> (Upstream, fencegate::server::Running, tempfile::TempDir) {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let text = support::config_text(upstream.addr, "5s", "0s", "300ms");
+    let text = edit(support::config_text(upstream.addr, "5s", "0s", "300ms"));
     let config = Config::parse(&text, dir.path()).expect("config");
     let running = support::start(config).await;
     (upstream, running, dir)
@@ -225,6 +232,16 @@ async fn read_response(s: &mut TcpStream, got: &mut Vec<u8>, length: usize) -> b
     })
     .await
     .expect("the response within bound")
+}
+
+/// Sends `request` on a new connection; answers everything the proxy sends until it
+/// closes the connection.
+async fn answer(running: &fencegate::server::Running, request: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect(running.proxy_addr)
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    read_until_closed(&mut s).await
 }
 
 /// Splits a response into its head (text) and the body bytes after it.
@@ -315,20 +332,14 @@ async fn a_body_that_keeps_coming_is_not_cut_off_in_the_streamed_exchange() {
 /// message, and never silence.
 async fn a_body_that_breaks_at_once_still_shows_its_head(kind: &str, streamed: bool) {
     let (_upstream, running, _dir) = setup().await;
-    let mut s = TcpStream::connect(running.proxy_addr)
-        .await
-        .expect("connect");
-    s.write_all(request(kind, streamed).as_bytes())
-        .await
-        .expect("write");
-    let got = read_until_closed(&mut s).await;
+    let got = answer(&running, &request(kind, streamed)).await;
     let (head, body) = split(&got);
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(head.contains("fencing-result: accepted\r\n"), "{head}");
     match kind {
         // Chunked to the client too: no last chunk, so not a complete (empty) body.
         "broken" => assert!(
-            head.contains("transfer-encoding: chunked\r\n") && !body.ends_with(b"0\r\n\r\n"),
+            head.contains("transfer-encoding: chunked\r\n") && !complete(&head, body),
             "{head}{:?}",
             String::from_utf8_lossy(body)
         ),
@@ -386,16 +397,11 @@ fn complete(head: &str, body: &[u8]) -> bool {
 /// What an HTTP/1.0 client gets for `/reports/{kind}/x` (until the proxy closes).
 async fn http10_answer(kind: &str) -> Vec<u8> {
     let (_upstream, running, _dir) = setup().await;
-    let mut s = TcpStream::connect(running.proxy_addr)
-        .await
-        .expect("connect");
-    s.write_all(
-        format!("PUT /reports/{kind}/x HTTP/1.0\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx")
-            .as_bytes(),
+    let got = answer(
+        &running,
+        &format!("PUT /reports/{kind}/x HTTP/1.0\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx"),
     )
-    .await
-    .expect("write");
-    let got = read_until_closed(&mut s).await;
+    .await;
     running.shutdown().await;
     got
 }
@@ -427,29 +433,20 @@ async fn an_http10_client_gets_the_head_of_a_sized_body_that_breaks_at_once() {
 /// breaks then still reaches the client as broken (its head, then a cut), not as a
 /// complete empty body.
 async fn with_a_key_a_broken_body_is_answered_as_broken(kind: &str) {
-    let upstream = Upstream::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let route = "scope = \"report/{report}\"\nupstream = \"u\"\n";
-    let text = support::config_text(upstream.addr, "5s", "0s", "300ms").replacen(
-        route,
-        &format!("{route}idempotency = \"optional\"\n"),
-        1,
-    );
-    assert!(text.contains("idempotency = \"optional\""), "{text}");
-    let config = Config::parse(&text, dir.path()).expect("config");
-    let running = support::start(config).await;
-    let mut s = TcpStream::connect(running.proxy_addr)
-        .await
-        .expect("connect");
-    s.write_all(
-        format!(
+    let (_upstream, running, _dir) = setup_with(|text| {
+        let route = "scope = \"report/{report}\"\nupstream = \"u\"\n";
+        let text = text.replacen(route, &format!("{route}idempotency = \"optional\"\n"), 1);
+        assert!(text.contains("idempotency = \"optional\""), "{text}");
+        text
+    })
+    .await;
+    let got = answer(
+        &running,
+        &format!(
             "PUT /reports/{kind}/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nIdempotency-Key: \"k-{kind}\"\r\nContent-Length: 1\r\n\r\nx"
-        )
-        .as_bytes(),
+        ),
     )
-    .await
-    .expect("write");
-    let got = read_until_closed(&mut s).await;
+    .await;
     let (head, body) = split(&got);
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(
