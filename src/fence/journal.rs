@@ -63,6 +63,33 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(a))
 }
 
+/// The journal was changed by something other than a crash: a record or header fails its
+/// check where a crash cannot have left one. Acknowledged advances may be behind it, so it
+/// is never read past silently.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("corrupt at byte {offset}: {what}")]
+pub struct Corruption {
+    pub offset: u64,
+    pub what: String,
+}
+
+impl Corruption {
+    fn at(offset: u64, what: impl Into<String>) -> Corruption {
+        Corruption {
+            offset,
+            what: what.into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Corrupt(#[from] Corruption),
+}
+
 pub struct Journal {
     file: Box<dyn StorageBackend>,
     generation: u64,
@@ -79,19 +106,32 @@ pub type Pending = HashMap<Arc<str>, Token>;
 impl Journal {
     /// Reads every whole record of the current generation. The journal is then ready for
     /// [`reset`](Journal::reset), which must follow once what was read is applied.
-    pub fn open(file: impl StorageBackend) -> std::io::Result<(Journal, Pending)> {
+    pub fn open(file: impl StorageBackend) -> Result<(Journal, Pending), OpenError> {
         let len = file.len()?;
-        let (generation, pending) = read(&file, len)?;
+        let contents = read(&file, len)?;
+        if let Some(at) = contents.torn {
+            // Expected after a crash mid-append (that record was never acknowledged); also
+            // what a damaged last record looks like, which no check can tell apart.
+            tracing::warn!(
+                offset = at,
+                "the mark journal ends in a torn record (a crash during its write); it was never acknowledged and is ignored"
+            );
+        }
         Ok((
             Journal {
                 file: Box::new(file),
-                generation,
+                generation: contents.generation,
                 end: len.max(HEADER),
                 len,
                 buf: Vec::new(),
             },
-            pending,
+            contents.pending,
         ))
+    }
+
+    /// The generation of the records now being written (0: never reset).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Starts over, empty, in a new generation: every record before is void. Only after
@@ -168,22 +208,71 @@ impl Journal {
     }
 }
 
+/// What a journal read back holds.
+struct Contents {
+    generation: u64,
+    pending: Pending,
+    /// Where a record of the current generation was found torn (the last one, written
+    /// but never made durable: a crash during its append).
+    torn: Option<u64>,
+}
+
 /// The generation and the advances of a journal of `len` bytes, read one record at a time
 /// (memory bounded by the largest record, not the file).
-fn read(file: &impl StorageBackend, len: u64) -> std::io::Result<(u64, Pending)> {
+///
+/// A crash leaves at most one damaged record, the last one: a record is appended only
+/// after the one before it was synced. So the reading stops at the first record that is
+/// not a whole, checked record of the header's generation, and everything after it is
+/// searched for a valid record of that generation: one found means something other than
+/// a crash damaged the file, and the journal is refused (the records after the damage
+/// are acknowledged advances). A damaged header is refused the same way.
+fn read(file: &impl StorageBackend, len: u64) -> Result<Contents, OpenError> {
     let mut pending = Pending::new();
     if len < HEADER {
-        return Ok((0, pending));
+        // A journal is never shorter than its header once one was written (a reset sets
+        // the length first): nothing was ever journaled here.
+        let mut head = vec![0u8; len as usize];
+        file.read(0, &mut head)?;
+        if head.iter().any(|b| *b != 0) {
+            return Err(Corruption::at(0, "shorter than a journal header, and not blank").into());
+        }
+        return Ok(Contents {
+            generation: 0,
+            pending,
+            torn: None,
+        });
     }
     let mut header = [0u8; HEADER as usize];
     file.read(0, &mut header)?;
+    if header.iter().all(|b| *b == 0) {
+        // Never written: a crash during the first reset, after the file got its length
+        // and before its header reached the disk. Then no record can be behind it.
+        if let Some(at) = find_record(file, len, HEADER, None)? {
+            return Err(Corruption::at(
+                0,
+                format!("the header is blank but a valid record follows at byte {at}"),
+            )
+            .into());
+        }
+        return Ok(Contents {
+            generation: 0,
+            pending,
+            torn: None,
+        });
+    }
+    if header[..8] != MAGIC {
+        return Err(Corruption::at(
+            0,
+            "the header does not start with the journal's magic bytes",
+        )
+        .into());
+    }
     let generation = u64_at(&header, 8).unwrap_or(0);
-    if header[..8] != MAGIC || u64_at(&header, 16) != Some(check(generation, &MAGIC)) {
-        // No journal yet, or a header torn while a reset wrote it: a reset writes the
-        // header only after a checkpoint, so nothing behind it is needed.
-        return Ok((generation, pending));
+    if u64_at(&header, 16) != Some(check(generation, &MAGIC)) {
+        return Err(Corruption::at(0, "the header's check does not match").into());
     }
     let mut at = HEADER;
+    let mut torn = None;
     let mut body = Vec::new();
     let mut head = [0u8; RECORD_HEADER];
     while at + RECORD_HEADER as u64 <= len {
@@ -196,8 +285,13 @@ fn read(file: &impl StorageBackend, len: u64) -> std::io::Result<(u64, Pending)>
         else {
             break;
         };
+        if g != generation {
+            // Zeros, a record of an earlier generation, or the middle of one: the end.
+            break;
+        }
         let start = at + RECORD_HEADER as u64;
-        if n == 0 || g != generation || start + u64::from(n) > len {
+        if n == 0 || start + u64::from(n) > len {
+            torn = Some(at);
             break;
         }
         body.resize(n as usize, 0);
@@ -205,27 +299,178 @@ fn read(file: &impl StorageBackend, len: u64) -> std::io::Result<(u64, Pending)>
             return stop_at_eof(e, generation, pending);
         }
         if c != check(generation, &body) {
+            torn = Some(at);
             break;
         }
-        let Some(entries) = parse(&body) else { break };
+        let Some(entries) = parse(&body) else {
+            torn = Some(at);
+            break;
+        };
         for (scope, token) in entries {
             let e = pending.entry(scope).or_insert(token);
             *e = (*e).max(token);
         }
         at = start + u64::from(n);
     }
-    Ok((generation, pending))
+    if let Some(next) = find_record(file, len, at + 1, Some(generation))? {
+        let what = match torn {
+            Some(_) => {
+                format!("the record here is damaged, but a valid record follows at byte {next}")
+            }
+            None => format!(
+                "the record here is not of the header's generation {generation}, but a valid one follows at byte {next}"
+            ),
+        };
+        return Err(Corruption::at(at, what).into());
+    }
+    Ok(Contents {
+        generation,
+        pending,
+        torn,
+    })
+}
+
+/// The first offset at or after `from` where a whole, checked record starts: of generation
+/// `want`, or of any generation but 0 when `want` is None.
+fn find_record(
+    file: &impl StorageBackend,
+    len: u64,
+    from: u64,
+    want: Option<u64>,
+) -> std::io::Result<Option<u64>> {
+    let mut found = None;
+    scan(file, len, from, want, &mut |at, _, _| {
+        found = Some(at);
+        false
+    })?;
+    Ok(found)
+}
+
+/// Calls `f(offset, generation, entries)` for each whole, checked record found at or after
+/// `from` (of generation `want`, or any but 0), looking at every byte offset; stops when
+/// `f` answers false. Reads the file a window at a time.
+fn scan(
+    file: &impl StorageBackend,
+    len: u64,
+    from: u64,
+    want: Option<u64>,
+    f: &mut dyn FnMut(u64, u64, Vec<(Arc<str>, Token)>) -> bool,
+) -> std::io::Result<()> {
+    const WINDOW: u64 = 1 << 20;
+    let eof_ends = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    };
+    let rh = RECORD_HEADER as u64;
+    let mut window = Vec::new();
+    let mut base = from;
+    let mut body = Vec::new();
+    let mut at = from;
+    while at + rh <= len {
+        if at + rh > base + window.len() as u64 {
+            // Next window (a file shorter than its length said ends the scan).
+            base = at;
+            window.resize((len - at).min(WINDOW) as usize, 0);
+            if !file
+                .read(base, &mut window)
+                .map(|()| true)
+                .or_else(eof_ends)?
+            {
+                return Ok(());
+            }
+        }
+        let mut i = (at - base) as usize;
+        if let Some(w) = want {
+            // Only where the generation's bytes are can a record of it start.
+            let Some(found) = memchr::memmem::find(&window[i + 8..], &w.to_le_bytes()) else {
+                // None in this window: go on where one could still start in the next.
+                at = base + (window.len() - RECORD_HEADER + 1).max(i + 1) as u64;
+                continue;
+            };
+            i += found;
+            at = base + i as u64;
+            if at + rh > base + window.len() as u64 {
+                continue;
+            }
+        }
+        let h = &window[i..i + RECORD_HEADER];
+        let (Some(n), Some(g), Some(c)) = (u32_at(h, 0), u64_at(h, 8), u64_at(h, 16)) else {
+            return Ok(());
+        };
+        let plausible = n > 0
+            && h[4..8] == [0, 0, 0, 0]
+            && want.map_or(g != 0, |w| g == w)
+            && at + rh + u64::from(n) <= len;
+        if plausible {
+            body.resize(n as usize, 0);
+            if !file
+                .read(at + rh, &mut body)
+                .map(|()| true)
+                .or_else(eof_ends)?
+            {
+                return Ok(());
+            }
+            if c == check(g, &body)
+                && let Some(entries) = parse(&body)
+            {
+                if !f(at, g, entries) {
+                    return Ok(());
+                }
+                // Records do not overlap: go on after this one.
+                at += rh + u64::from(n);
+                continue;
+            }
+        }
+        at += 1;
+    }
+    Ok(())
+}
+
+/// Every record of a damaged journal that checks out, whatever its generation (records of
+/// earlier generations are in redb already; taking the max with them changes nothing).
+pub struct Salvage {
+    pub pending: Pending,
+    pub records: usize,
+    /// The highest epoch of any token found.
+    pub max_epoch: u64,
+}
+
+/// Reads every valid record of a journal, damaged or not, for `store recover`.
+pub fn salvage(file: &impl StorageBackend) -> std::io::Result<Salvage> {
+    let len = file.len()?;
+    let mut out = Salvage {
+        pending: Pending::new(),
+        records: 0,
+        max_epoch: 0,
+    };
+    scan(file, len, HEADER.min(len), None, &mut |_, _, entries| {
+        out.records += 1;
+        for (scope, token) in entries {
+            out.max_epoch = out.max_epoch.max(token.epoch);
+            let e = out.pending.entry(scope).or_insert(token);
+            *e = (*e).max(token);
+        }
+        true
+    })?;
+    Ok(out)
 }
 
 fn stop_at_eof(
     e: std::io::Error,
     generation: u64,
     pending: Pending,
-) -> std::io::Result<(u64, Pending)> {
+) -> Result<Contents, OpenError> {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        Ok((generation, pending))
+        Ok(Contents {
+            generation,
+            pending,
+            torn: None,
+        })
     } else {
-        Err(e)
+        Err(e.into())
     }
 }
 
@@ -319,27 +564,113 @@ mod tests {
         assert!(pending.is_empty(), "{pending:?}");
     }
 
-    #[test]
-    fn reading_stops_at_a_torn_or_damaged_record() {
-        let file = Shared::default();
+    fn flip(file: &Shared, at: u64, bit: u8) {
+        let mut byte = [0u8];
+        file.read(at, &mut byte).unwrap();
+        file.write(at, &[byte[0] ^ (1 << bit)]).unwrap();
+    }
+
+    /// A journal of three records; answers the offsets of the second and third.
+    fn three_records(file: &Shared) -> (u64, u64) {
         let (mut j, _) = Journal::open(file.clone()).unwrap();
         j.reset().unwrap();
         j.append(&[e("a", 1)]).unwrap();
         let second = j.end;
-        j.append(&[e("b", 2)]).unwrap();
+        j.append(&[e("b", 2), e("bb", 2)]).unwrap();
+        let third = j.end;
         j.append(&[e("c", 3)]).unwrap();
-        // One byte of the second record's body flipped: it and everything after is void.
-        let at = second + RECORD_HEADER as u64 + 4;
-        let mut byte = [0u8];
-        file.read(at, &mut byte).unwrap();
-        file.write(at, &[byte[0] ^ 1]).unwrap();
-        let (_, pending) = Journal::open(file.clone()).unwrap();
-        assert_eq!(pending.len(), 1, "{pending:?}");
-        assert_eq!(pending.get("a"), Some(&t(1)));
-        // A damaged header voids the lot (a reset writes it only after a checkpoint).
-        file.write(3, b"X").unwrap();
+        (second, third)
+    }
+
+    #[test]
+    fn a_damaged_record_with_valid_ones_after_it_is_corruption() {
+        let file = Shared::default();
+        let (second, third) = three_records(&file);
+        let image = file.0.clone();
+        for at in second..third {
+            for bit in [0, 5] {
+                let copy = Shared(Arc::new(InMemoryBackend::new()), 0);
+                let len = image.len().unwrap();
+                let mut all = vec![0u8; len as usize];
+                image.read(0, &mut all).unwrap();
+                copy.set_len(len).unwrap();
+                copy.write(0, &all).unwrap();
+                flip(&copy, at, bit);
+                match Journal::open(copy) {
+                    // Never fewer advances without a word (the padding is not checked:
+                    // a flip there changes nothing read).
+                    Ok((_, pending)) => {
+                        assert_eq!(pending.len(), 4, "byte {at} bit {bit}: {pending:?}");
+                        assert!(
+                            (second + 4..second + 8).contains(&at),
+                            "byte {at} bit {bit}"
+                        );
+                    }
+                    Err(OpenError::Corrupt(c)) => assert_eq!(c.offset, second, "byte {at}: {c}"),
+                    Err(e) => panic!("byte {at} bit {bit}: {e}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_damaged_header_is_corruption() {
+        for at in 0..HEADER {
+            for bit in [0, 5] {
+                let file = Shared::default();
+                three_records(&file);
+                flip(&file, at, bit);
+                match Journal::open(file) {
+                    Err(OpenError::Corrupt(c)) => assert_eq!(c.offset, 0, "{c}"),
+                    Err(e) => panic!("byte {at} bit {bit}: {e}"),
+                    Ok((_, p)) => panic!("byte {at} bit {bit}: read as {p:?}"),
+                }
+            }
+        }
+        // A blank header with records behind it: the records are not dropped either.
+        let file = Shared::default();
+        three_records(&file);
+        file.write(0, &[0u8; HEADER as usize]).unwrap();
+        assert!(matches!(Journal::open(file), Err(OpenError::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_record_torn_by_a_crash_is_the_end_at_every_length() {
+        let file = Shared::default();
+        let (_, third) = three_records(&file);
+        let end = file.0.len().unwrap();
+        let mut last = vec![0u8; (JOURNAL_BYTES - third) as usize];
+        file.read(third, &mut last).unwrap();
+        let record = last.iter().rposition(|b| *b != 0).unwrap() + 1;
+        assert!(record < 64 && end == JOURNAL_BYTES);
+        // Only the first `k` bytes of the last record reached the disk.
+        for k in 0..record {
+            let copy = Shared::default();
+            let mut all = vec![0u8; third as usize + k];
+            file.read(0, &mut all).unwrap();
+            copy.set_len(JOURNAL_BYTES).unwrap();
+            copy.write(0, &all).unwrap();
+            let (_, pending) = Journal::open(copy).unwrap_or_else(|e| panic!("{k} bytes: {e}"));
+            assert_eq!(pending.len(), 3, "{k} bytes");
+        }
+        // A damaged last record cannot be told from a torn one: it is read as the end.
+        flip(&file, third + RECORD_HEADER as u64 + 6, 0);
         let (_, pending) = Journal::open(file).unwrap();
-        assert!(pending.is_empty());
+        assert_eq!(pending.len(), 3);
+    }
+
+    #[test]
+    fn a_salvage_reads_every_record_that_checks_out() {
+        let file = Shared::default();
+        let (second, _) = three_records(&file);
+        flip(&file, second + RECORD_HEADER as u64 + 1, 3);
+        flip(&file, 9, 0);
+        assert!(Journal::open(file.clone()).is_err());
+        let saved = salvage(&file).unwrap();
+        assert_eq!(saved.records, 2);
+        assert_eq!(saved.pending.get("a"), Some(&t(1)));
+        assert_eq!(saved.pending.get("c"), Some(&t(3)));
+        assert_eq!(saved.pending.get("b"), None);
     }
 
     #[test]

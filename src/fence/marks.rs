@@ -18,19 +18,28 @@ use redb::{
 };
 use tokio::sync::oneshot;
 
-use super::journal::{self, Journal, Pending};
+use super::journal::{self, Journal, OpenError, Pending};
 use crate::metrics::Histogram;
 use crate::token::Token;
 
 /// scope → (epoch, counter). Tokens as two integers, never as text.
 const MARKS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("marks");
-/// Store-wide facts: format version, epoch floor.
+/// Store-wide facts: format version, epoch floor, and the journal's bookkeeping
+/// ([`JOURNAL_APPLIED`], [`JOURNAL_CLEAN`]).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Idempotency records: "scope\0key" → 8 bytes expiry (unix seconds, big-endian) + record.
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 /// (expiry, record key), so expired records are found without a scan.
 const RECORD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("idempotency_expiry");
 const FORMAT_VERSION: u64 = 1;
+/// The journal generation whose records a checkpoint last committed to redb. The journal's
+/// header is then that generation (a crash before its reset) or the next: anything else
+/// means one of the two files is not the other's (an older copy restored, a journal
+/// swapped), and acknowledged marks may be missing.
+const JOURNAL_APPLIED: &str = "journal_applied";
+/// 1 once a clean close emptied the journal, 0 while a server runs: a journal missing or
+/// blank is only harmless after a clean close.
+const JOURNAL_CLEAN: &str = "journal_clean";
 /// Upper bound on advances in one commit, so one batch cannot starve replies for long.
 const MAX_BATCH: usize = 4096;
 /// redb's page cache; its default (1 GiB) would let RSS follow the file size.
@@ -46,6 +55,16 @@ pub enum StoreError {
     InUse(String),
     #[error("mark store read failed: {0}")]
     Read(String),
+    /// The journal (or the store file beside it) was changed by something other than a
+    /// crash: acknowledged marks may be missing, so the store is not opened.
+    #[error(
+        "the mark journal {path} is corrupt at byte {offset}: {what}; acknowledged marks may be missing, so the store is not opened (run `fencegate store recover --config FILE`: it applies every record that checks out and raises the epoch floor above every token issued before)"
+    )]
+    Corrupt {
+        path: String,
+        offset: u64,
+        what: String,
+    },
 }
 
 fn read_err(e: impl std::fmt::Display) -> StoreError {
@@ -191,7 +210,12 @@ impl MarkStore {
         // Only once redb's lock is held: the journal belongs to whoever holds the store.
         let journal = JournalFile::open(&journal_path(path))
             .map_err(|e| open_err(format!("its journal {}: {e}", journal_path(path).display())))?;
-        MarkStore::start(db, Some(journal), false).map_err(|e| open_err(e.to_string()))
+        MarkStore::start(
+            db,
+            Some(journal),
+            false,
+            &journal_path(path).display().to_string(),
+        )
     }
 
     /// Opens a store on redb backends for the marks and the journal (tests inject failing
@@ -208,10 +232,7 @@ impl MarkStore {
                 path: "<backend>".into(),
                 reason: e.to_string(),
             })?;
-        MarkStore::start(db, Some(journal), false).map_err(|e| StoreError::Open {
-            path: "<backend>".into(),
-            reason: e.to_string(),
-        })
+        MarkStore::start(db, Some(journal), false, "<journal backend>")
     }
 
     /// Opens a store on any redb backend, without a journal: every batch is a redb commit
@@ -236,22 +257,28 @@ impl MarkStore {
         let db = b
             .create_with_backend(backend)
             .map_err(|e| open_err(e.to_string()))?;
-        MarkStore::start(db, None::<JournalFile>, inline).map_err(|e| open_err(e.to_string()))
+        MarkStore::start(db, None::<JournalFile>, inline, "<backend>")
     }
 
+    /// `name`: the journal's, for errors.
     fn start(
         db: Database,
         journal: Option<impl StorageBackend>,
         inline: bool,
-    ) -> Result<MarkStore, redb::Error> {
-        let floor = initialize(&db)?;
+        name: &str,
+    ) -> Result<MarkStore, StoreError> {
+        let open_err = |e: redb::Error| StoreError::Open {
+            path: name.to_string(),
+            reason: e.to_string(),
+        };
+        let floor = initialize(&db).map_err(open_err)?;
         let stats = Arc::new(StoreStats::default());
         let db = Arc::new(db);
         let failed = Arc::new(AtomicBool::new(false));
         let floor = Arc::new(AtomicU64::new(floor));
         let pending = Arc::new(Mutex::new(Pending::new()));
         let journal = match journal {
-            Some(file) => Some(recover(&db, file)?),
+            Some(file) => Some(recover(&db, file, name)?),
             None => None,
         };
         let writer = Writer {
@@ -269,7 +296,7 @@ impl MarkStore {
             std::thread::Builder::new()
                 .name("fencegate-marks".into())
                 .spawn(move || writer.run(rx))
-                .map_err(redb::Error::Io)?;
+                .map_err(|e| open_err(redb::Error::Io(e)))?;
             Commits::Thread(tx)
         };
         Ok(MarkStore {
@@ -540,24 +567,80 @@ impl StorageBackend for JournalFile {
 }
 
 /// Applies what the journal holds to redb in one transaction; returns the journal emptied.
-fn recover(db: &Database, file: impl StorageBackend) -> Result<Journal, redb::Error> {
-    let (mut journal, pending) = Journal::open(file).map_err(redb::Error::Io)?;
-    if !pending.is_empty() {
-        let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
+/// Refuses a journal that is damaged, or that does not belong with this store file.
+fn recover(db: &Database, file: impl StorageBackend, name: &str) -> Result<Journal, StoreError> {
+    let corrupt = |offset: u64, what: String| StoreError::Corrupt {
+        path: name.to_string(),
+        offset,
+        what,
+    };
+    let failed = |e: redb::Error| StoreError::Open {
+        path: name.to_string(),
+        reason: e.to_string(),
+    };
+    let (mut journal, pending) = Journal::open(file).map_err(|e| match e {
+        OpenError::Corrupt(c) => corrupt(c.offset, c.what),
+        OpenError::Io(e) => failed(redb::Error::Io(e)),
+    })?;
+    let (applied, clean) = journal_meta(db).map_err(failed)?;
+    let generation = journal.generation();
+    // No bookkeeping yet: a store from before it was kept, or a new one.
+    if let Some(applied) = applied {
+        if generation == 0 && !clean {
+            return Err(corrupt(
+                0,
+                format!(
+                    "the journal is missing or blank, but the store file has used one (up to generation {applied}) and was not closed cleanly"
+                ),
+            ));
+        }
+        if generation != 0 && generation != applied && generation != applied + 1 {
+            let which = if generation > applied {
+                "the store file is older than its journal (an older copy of it restored?)"
+            } else {
+                "the journal is older than the store file (an older copy of it restored?)"
+            };
+            return Err(corrupt(
+                0,
+                format!(
+                    "the journal's generation is {generation}, the store file's last applied {applied}: {which}"
+                ),
+            ));
+        }
+    }
+    let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
+    if !marks.is_empty() {
         marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         tracing::info!(
             scopes = marks.len(),
             "applying the mark journal left by the last run"
         );
-        raise_marks(db, &mut marks)?;
     }
-    journal.reset().map_err(redb::Error::Io)?;
+    // With the bookkeeping of a running server: not closed cleanly until `close` says so.
+    raise_marks(db, &mut marks, Some((generation, false))).map_err(failed)?;
+    journal.reset().map_err(|e| failed(redb::Error::Io(e)))?;
     Ok(journal)
+}
+
+/// The journal's bookkeeping in redb: the generation last applied (None: never kept) and
+/// whether the last close was clean.
+fn journal_meta(db: &Database) -> Result<(Option<u64>, bool), redb::Error> {
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let applied = meta.get(JOURNAL_APPLIED)?.map(|g| g.value());
+    let clean = meta.get(JOURNAL_CLEAN)?.map(|g| g.value()) == Some(1);
+    Ok((applied, clean))
 }
 
 /// Raises each mark to at least its token in one durable transaction (never lowers one);
 /// each token becomes the mark stored.
-fn raise_marks(db: &Database, marks: &mut [(Arc<str>, Token)]) -> Result<(), redb::Error> {
+/// With `journal` = (generation, clean), the journal's bookkeeping is committed with them
+/// (see [`JOURNAL_APPLIED`]).
+fn raise_marks(
+    db: &Database,
+    marks: &mut [(Arc<str>, Token)],
+    journal: Option<(u64, bool)>,
+) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate)
         .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
@@ -566,6 +649,19 @@ fn raise_marks(db: &Database, marks: &mut [(Arc<str>, Token)]) -> Result<(), red
         let mut table = txn.open_table(MARKS)?;
         for (scope, token) in marks.iter_mut() {
             changed |= raise(&mut table, scope, token)?;
+        }
+    }
+    if let Some((generation, clean)) = journal {
+        let mut meta = txn.open_table(META)?;
+        let was = (
+            meta.get(JOURNAL_APPLIED)?.map(|g| g.value()),
+            meta.get(JOURNAL_CLEAN)?.map(|g| g.value()),
+        );
+        let now = (Some(generation), Some(u64::from(clean)));
+        if was != now {
+            meta.insert(JOURNAL_APPLIED, generation)?;
+            meta.insert(JOURNAL_CLEAN, u64::from(clean))?;
+            changed = true;
         }
     }
     if changed {
@@ -714,10 +810,13 @@ impl MarkReader {
         // without the store's lock: while a server runs this view may be torn, but then
         // the opens below find the store in use.
         let left = || match std::fs::File::open(&journal) {
-            Ok(f) => Ok(!Journal::open(JournalFile(f))
-                .map_err(journal_err)?
-                .1
-                .is_empty()),
+            Ok(f) => match Journal::open(JournalFile(f)) {
+                Ok((_, pending)) => Ok(!pending.is_empty()),
+                // A running server's journal may look damaged while it is being written
+                // (a reset in progress): judged again below, with the store's lock held.
+                Err(OpenError::Corrupt(_)) => Ok(true),
+                Err(OpenError::Io(e)) => Err(journal_err(e)),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(journal_err(e)),
         };
@@ -733,13 +832,8 @@ impl MarkReader {
                     }
                     Err(e) => return Err(open_err(e)),
                 };
-                let applied = JournalFile::open(&journal)
-                    .map_err(redb::Error::Io)
-                    .and_then(|file| recover(&db, file));
-                applied.map_err(|e| StoreError::Open {
-                    path: journal.display().to_string(),
-                    reason: e.to_string(),
-                })?;
+                let file = JournalFile::open(&journal).map_err(journal_err)?;
+                recover(&db, file, &journal.display().to_string())?;
             }
             let db = match builder().open_read_only(path) {
                 Ok(db) => db,
@@ -812,16 +906,28 @@ impl Writer {
                 let failed = self.failed.clone();
                 let fail_closed = FailOnPanic(&failed);
                 // A clean stop leaves the journal empty and redb whole.
-                if !self.failed.load(Ordering::Acquire)
-                    && let Err(e) = self.checkpoint()
-                {
-                    tracing::warn!(error = %e, "checkpoint at close failed; the journal is applied at the next open");
+                if !self.failed.load(Ordering::Acquire) {
+                    match self.checkpoint() {
+                        Err(e) => {
+                            tracing::warn!(error = %e, "checkpoint at close failed; the journal is applied at the next open")
+                        }
+                        Ok(()) => self.mark_clean(),
+                    }
                 }
                 drop(fail_closed);
                 drop(self);
                 let _ = reply.send(());
                 return;
             }
+        }
+    }
+
+    /// Records in redb that the journal is empty (after a checkpoint at close): a journal
+    /// found missing at the next open lost nothing.
+    fn mark_clean(&self) {
+        let Some(journal) = &self.journal else { return };
+        if let Err(e) = raise_marks(&self.db, &mut [], Some((journal.generation(), true))) {
+            tracing::warn!(error = %e, "cannot record the clean close in the store file");
         }
     }
 
@@ -841,7 +947,8 @@ impl Writer {
             return Ok(());
         };
         marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let done = raise_marks(&self.db, &mut marks)
+        let generation = journal.generation();
+        let done = raise_marks(&self.db, &mut marks, Some((generation, false)))
             .map_err(|e| e.to_string())
             .and_then(|()| journal.reset().map_err(|e| e.to_string()));
         match done {
@@ -1306,8 +1413,13 @@ mod tests {
         let db = Database::builder()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .expect("db");
-        let store =
-            MarkStore::start(db, Some(redb::backends::InMemoryBackend::new()), true).expect("open");
+        let store = MarkStore::start(
+            db,
+            Some(redb::backends::InMemoryBackend::new()),
+            true,
+            "<test>",
+        )
+        .expect("open");
         let Commits::Inline(writer) = &store.inner.commits else {
             panic!("inline store expected");
         };
