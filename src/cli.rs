@@ -54,6 +54,11 @@ pub enum Command {
         #[command(subcommand)]
         command: AuthorityCommand,
     },
+    /// Mark store maintenance.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// Merge a backup into the store by max: never lowers a mark. The server must be stopped.
     Restore {
         #[arg(long)]
@@ -70,6 +75,20 @@ pub enum AuthorityCommand {
     BumpEpoch {
         #[arg(long)]
         config: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StoreCommand {
+    /// The way out of a damaged mark journal: applies every record that checks out, raises
+    /// the epoch floor above every epoch seen (every earlier token becomes stale; owners
+    /// re-acquire), keeps the damaged journal beside the store. The server must be stopped.
+    Recover {
+        #[arg(long)]
+        config: PathBuf,
+        /// Raise the floor to at least this epoch (an external lock service's next epoch).
+        #[arg(long, default_value_t = 0)]
+        floor: u64,
     },
 }
 
@@ -144,6 +163,9 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         Command::Marks { command } => marks(command),
         Command::Backup { config, out } => backup(&load(&config)?, &out),
         Command::Restore { config, input } => restore(&load(&config)?, &input),
+        Command::Store {
+            command: StoreCommand::Recover { config, floor },
+        } => recover(&load(&config)?, floor),
         Command::Authority {
             command: AuthorityCommand::BumpEpoch { config },
         } => {
@@ -615,6 +637,55 @@ fn read_backup(mut input: impl BufRead, name: &str) -> Result<(u64, Vec<(String,
         }
     }
     Ok((floor, entries))
+}
+
+/// `fencegate store recover`: see [`crate::fence::marks::recover_store`]. With the local
+/// lease authority (whose counters live in the same file), its epoch is bumped first, so
+/// that its new tokens are above every token it issued before and pass the new floor.
+fn recover(config: &Config, at_least: u64) -> Result<ExitCode, ExitCode> {
+    let path = &config.store.path;
+    let local = matches!(
+        config.authority.as_ref().map(|a| &a.backend),
+        Some(crate::authority::Backend::Local)
+    );
+    let stopped = |e: String| fail(format!("{e} (recover needs the server stopped)"));
+    let mut floor = at_least;
+    if local {
+        floor = floor
+            .max(crate::authority::local::bump_epoch(path).map_err(|e| stopped(e.to_string()))?);
+    }
+    let done =
+        crate::fence::marks::recover_store(path, floor).map_err(|e| stopped(e.to_string()))?;
+    if local && done.floor > floor {
+        // Marks of a higher epoch than the authority ever issued (tokens from elsewhere):
+        // its new tokens must still pass the floor.
+        crate::authority::local::bump_epoch_at_least(path, done.floor)
+            .map_err(|e| stopped(e.to_string()))?;
+    }
+    if done.repaired {
+        eprintln!("redb's integrity check repaired {}", path.display());
+    }
+    match &done.journal_kept {
+        Some(kept) => eprintln!(
+            "applied {} journal records that check out ({} scopes); the damaged journal is kept as {}",
+            done.records,
+            done.scopes,
+            kept.display()
+        ),
+        None => eprintln!("no journal found beside {}", path.display()),
+    }
+    eprintln!(
+        "epoch floor raised to {}: every token of a lower epoch is refused as stale, in every scope; owners re-acquire",
+        done.floor
+    );
+    if !local {
+        eprintln!(
+            "the lock service must now issue tokens of epoch {} or above (`fencegate authority bump-epoch` for the etcd backend, then check the epoch it prints)",
+            done.floor
+        );
+    }
+    println!("{}", done.floor);
+    Ok(ExitCode::SUCCESS)
 }
 
 fn restore(config: &Config, input: &Path) -> Result<ExitCode, ExitCode> {

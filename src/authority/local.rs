@@ -468,6 +468,12 @@ fn issue(db: &Database, scope: &str, epoch: u64, boot: u64) -> Result<Token, Loc
 /// the same backup restored twice, a plain increment would hand out the first bump's
 /// epoch again, below tokens already issued under it. The clock stands in for that memory.
 pub fn bump_epoch(path: &Path) -> Result<u64, LocalError> {
+    bump_epoch_at_least(path, 0)
+}
+
+/// [`bump_epoch`] to an epoch of at least `min` (`store recover`: new tokens must pass the
+/// floor it raised).
+pub fn bump_epoch_at_least(path: &Path, min: u64) -> Result<u64, LocalError> {
     let open_err = |reason: String| LocalError::Open {
         path: path.display().to_string(),
         reason,
@@ -488,7 +494,8 @@ pub fn bump_epoch(path: &Path) -> Result<u64, LocalError> {
             .unwrap_or(0)
             .checked_add(1)
             .ok_or_else(|| LocalError::Exhausted("<epoch>".into()))?
-            .max(now_ms);
+            .max(now_ms)
+            .max(min);
         meta.insert("epoch", next).map_err(store_err)?;
         meta.insert("restored", 1).map_err(store_err)?;
         next

@@ -106,9 +106,16 @@ pub type Pending = HashMap<Arc<str>, Token>;
 impl Journal {
     /// Reads every whole record of the current generation. The journal is then ready for
     /// [`reset`](Journal::reset), which must follow once what was read is applied.
-    pub fn open(file: impl StorageBackend) -> Result<(Journal, Pending), OpenError> {
+    ///
+    /// `applied`: the generation whose records the store file says it holds (None: it
+    /// does not say). Records of it and earlier ones are in redb already, so a damaged
+    /// header with only such records behind it lost nothing (a reset torn by a crash).
+    pub fn open(
+        file: impl StorageBackend,
+        applied: Option<u64>,
+    ) -> Result<(Journal, Pending), OpenError> {
         let len = file.len()?;
-        let contents = read(&file, len)?;
+        let contents = read(&file, len, applied)?;
         if let Some(at) = contents.torn {
             // Expected after a crash mid-append (that record was never acknowledged); also
             // what a damaged last record looks like, which no check can tell apart.
@@ -226,7 +233,7 @@ struct Contents {
 /// searched for a valid record of that generation: one found means something other than
 /// a crash damaged the file, and the journal is refused (the records after the damage
 /// are acknowledged advances). A damaged header is refused the same way.
-fn read(file: &impl StorageBackend, len: u64) -> Result<Contents, OpenError> {
+fn read(file: &impl StorageBackend, len: u64, applied: Option<u64>) -> Result<Contents, OpenError> {
     let mut pending = Pending::new();
     if len < HEADER {
         // A journal is never shorter than its header once one was written (a reset sets
@@ -244,32 +251,43 @@ fn read(file: &impl StorageBackend, len: u64) -> Result<Contents, OpenError> {
     }
     let mut header = [0u8; HEADER as usize];
     file.read(0, &mut header)?;
-    if header.iter().all(|b| *b == 0) {
+    let generation = u64_at(&header, 8).unwrap_or(0);
+    let damage = if header.iter().all(|b| *b == 0) {
         // Never written: a crash during the first reset, after the file got its length
-        // and before its header reached the disk. Then no record can be behind it.
-        if let Some(at) = find_record(file, len, HEADER, None)? {
+        // and before its header reached the disk.
+        Some("the header is blank")
+    } else if header[..8] != MAGIC {
+        Some("the header does not start with the journal's magic bytes")
+    } else if u64_at(&header, 16) != Some(check(generation, &MAGIC)) {
+        Some("the header's check does not match")
+    } else {
+        None
+    };
+    if let Some(damage) = damage {
+        // A reset writes the header only once every record before it is in redb: if no
+        // record behind it is of a later generation than redb holds, nothing is lost
+        // (a reset torn by a crash, or a header never written).
+        let unapplied = Want::Above(applied.unwrap_or(0));
+        if let Some(at) = find_record(file, len, HEADER, unapplied)? {
             return Err(Corruption::at(
                 0,
-                format!("the header is blank but a valid record follows at byte {at}"),
+                format!(
+                    "{damage}, and a valid record not yet in the store file follows at byte {at}"
+                ),
             )
             .into());
         }
+        if header.iter().any(|b| *b != 0) {
+            tracing::warn!(
+                damage,
+                "the mark journal's header is damaged (a reset torn by a crash?); every record behind it is in the store file already"
+            );
+        }
         return Ok(Contents {
-            generation: 0,
+            generation: applied.unwrap_or(0),
             pending,
             torn: None,
         });
-    }
-    if header[..8] != MAGIC {
-        return Err(Corruption::at(
-            0,
-            "the header does not start with the journal's magic bytes",
-        )
-        .into());
-    }
-    let generation = u64_at(&header, 8).unwrap_or(0);
-    if u64_at(&header, 16) != Some(check(generation, &MAGIC)) {
-        return Err(Corruption::at(0, "the header's check does not match").into());
     }
     let mut at = HEADER;
     let mut torn = None;
@@ -312,7 +330,7 @@ fn read(file: &impl StorageBackend, len: u64) -> Result<Contents, OpenError> {
         }
         at = start + u64::from(n);
     }
-    if let Some(next) = find_record(file, len, at + 1, Some(generation))? {
+    if let Some(next) = find_record(file, len, at + 1, Want::Exactly(generation))? {
         let what = match torn {
             Some(_) => {
                 format!("the record here is damaged, but a valid record follows at byte {next}")
@@ -330,13 +348,24 @@ fn read(file: &impl StorageBackend, len: u64) -> Result<Contents, OpenError> {
     })
 }
 
-/// The first offset at or after `from` where a whole, checked record starts: of generation
-/// `want`, or of any generation but 0 when `want` is None.
+/// The (scope, token) entries of one record.
+type Entries = Vec<(Arc<str>, Token)>;
+
+/// Which records a scan looks for, by generation.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    Exactly(u64),
+    /// Every generation above this one.
+    Above(u64),
+}
+
+/// The first offset at or after `from` where a whole, checked record of a wanted generation
+/// starts.
 fn find_record(
     file: &impl StorageBackend,
     len: u64,
     from: u64,
-    want: Option<u64>,
+    want: Want,
 ) -> std::io::Result<Option<u64>> {
     let mut found = None;
     scan(file, len, from, want, &mut |at, _, _| {
@@ -346,15 +375,15 @@ fn find_record(
     Ok(found)
 }
 
-/// Calls `f(offset, generation, entries)` for each whole, checked record found at or after
-/// `from` (of generation `want`, or any but 0), looking at every byte offset; stops when
-/// `f` answers false. Reads the file a window at a time.
+/// Calls `f(offset, generation, entries)` for each whole, checked record of a wanted
+/// generation found at or after `from`, looking at every byte offset; stops when `f`
+/// answers false. Reads the file a window at a time.
 fn scan(
     file: &impl StorageBackend,
     len: u64,
     from: u64,
-    want: Option<u64>,
-    f: &mut dyn FnMut(u64, u64, Vec<(Arc<str>, Token)>) -> bool,
+    want: Want,
+    f: &mut dyn FnMut(u64, u64, Entries) -> bool,
 ) -> std::io::Result<()> {
     const WINDOW: u64 = 1 << 20;
     let eof_ends = |e: std::io::Error| {
@@ -383,7 +412,7 @@ fn scan(
             }
         }
         let mut i = (at - base) as usize;
-        if let Some(w) = want {
+        if let Want::Exactly(w) = want {
             // Only where the generation's bytes are can a record of it start.
             let Some(found) = memchr::memmem::find(&window[i + 8..], &w.to_le_bytes()) else {
                 // None in this window: go on where one could still start in the next.
@@ -402,7 +431,10 @@ fn scan(
         };
         let plausible = n > 0
             && h[4..8] == [0, 0, 0, 0]
-            && want.map_or(g != 0, |w| g == w)
+            && match want {
+                Want::Exactly(w) => g == w,
+                Want::Above(w) => g > w,
+            }
             && at + rh + u64::from(n) <= len;
         if plausible {
             body.resize(n as usize, 0);
@@ -446,15 +478,21 @@ pub fn salvage(file: &impl StorageBackend) -> std::io::Result<Salvage> {
         records: 0,
         max_epoch: 0,
     };
-    scan(file, len, HEADER.min(len), None, &mut |_, _, entries| {
-        out.records += 1;
-        for (scope, token) in entries {
-            out.max_epoch = out.max_epoch.max(token.epoch);
-            let e = out.pending.entry(scope).or_insert(token);
-            *e = (*e).max(token);
-        }
-        true
-    })?;
+    scan(
+        file,
+        len,
+        HEADER.min(len),
+        Want::Above(0),
+        &mut |_, _, entries| {
+            out.records += 1;
+            for (scope, token) in entries {
+                out.max_epoch = out.max_epoch.max(token.epoch);
+                let e = out.pending.entry(scope).or_insert(token);
+                *e = (*e).max(token);
+            }
+            true
+        },
+    )?;
     Ok(out)
 }
 
@@ -532,13 +570,13 @@ mod tests {
     #[test]
     fn records_are_read_back_as_the_highest_token_per_scope() {
         let file = Shared::default();
-        let (mut j, pending) = Journal::open(file.clone()).unwrap();
+        let (mut j, pending) = Journal::open(file.clone(), None).unwrap();
         assert!(pending.is_empty());
         j.reset().unwrap();
         j.append(&[e("a", 3), e("b", 1)]).unwrap();
         j.append(&[e("a", 7), e("ü/x", 2)]).unwrap();
         j.append(&[e("a", 5)]).unwrap();
-        let (_, pending) = Journal::open(file).unwrap();
+        let (_, pending) = Journal::open(file, None).unwrap();
         assert_eq!(pending.len(), 3);
         assert_eq!(pending.get("a"), Some(&t(7)));
         assert_eq!(pending.get("b"), Some(&t(1)));
@@ -548,19 +586,19 @@ mod tests {
     #[test]
     fn a_reset_voids_every_record_before_it() {
         let file = Shared::default();
-        let (mut j, _) = Journal::open(file.clone()).unwrap();
+        let (mut j, _) = Journal::open(file.clone(), None).unwrap();
         j.reset().unwrap();
         j.append(&[e("old", 9), e("old2", 9)]).unwrap();
         j.append(&[e("old3", 9)]).unwrap();
         j.reset().unwrap();
         // Shorter than the old records: they are still on disk behind it.
         j.append(&[e("n", 1)]).unwrap();
-        let (mut j, pending) = Journal::open(file.clone()).unwrap();
+        let (mut j, pending) = Journal::open(file.clone(), None).unwrap();
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending.get("n"), Some(&t(1)));
         // The generation goes on from the file's, across opens.
         j.reset().unwrap();
-        let (_, pending) = Journal::open(file).unwrap();
+        let (_, pending) = Journal::open(file, None).unwrap();
         assert!(pending.is_empty(), "{pending:?}");
     }
 
@@ -572,7 +610,7 @@ mod tests {
 
     /// A journal of three records; answers the offsets of the second and third.
     fn three_records(file: &Shared) -> (u64, u64) {
-        let (mut j, _) = Journal::open(file.clone()).unwrap();
+        let (mut j, _) = Journal::open(file.clone(), None).unwrap();
         j.reset().unwrap();
         j.append(&[e("a", 1)]).unwrap();
         let second = j.end;
@@ -596,7 +634,7 @@ mod tests {
                 copy.set_len(len).unwrap();
                 copy.write(0, &all).unwrap();
                 flip(&copy, at, bit);
-                match Journal::open(copy) {
+                match Journal::open(copy, None) {
                     // Never fewer advances without a word (the padding is not checked:
                     // a flip there changes nothing read).
                     Ok((_, pending)) => {
@@ -620,7 +658,7 @@ mod tests {
                 let file = Shared::default();
                 three_records(&file);
                 flip(&file, at, bit);
-                match Journal::open(file) {
+                match Journal::open(file, None) {
                     Err(OpenError::Corrupt(c)) => assert_eq!(c.offset, 0, "{c}"),
                     Err(e) => panic!("byte {at} bit {bit}: {e}"),
                     Ok((_, p)) => panic!("byte {at} bit {bit}: read as {p:?}"),
@@ -631,7 +669,10 @@ mod tests {
         let file = Shared::default();
         three_records(&file);
         file.write(0, &[0u8; HEADER as usize]).unwrap();
-        assert!(matches!(Journal::open(file), Err(OpenError::Corrupt(_))));
+        assert!(matches!(
+            Journal::open(file, None),
+            Err(OpenError::Corrupt(_))
+        ));
     }
 
     #[test]
@@ -650,12 +691,13 @@ mod tests {
             file.read(0, &mut all).unwrap();
             copy.set_len(JOURNAL_BYTES).unwrap();
             copy.write(0, &all).unwrap();
-            let (_, pending) = Journal::open(copy).unwrap_or_else(|e| panic!("{k} bytes: {e}"));
+            let (_, pending) =
+                Journal::open(copy, None).unwrap_or_else(|e| panic!("{k} bytes: {e}"));
             assert_eq!(pending.len(), 3, "{k} bytes");
         }
         // A damaged last record cannot be told from a torn one: it is read as the end.
         flip(&file, third + RECORD_HEADER as u64 + 6, 0);
-        let (_, pending) = Journal::open(file).unwrap();
+        let (_, pending) = Journal::open(file, None).unwrap();
         assert_eq!(pending.len(), 3);
     }
 
@@ -665,7 +707,7 @@ mod tests {
         let (second, _) = three_records(&file);
         flip(&file, second + RECORD_HEADER as u64 + 1, 3);
         flip(&file, 9, 0);
-        assert!(Journal::open(file.clone()).is_err());
+        assert!(Journal::open(file.clone(), None).is_err());
         let saved = salvage(&file).unwrap();
         assert_eq!(saved.records, 2);
         assert_eq!(saved.pending.get("a"), Some(&t(1)));
@@ -676,7 +718,7 @@ mod tests {
     #[test]
     fn a_file_cut_short_while_read_ends_like_a_torn_tail() {
         let file = Shared::default();
-        let (mut j, _) = Journal::open(file.clone()).unwrap();
+        let (mut j, _) = Journal::open(file.clone(), None).unwrap();
         j.reset().unwrap();
         let big: Vec<_> = (0..3_000).map(|i| e(&format!("s{i:0>200}"), 1)).collect();
         while !j.is_long() {
@@ -686,7 +728,7 @@ mod tests {
         // The file cut back to 4 MiB (as a reset does) after a reader took its length and
         // read its header: the record that crossed 4 MiB is no longer whole.
         file.set_len(JOURNAL_BYTES).unwrap();
-        let (_, pending) = Journal::open(Shared(file.0, grown)).unwrap();
+        let (_, pending) = Journal::open(Shared(file.0, grown), None).unwrap();
         assert_eq!(
             pending.len(),
             big.len(),
@@ -697,7 +739,7 @@ mod tests {
     #[test]
     fn a_fresh_journal_is_written_to_its_full_length_once() {
         let file = Shared::default();
-        let (mut j, _) = Journal::open(file.clone()).unwrap();
+        let (mut j, _) = Journal::open(file.clone(), None).unwrap();
         j.reset().unwrap();
         assert_eq!(file.len().unwrap(), JOURNAL_BYTES);
         assert!(!j.is_long());
@@ -709,12 +751,12 @@ mod tests {
             file.len().unwrap() > JOURNAL_BYTES,
             "the last record crossed the mark"
         );
-        let (mut j, pending) = Journal::open(file.clone()).unwrap();
+        let (mut j, pending) = Journal::open(file.clone(), None).unwrap();
         assert_eq!(pending.len(), 7);
         // A reset brings it back to its length.
         j.reset().unwrap();
         assert_eq!(file.len().unwrap(), JOURNAL_BYTES);
-        let (_, pending) = Journal::open(file).unwrap();
+        let (_, pending) = Journal::open(file, None).unwrap();
         assert!(pending.is_empty());
     }
 }

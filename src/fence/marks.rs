@@ -204,6 +204,9 @@ impl MarkStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| open_err(e.to_string()))?;
         }
+        if !path.exists() {
+            create_file(path).map_err(|e| open_err(e.to_string()))?;
+        }
         let db = builder()
             .create(path)
             .map_err(|e| open_err(e.to_string()))?;
@@ -517,6 +520,147 @@ fn initialize(db: &Database) -> Result<u64, redb::Error> {
     Ok(floor)
 }
 
+/// Makes a new store file whole under another name and renames it into place, so that a
+/// crash while it is made leaves no half-made file at `path` (which redb would refuse).
+fn create_file(path: &Path) -> Result<(), redb::Error> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".new");
+    let new = path.with_file_name(name);
+    match std::fs::remove_file(&new) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let db = builder().create(&new)?;
+    initialize(&db)?;
+    drop(db);
+    std::fs::File::open(&new)?.sync_all()?;
+    std::fs::rename(&new, path)?;
+    sync_dir(path)?;
+    Ok(())
+}
+
+/// Makes a name created or renamed in `path`'s directory survive a crash.
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Durably raises the epoch floor to at least `floor` (never lowers it).
+fn raise_floor_to(db: &Database, floor: u64) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+    {
+        let mut meta = txn.open_table(META)?;
+        let now = meta.get("epoch_floor")?.map(|g| g.value()).unwrap_or(0);
+        meta.insert("epoch_floor", now.max(floor))?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// What `fencegate store recover` did.
+#[derive(Debug)]
+pub struct Recovered {
+    /// Records of the journal that checked out, and the scopes they held.
+    pub records: usize,
+    pub scopes: usize,
+    /// The epoch floor now in force: above every epoch seen in the store and its journal.
+    pub floor: u64,
+    /// redb's integrity check had to repair the store file.
+    pub repaired: bool,
+    /// Where the damaged journal was kept (None: there was none).
+    pub journal_kept: Option<PathBuf>,
+}
+
+/// The way out of a damaged journal (or a journal that does not belong with its store),
+/// safe by construction: every journal record that checks out is applied (max per scope),
+/// and the epoch floor is raised above every epoch seen in the store file and the journal
+/// and to at least `at_least`, so every token issued before the damage is stale and
+/// owners re-acquire. The damaged journal is kept beside the store, a new empty one takes
+/// its place. The server must be stopped.
+pub fn recover_store(path: &Path, at_least: u64) -> Result<Recovered, StoreError> {
+    let open_err = |reason: String| StoreError::Open {
+        path: path.display().to_string(),
+        reason,
+    };
+    if !path.exists() {
+        return Err(open_err("no such file".into()));
+    }
+    let mut db = match builder().open(path) {
+        Ok(db) => db,
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+            return Err(StoreError::InUse(path.display().to_string()));
+        }
+        Err(e) => {
+            return Err(open_err(format!(
+                "{e}: the store file itself is damaged; restore a backup into a new store file (`fencegate restore`) and bump the epoch"
+            )));
+        }
+    };
+    let repaired = !db.check_integrity().map_err(|e| {
+        open_err(format!(
+            "{e}: the store file itself is damaged; restore a backup into a new store file (`fencegate restore`) and bump the epoch"
+        ))
+    })?;
+    let floor = initialize(&db).map_err(|e| open_err(e.to_string()))?;
+    let journal = journal_path(path);
+    let saved = match std::fs::File::open(&journal) {
+        Ok(f) => Some(
+            journal::salvage(&JournalFile(f))
+                .map_err(|e| open_err(format!("its journal {}: {e}", journal.display())))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(open_err(format!("its journal {}: {e}", journal.display()))),
+    };
+    let mut seen = floor.max(saved.as_ref().map_or(0, |s| s.max_epoch));
+    Snapshot::of(&db)?.for_each(|_, t| {
+        seen = seen.max(t.epoch);
+        true
+    })?;
+    let new_floor = seen
+        .checked_add(1)
+        .ok_or_else(|| open_err("an epoch of 2^64-1 was seen: no floor can be above it".into()))?
+        .max(at_least);
+    let (records, mut marks) = match saved {
+        Some(s) => (s.records, s.pending.into_iter().collect::<Vec<_>>()),
+        None => (0, Vec::new()),
+    };
+    marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let scopes = marks.len();
+    let failed = |e: redb::Error| open_err(e.to_string());
+    // One commit: the salvaged marks, the floor, and a journal that starts over (empty,
+    // as after a clean close).
+    raise_marks(&db, &mut marks, Some((0, true))).map_err(failed)?;
+    raise_floor_to(&db, new_floor).map_err(failed)?;
+    drop(db);
+    let journal_kept = if journal.exists() {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut name = journal.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".damaged-{secs}"));
+        let kept = journal.with_file_name(name);
+        std::fs::rename(&journal, &kept)
+            .and_then(|()| sync_dir(&journal))
+            .map_err(|e| open_err(format!("cannot move its journal aside: {e}")))?;
+        Some(kept)
+    } else {
+        None
+    };
+    Ok(Recovered {
+        records,
+        scopes,
+        floor: new_floor,
+        repaired,
+        journal_kept,
+    })
+}
+
 /// Where the journal of the store at `path` lives: next to it, `<file name>.journal`.
 pub fn journal_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
@@ -539,11 +683,7 @@ impl JournalFile {
         // The file's name must survive a crash as surely as what is written in it (on every
         // open: a run that created it may have crashed before this).
         file.sync_all()?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        std::fs::File::open(dir)?.sync_all()?;
+        sync_dir(path)?;
         Ok(JournalFile(file))
     }
 }
@@ -578,11 +718,11 @@ fn recover(db: &Database, file: impl StorageBackend, name: &str) -> Result<Journ
         path: name.to_string(),
         reason: e.to_string(),
     };
-    let (mut journal, pending) = Journal::open(file).map_err(|e| match e {
+    let (applied, clean) = journal_meta(db).map_err(failed)?;
+    let (mut journal, pending) = Journal::open(file, applied).map_err(|e| match e {
         OpenError::Corrupt(c) => corrupt(c.offset, c.what),
         OpenError::Io(e) => failed(redb::Error::Io(e)),
     })?;
-    let (applied, clean) = journal_meta(db).map_err(failed)?;
     let generation = journal.generation();
     // No bookkeeping yet: a store from before it was kept, or a new one.
     if let Some(applied) = applied {
@@ -810,7 +950,7 @@ impl MarkReader {
         // without the store's lock: while a server runs this view may be torn, but then
         // the opens below find the store in use.
         let left = || match std::fs::File::open(&journal) {
-            Ok(f) => match Journal::open(JournalFile(f)) {
+            Ok(f) => match Journal::open(JournalFile(f), None) {
                 Ok((_, pending)) => Ok(!pending.is_empty()),
                 // A running server's journal may look damaged while it is being written
                 // (a reset in progress): judged again below, with the store's lock held.

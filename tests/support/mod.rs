@@ -5,6 +5,7 @@
 pub mod disk;
 pub mod etcd;
 pub mod nginx;
+pub mod power;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
