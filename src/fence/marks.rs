@@ -191,6 +191,10 @@ fn builder() -> redb::Builder {
     b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
     // Memory must not grow with the number of marks on disk; hot scopes live in the gates.
     b.set_cache_size(CACHE_BYTES);
+    // A plain open trusts the file's pages: a flipped bit in a leaf reads as a mark that
+    // is not there (measured: the scope's mark vanished, no error). The check verifies
+    // every page's checksum, so a file changed behind redb's back fails to open.
+    b.set_check_integrity_on_open(true);
     b
 }
 
@@ -229,6 +233,7 @@ impl MarkStore {
     ) -> Result<MarkStore, StoreError> {
         let mut b = Database::builder();
         b.set_concurrency_mode(ConcurrencyMode::ExclusiveWriter);
+        b.set_check_integrity_on_open(true);
         let db = b
             .create_with_backend(backend)
             .map_err(|e| StoreError::Open {
