@@ -54,6 +54,13 @@ pub enum Command {
         #[command(subcommand)]
         command: AuthorityCommand,
     },
+    /// Make an Ed25519 key pair for token proofs (SPEC §9): `<out>.key` (mode 0600, for
+    /// `[authority] signing_key`) and `<out>.pub` (for `[fencing] proof_keys`). Never
+    /// overwrites a file.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Merge a backup into the store by max: never lowers a mark. The server must be stopped.
     Restore {
         #[arg(long)]
@@ -144,6 +151,11 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         Command::Marks { command } => marks(command),
         Command::Backup { config, out } => backup(&load(&config)?, &out),
         Command::Restore { config, input } => restore(&load(&config)?, &input),
+        Command::Keygen { out } => {
+            let id = crate::proof::keygen(&out).map_err(fail)?;
+            println!("key id {id}: {0}.key (secret), {0}.pub", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Authority {
             command: AuthorityCommand::BumpEpoch { config },
         } => {

@@ -158,6 +158,17 @@ pub struct FencingConfig {
     /// Longest scope a fenced request may derive: each one admitted is kept in memory
     /// while hot and on disk for good. Beyond: 400 invalid_path.
     pub max_scope_bytes: usize,
+    /// Keys whose proofs `proof = "required"` routes accept (SPEC §9), read at start-up.
+    pub proof_keys: crate::proof::ProofKeys,
+}
+
+/// Whether a fenced route asks for a `Fencing-Proof` beside the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofMode {
+    /// Today's behaviour, for lock services that cannot sign.
+    Off,
+    /// A proof from one of `[fencing] proof_keys` for this scope and token, or 403.
+    Required,
 }
 
 #[derive(Debug, Clone)]
@@ -216,6 +227,7 @@ pub struct Route {
     pub idempotency: crate::idempotency::Mode,
     /// A retry whose first attempt's outcome is unknown: refuse it, or forward it again.
     pub idempotency_unknown: crate::idempotency::OnUnknown,
+    pub proof: ProofMode,
 }
 
 impl Route {
@@ -286,6 +298,7 @@ struct RawFencing {
     max_inflight_per_scope: Option<usize>,
     max_waiters_per_scope: Option<usize>,
     max_scope_bytes: Option<usize>,
+    proof_keys: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -311,6 +324,7 @@ struct RawRoute {
     idempotency: Option<String>,
     idempotency_unknown: Option<String>,
     max_body: Option<String>,
+    proof: Option<String>,
 }
 
 /// Collects errors as validation walks the file.
@@ -632,6 +646,15 @@ impl Config {
                 "fencing.max_scope_bytes",
                 &mut errors,
             ),
+            proof_keys: {
+                let mut keys = crate::proof::ProofKeys::default();
+                for (i, f) in fencing.proof_keys.iter().flatten().enumerate() {
+                    if let Err(e) = keys.add_file(&base.join(f)) {
+                        errors.push(format!("fencing.proof_keys[{i}]"), e.to_string());
+                    }
+                }
+                keys
+            },
         };
 
         let upstreams = array(table.remove("upstream"), "upstream", &mut errors)
@@ -701,8 +724,8 @@ impl Config {
         }
         let raw_authority = table.remove("authority");
         let has_authority = raw_authority.is_some();
-        let authority =
-            raw_authority.and_then(|v| crate::authority::AuthorityConfig::parse(v, &mut errors.0));
+        let authority = raw_authority
+            .and_then(|v| crate::authority::AuthorityConfig::parse(v, base, &mut errors.0));
         if let Some(a) = &authority {
             for (other, key) in [
                 (server.listen, "server.listen"),
@@ -738,6 +761,18 @@ impl Config {
                 errors.push(
                     format!("{path}.name"),
                     format!("`{}` is defined twice", raw.name),
+                );
+            }
+            if raw.proof.as_deref() == Some("required")
+                && fencing.proof_keys.is_empty()
+                && !errors
+                    .0
+                    .iter()
+                    .any(|e| e.path.starts_with("fencing.proof_keys"))
+            {
+                errors.push(
+                    format!("{path}.proof"),
+                    "\"required\" needs [fencing] proof_keys: no proof could pass",
                 );
             }
             if let Some(route) = validate_route(raw, &path, &upstreams, &mut errors) {
@@ -1053,6 +1088,24 @@ fn validate_route(
             OnUnknown::Refuse
         }
     };
+    let proof = match raw.proof.as_deref() {
+        None | Some("off") => ProofMode::Off,
+        Some("required") if !fenced => {
+            errors.push(
+                format!("{path}.proof"),
+                "only for fenced routes: a pass-through route reads no token",
+            );
+            ProofMode::Off
+        }
+        Some("required") => ProofMode::Required,
+        Some(other) => {
+            errors.push(
+                format!("{path}.proof"),
+                format!("`{other}`: expected \"off\" or \"required\""),
+            );
+            ProofMode::Off
+        }
+    };
     let max_body = raw.max_body.as_deref().and_then(|s| {
         parse_size(s).or_else(|| {
             errors.push(
@@ -1066,6 +1119,7 @@ fn validate_route(
         return None;
     }
     Some(Route {
+        proof,
         max_body,
         idempotency,
         idempotency_unknown,
@@ -1392,7 +1446,10 @@ colour = "red"
         for listen in ["127.0.0.1:8080", "127.0.0.1:9090", "0.0.0.0:8080"] {
             let text = format!("{GOOD}\n[authority]\nlisten = \"{listen}\"\n");
             let errs = errors_at(&text, &["authority.listen"]);
-            assert!(errs[0].message.contains("of its own"), "{errs:?}");
+            assert!(
+                errs.iter().any(|e| e.message.contains("of its own")),
+                "{errs:?}"
+            );
         }
         // Any free port (0) is no collision; another port is none either.
         let ports = GOOD.replace("127.0.0.1:8080", "127.0.0.1:0")
