@@ -1459,6 +1459,79 @@ colour = "red"
         Config::parse(&other, Path::new(".")).expect("another port");
     }
 
+    #[test]
+    fn an_open_authority_needs_clients_and_their_files() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("a.token"), "s").expect("token");
+        std::fs::write(dir.path().join("empty.token"), " \n").expect("token");
+        let parse = |extra: &str| {
+            let text = format!("{GOOD}\n[authority]\nlisten = \"0.0.0.0:7070\"\n{extra}");
+            Config::parse(&text, dir.path())
+        };
+        let errs = parse("").unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "authority.listen");
+        assert!(errs[0].message.contains("[[authority.client]]"), "{errs:?}");
+        let client =
+            "[[authority.client]]\nname = \"a\"\ntoken_file = \"a.token\"\nscopes = [\"r/*\"]\n";
+        let c = parse(client).expect("with a client");
+        let clients = &c.authority.as_ref().expect("authority").clients;
+        assert_eq!(clients[0].name, "a");
+        assert!(clients[0].allows("r/x") && !clients[0].allows("q"));
+        assert!(!format!("{:?}", c.authority).contains("secret_digest"));
+        let bad = "[[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\ncolour = 1\n";
+        let errs = parse(bad).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert!(paths.contains(&"authority"), "{paths:?}");
+        let bad = "signing_key = \"nokey\"\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\n";
+        let errs = parse(bad).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for p in [
+            "authority.signing_key",
+            "authority.client[0].token_file",
+            "authority.client[0].scopes",
+            "authority.client[1].name",
+            "authority.client[1].token_file",
+            "authority.client[1].scopes[0]",
+            "authority.client[1].scopes[1]",
+        ] {
+            assert!(paths.contains(&p), "{p} in {paths:?}");
+        }
+    }
+
+    #[test]
+    fn required_proofs_need_keys() {
+        let dir = tempfile::tempdir().expect("dir");
+        let required = format!("{GOOD}proof = \"required\"\n");
+        let errs = Config::parse(&required, dir.path()).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "route[0].proof");
+        assert!(errs[0].message.contains("proof_keys"), "{errs:?}");
+        let maybe = format!("{GOOD}proof = \"maybe\"\n");
+        assert_eq!(
+            Config::parse(&maybe, dir.path()).unwrap_err().0[0].path,
+            "route[0].proof"
+        );
+        crate::proof::keygen(&dir.path().join("k")).expect("keygen");
+        let with_keys = required.replace("[fencing]\n", "[fencing]\nproof_keys = [\"k.pub\"]\n");
+        let c = Config::parse(&with_keys, dir.path()).expect("keys and a required route");
+        assert_eq!(c.routes[0].proof, ProofMode::Required);
+        assert!(!c.fencing.proof_keys.is_empty());
+        // A key that cannot be read is its own error, not also the route's.
+        let missing = with_keys.replace("k.pub", "gone.pub");
+        let errs = Config::parse(&missing, dir.path()).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "fencing.proof_keys[0]");
+        let secret = with_keys.replace("k.pub", "k.key");
+        assert_eq!(
+            Config::parse(&secret, dir.path()).unwrap_err().0[0].path,
+            "fencing.proof_keys[0]"
+        );
+    }
+
     /// An authority-only file whose [authority] table has an error reports that error,
     /// not also a missing route.
     #[test]

@@ -673,9 +673,18 @@ mod tests {
             Outcome::Lost
         );
         assert_eq!(local.release("s", "other", a.token, None), Outcome::Lost);
+        // The exact lease, under another holder's name: lost, and nothing changes.
+        assert_eq!(
+            local.renew("s", &a.lease_id, a.token, ttl, Some("b")),
+            Outcome::Lost
+        );
+        assert_eq!(
+            local.release("s", &a.lease_id, a.token, Some("b")),
+            Outcome::Lost
+        );
         tokio::time::advance(Duration::from_secs(8)).await;
         assert_eq!(
-            local.renew("s", &a.lease_id, a.token, ttl, None),
+            local.renew("s", &a.lease_id, a.token, ttl, Some("a")),
             Outcome::Renewed { ttl }
         );
         tokio::time::advance(Duration::from_secs(8)).await;

@@ -179,6 +179,7 @@ impl AuthorityConfig {
             }
         };
         let mut clients: Vec<Client> = Vec::new();
+        let mut names = std::collections::HashSet::new();
         for (i, c) in raw.client.unwrap_or_default().into_iter().enumerate() {
             let at = |key: &str| format!("authority.client[{i}].{key}");
             if c.name.is_empty() || c.name.len() > 1024 || c.name.chars().any(char::is_control) {
@@ -186,7 +187,7 @@ impl AuthorityConfig {
                     &at("name"),
                     "must be 1 to 1024 characters, none a control".into(),
                 );
-            } else if clients.iter().any(|o| o.name == c.name) {
+            } else if !names.insert(c.name.clone()) {
                 err(&at("name"), format!("`{}` is defined twice", c.name));
             }
             if c.scopes.is_empty() {
