@@ -53,7 +53,8 @@ impl Policy {
     /// The client whose secret the request's `Authorization: Bearer` carries; `Ok(None)`
     /// when no clients are configured. Every client's digest is compared (in constant
     /// time), so the answer's timing says nothing of which one, or how close.
-    fn authenticate(&self, headers: &http::HeaderMap) -> Result<Option<&Client>, Response<Body>> {
+    /// `Err(())`: no such client (answered with [`unauthenticated`]).
+    fn authenticate(&self, headers: &http::HeaderMap) -> Result<Option<&Client>, ()> {
         if self.clients.is_empty() {
             return Ok(None);
         }
@@ -62,9 +63,7 @@ impl Policy {
             (Some(v), None) => bearer(v.as_bytes()),
             _ => None,
         };
-        let Some(secret) = secret else {
-            return Err(unauthenticated());
-        };
+        let secret = secret.ok_or(())?;
         let presented = super::digest(secret);
         let mut found = None;
         for c in &self.clients {
@@ -77,7 +76,7 @@ impl Policy {
                 found = Some(c);
             }
         }
-        found.map(Some).ok_or_else(unauthenticated)
+        found.map(Some).ok_or(())
     }
 }
 
@@ -263,7 +262,7 @@ pub(super) async fn handle(
     // Before the body is read: an unknown caller gets nothing of the authority's time.
     let caller = match policy.authenticate(req.headers()) {
         Ok(c) => c,
-        Err(refused) => return refused,
+        Err(()) => return unauthenticated(),
     };
     let max_ttl = policy.max_ttl;
     let out_of_bounds = |scope: &str| {
