@@ -868,10 +868,20 @@ impl Config {
                 }
             };
             out.push_str(&format!(
-                "authority {} · backend {backend} · max_ttl {} · lock_delay {}\n",
+                "authority {} · backend {backend} · max_ttl {} · lock_delay {}{}{}\n",
                 a.listen,
                 humantime::format_duration(a.max_ttl),
                 humantime::format_duration(a.lock_delay),
+                if a.clients.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<&str> = a.clients.iter().map(|c| c.name.as_str()).collect();
+                    format!(" · clients {}", names.join(", "))
+                },
+                a.signing_key
+                    .as_ref()
+                    .map(|k| format!(" · signs proofs with key {}", k.id()))
+                    .unwrap_or_default(),
             ));
         }
         for u in &self.upstreams {
@@ -892,7 +902,7 @@ impl Config {
                     None => "all but GET,HEAD,OPTIONS,TRACE".into(),
                 };
                 format!(
-                    "scope {:?}{} · fenced methods: {methods} · equal={}",
+                    "scope {:?}{} · fenced methods: {methods} · equal={}{}",
                     r.scope.to_string(),
                     if r.scope.is_constant() {
                         " (whole route)"
@@ -903,6 +913,11 @@ impl Config {
                         "accept"
                     } else {
                         "reject"
+                    },
+                    if r.proof == ProofMode::Required {
+                        " · proof required"
+                    } else {
+                        ""
                     }
                 )
             };
@@ -1519,6 +1534,7 @@ colour = "red"
         let with_keys = required.replace("[fencing]\n", "[fencing]\nproof_keys = [\"k.pub\"]\n");
         let c = Config::parse(&with_keys, dir.path()).expect("keys and a required route");
         assert_eq!(c.routes[0].proof, ProofMode::Required);
+        assert!(c.describe().contains("equal=accept · proof required"));
         assert!(!c.fencing.proof_keys.is_empty());
         // A key that cannot be read is its own error, not also the route's.
         let missing = with_keys.replace("k.pub", "gone.pub");

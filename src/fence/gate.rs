@@ -1002,6 +1002,64 @@ mod tests {
         assert_eq!(gate.lock().current, Some(t5));
     }
 
+    /// A proof is verified once per (token, bytes) while the gate lives; a stale token's
+    /// valid proof neither passes nor pushes the current one out of the cache; a bad
+    /// proof is refused before anything is advanced.
+    #[tokio::test]
+    async fn verified_proofs_are_remembered_per_gate() {
+        let dir = tempfile::tempdir().expect("dir");
+        crate::proof::keygen(&dir.path().join("k")).expect("keygen");
+        let key = crate::proof::SigningKey::load(&dir.path().join("k.key")).expect("key");
+        let mut keys = crate::proof::ProofKeys::default();
+        keys.add_file(&dir.path().join("k.pub")).expect("pub");
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("store");
+        let metrics = Arc::new(Metrics::new(Vec::new()));
+        let g = Gates::new(
+            store.clone(),
+            metrics,
+            Duration::from_secs(1),
+            Duration::ZERO,
+        );
+        let accept = EqualPolicy::Accept;
+        let (t5, t6) = (Token::new(0, 5), Token::new(0, 6));
+        let (p5, p6) = (key.prove("s", t5), key.prove("s", t6));
+        fn with<'a>(keys: &'a crate::proof::ProofKeys, p: &'a str) -> Option<Proof<'a>> {
+            Some(Proof {
+                keys,
+                bytes: p.as_bytes(),
+            })
+        }
+        let proof = |p| with(&keys, p);
+        let refused = g
+            .admit_proved("s", t5, accept, proof(&p6))
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, Refusal::InvalidProof(_)), "{refused:?}");
+        assert_eq!(store.get("s").expect("get"), None, "nothing advanced");
+        let n = keys.verifications();
+        for _ in 0..3 {
+            let mut a = g
+                .admit_proved("s", t6, accept, proof(&p6))
+                .await
+                .expect("6");
+            a.guard.complete();
+        }
+        assert_eq!(keys.verifications() - n, 1);
+        // 5's own proof is valid, but 5 is stale; 6's cached proof stays.
+        assert!(matches!(
+            g.admit_proved("s", t5, accept, proof(&p5)).await,
+            Err(Refusal::Stale { .. })
+        ));
+        let n = keys.verifications();
+        let mut a = g
+            .admit_proved("s", t6, accept, proof(&p6))
+            .await
+            .expect("6");
+        a.guard.complete();
+        assert_eq!(keys.verifications(), n, "still cached");
+    }
+
     /// On an `equal = "reject"` route an equal token is stale, but a request that advanced
     /// the mark and was then refused (503 `draining`, which says "retry with the same
     /// token") or went away was never forwarded: its retry must get through, once.
