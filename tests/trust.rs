@@ -398,3 +398,39 @@ async fn a_verified_proof_is_remembered_but_another_is_checked() {
     assert_eq!(send(proof.clone()).await.status, 200);
     running.shutdown().await;
 }
+
+/// `fencegate keygen` writes the pair, the secret half 0600, and never overwrites.
+#[test]
+fn keygen_writes_a_key_pair_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let out = dir.path().join("keys-fence");
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .arg("keygen")
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("running fencegate keygen")
+    };
+    let first = run();
+    assert!(first.status.success(), "{first:?}");
+    let key = dir.path().join("keys-fence.key");
+    let public = dir.path().join("keys-fence.pub");
+    assert!(String::from_utf8_lossy(&first.stdout).starts_with("key id "));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key).expect("key").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let before = std::fs::read(&key).expect("key");
+    assert!(
+        std::fs::read_to_string(&public)
+            .expect("pub")
+            .starts_with("fencegate-verification-key v1\nkey-id ")
+    );
+    let second = run();
+    assert_eq!(second.status.code(), Some(1), "{second:?}");
+    assert!(String::from_utf8_lossy(&second.stderr).contains("exists already"));
+    assert_eq!(std::fs::read(&key).expect("key"), before, "not overwritten");
+}
