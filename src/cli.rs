@@ -59,6 +59,13 @@ pub enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// Make an Ed25519 key pair for token proofs (SPEC §9): `<out>.key` (mode 0600, for
+    /// `[authority] signing_key`) and `<out>.pub` (for `[fencing] proof_keys`). Never
+    /// overwrites a file.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Merge a backup into the store by max: never lowers a mark. The server must be stopped.
     Restore {
         #[arg(long)]
@@ -166,6 +173,11 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         Command::Store {
             command: StoreCommand::Recover { config, floor },
         } => recover(&load(&config)?, floor),
+        Command::Keygen { out } => {
+            let id = crate::proof::keygen(&out).map_err(fail)?;
+            println!("key id {id}: {0}.key (secret), {0}.pub", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Authority {
             command: AuthorityCommand::BumpEpoch { config },
         } => {

@@ -158,6 +158,17 @@ pub struct FencingConfig {
     /// Longest scope a fenced request may derive: each one admitted is kept in memory
     /// while hot and on disk for good. Beyond: 400 invalid_path.
     pub max_scope_bytes: usize,
+    /// Keys whose proofs `proof = "required"` routes accept (SPEC §9), read at start-up.
+    pub proof_keys: crate::proof::ProofKeys,
+}
+
+/// Whether a fenced route asks for a `Fencing-Proof` beside the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofMode {
+    /// Today's behaviour, for lock services that cannot sign.
+    Off,
+    /// A proof from one of `[fencing] proof_keys` for this scope and token, or 403.
+    Required,
 }
 
 #[derive(Debug, Clone)]
@@ -216,6 +227,7 @@ pub struct Route {
     pub idempotency: crate::idempotency::Mode,
     /// A retry whose first attempt's outcome is unknown: refuse it, or forward it again.
     pub idempotency_unknown: crate::idempotency::OnUnknown,
+    pub proof: ProofMode,
 }
 
 impl Route {
@@ -286,6 +298,7 @@ struct RawFencing {
     max_inflight_per_scope: Option<usize>,
     max_waiters_per_scope: Option<usize>,
     max_scope_bytes: Option<usize>,
+    proof_keys: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -311,6 +324,7 @@ struct RawRoute {
     idempotency: Option<String>,
     idempotency_unknown: Option<String>,
     max_body: Option<String>,
+    proof: Option<String>,
 }
 
 /// Collects errors as validation walks the file.
@@ -632,6 +646,15 @@ impl Config {
                 "fencing.max_scope_bytes",
                 &mut errors,
             ),
+            proof_keys: {
+                let mut keys = crate::proof::ProofKeys::default();
+                for (i, f) in fencing.proof_keys.iter().flatten().enumerate() {
+                    if let Err(e) = keys.add_file(&base.join(f)) {
+                        errors.push(format!("fencing.proof_keys[{i}]"), e.to_string());
+                    }
+                }
+                keys
+            },
         };
 
         let upstreams = array(table.remove("upstream"), "upstream", &mut errors)
@@ -701,8 +724,8 @@ impl Config {
         }
         let raw_authority = table.remove("authority");
         let has_authority = raw_authority.is_some();
-        let authority =
-            raw_authority.and_then(|v| crate::authority::AuthorityConfig::parse(v, &mut errors.0));
+        let authority = raw_authority
+            .and_then(|v| crate::authority::AuthorityConfig::parse(v, base, &mut errors.0));
         if let Some(a) = &authority {
             for (other, key) in [
                 (server.listen, "server.listen"),
@@ -738,6 +761,18 @@ impl Config {
                 errors.push(
                     format!("{path}.name"),
                     format!("`{}` is defined twice", raw.name),
+                );
+            }
+            if raw.proof.as_deref() == Some("required")
+                && fencing.proof_keys.is_empty()
+                && !errors
+                    .0
+                    .iter()
+                    .any(|e| e.path.starts_with("fencing.proof_keys"))
+            {
+                errors.push(
+                    format!("{path}.proof"),
+                    "\"required\" needs [fencing] proof_keys: no proof could pass",
                 );
             }
             if let Some(route) = validate_route(raw, &path, &upstreams, &mut errors) {
@@ -833,10 +868,20 @@ impl Config {
                 }
             };
             out.push_str(&format!(
-                "authority {} · backend {backend} · max_ttl {} · lock_delay {}\n",
+                "authority {} · backend {backend} · max_ttl {} · lock_delay {}{}{}\n",
                 a.listen,
                 humantime::format_duration(a.max_ttl),
                 humantime::format_duration(a.lock_delay),
+                if a.clients.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<&str> = a.clients.iter().map(|c| c.name.as_str()).collect();
+                    format!(" · clients {}", names.join(", "))
+                },
+                a.signing_key
+                    .as_ref()
+                    .map(|k| format!(" · signs proofs with key {}", k.id()))
+                    .unwrap_or_default(),
             ));
         }
         for u in &self.upstreams {
@@ -857,7 +902,7 @@ impl Config {
                     None => "all but GET,HEAD,OPTIONS,TRACE".into(),
                 };
                 format!(
-                    "scope {:?}{} · fenced methods: {methods} · equal={}",
+                    "scope {:?}{} · fenced methods: {methods} · equal={}{}",
                     r.scope.to_string(),
                     if r.scope.is_constant() {
                         " (whole route)"
@@ -868,6 +913,11 @@ impl Config {
                         "accept"
                     } else {
                         "reject"
+                    },
+                    if r.proof == ProofMode::Required {
+                        " · proof required"
+                    } else {
+                        ""
                     }
                 )
             };
@@ -1053,6 +1103,24 @@ fn validate_route(
             OnUnknown::Refuse
         }
     };
+    let proof = match raw.proof.as_deref() {
+        None | Some("off") => ProofMode::Off,
+        Some("required") if !fenced => {
+            errors.push(
+                format!("{path}.proof"),
+                "only for fenced routes: a pass-through route reads no token",
+            );
+            ProofMode::Off
+        }
+        Some("required") => ProofMode::Required,
+        Some(other) => {
+            errors.push(
+                format!("{path}.proof"),
+                format!("`{other}`: expected \"off\" or \"required\""),
+            );
+            ProofMode::Off
+        }
+    };
     let max_body = raw.max_body.as_deref().and_then(|s| {
         parse_size(s).or_else(|| {
             errors.push(
@@ -1066,6 +1134,7 @@ fn validate_route(
         return None;
     }
     Some(Route {
+        proof,
         max_body,
         idempotency,
         idempotency_unknown,
@@ -1392,7 +1461,10 @@ colour = "red"
         for listen in ["127.0.0.1:8080", "127.0.0.1:9090", "0.0.0.0:8080"] {
             let text = format!("{GOOD}\n[authority]\nlisten = \"{listen}\"\n");
             let errs = errors_at(&text, &["authority.listen"]);
-            assert!(errs[0].message.contains("of its own"), "{errs:?}");
+            assert!(
+                errs.iter().any(|e| e.message.contains("of its own")),
+                "{errs:?}"
+            );
         }
         // Any free port (0) is no collision; another port is none either.
         let ports = GOOD.replace("127.0.0.1:8080", "127.0.0.1:0")
@@ -1400,6 +1472,80 @@ colour = "red"
         Config::parse(&ports, Path::new(".")).expect("port 0 everywhere");
         let other = format!("{GOOD}\n[authority]\nlisten = \"127.0.0.1:7070\"\n");
         Config::parse(&other, Path::new(".")).expect("another port");
+    }
+
+    #[test]
+    fn an_open_authority_needs_clients_and_their_files() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("a.token"), "s").expect("token");
+        std::fs::write(dir.path().join("empty.token"), " \n").expect("token");
+        let parse = |extra: &str| {
+            let text = format!("{GOOD}\n[authority]\nlisten = \"0.0.0.0:7070\"\n{extra}");
+            Config::parse(&text, dir.path())
+        };
+        let errs = parse("").unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "authority.listen");
+        assert!(errs[0].message.contains("[[authority.client]]"), "{errs:?}");
+        let client =
+            "[[authority.client]]\nname = \"a\"\ntoken_file = \"a.token\"\nscopes = [\"r/*\"]\n";
+        let c = parse(client).expect("with a client");
+        let clients = &c.authority.as_ref().expect("authority").clients;
+        assert_eq!(clients[0].name, "a");
+        assert!(clients[0].allows("r/x") && !clients[0].allows("q"));
+        assert!(!format!("{:?}", c.authority).contains("secret_digest"));
+        let bad = "[[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\ncolour = 1\n";
+        let errs = parse(bad).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert!(paths.contains(&"authority"), "{paths:?}");
+        let bad = "signing_key = \"nokey\"\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\n";
+        let errs = parse(bad).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for p in [
+            "authority.signing_key",
+            "authority.client[0].token_file",
+            "authority.client[0].scopes",
+            "authority.client[1].name",
+            "authority.client[1].token_file",
+            "authority.client[1].scopes[0]",
+            "authority.client[1].scopes[1]",
+        ] {
+            assert!(paths.contains(&p), "{p} in {paths:?}");
+        }
+    }
+
+    #[test]
+    fn required_proofs_need_keys() {
+        let dir = tempfile::tempdir().expect("dir");
+        let required = format!("{GOOD}proof = \"required\"\n");
+        let errs = Config::parse(&required, dir.path()).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "route[0].proof");
+        assert!(errs[0].message.contains("proof_keys"), "{errs:?}");
+        let maybe = format!("{GOOD}proof = \"maybe\"\n");
+        assert_eq!(
+            Config::parse(&maybe, dir.path()).unwrap_err().0[0].path,
+            "route[0].proof"
+        );
+        crate::proof::keygen(&dir.path().join("k")).expect("keygen");
+        let with_keys = required.replace("[fencing]\n", "[fencing]\nproof_keys = [\"k.pub\"]\n");
+        let c = Config::parse(&with_keys, dir.path()).expect("keys and a required route");
+        assert_eq!(c.routes[0].proof, ProofMode::Required);
+        assert!(c.describe().contains("equal=accept · proof required"));
+        assert!(!c.fencing.proof_keys.is_empty());
+        // A key that cannot be read is its own error, not also the route's.
+        let missing = with_keys.replace("k.pub", "gone.pub");
+        let errs = Config::parse(&missing, dir.path()).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "fencing.proof_keys[0]");
+        let secret = with_keys.replace("k.pub", "k.key");
+        assert_eq!(
+            Config::parse(&secret, dir.path()).unwrap_err().0[0].path,
+            "fencing.proof_keys[0]"
+        );
     }
 
     /// An authority-only file whose [authority] table has an error reports that error,

@@ -8,7 +8,8 @@
 //! - [`tls`]: HTTPS on the listener (optional client certificates, files re-read on
 //!   SIGHUP) and the client side of https upstreams
 //! - [`route`]: canonical paths, route templates, scope rendering (SPEC §2)
-//! - [`token`]: the `Fencing-Token` grammar and order (SPEC §1)
+//! - [`token`]: the `Fencing-Token` grammar and order (SPEC §1); [`proof`]: the
+//!   authority's Ed25519 proofs that a token was issued for a scope (SPEC §9)
 //! - [`fence`]: the decision table, the durable marks in redb, the per-scope gates (SPEC §3)
 //! - [`idempotency`]: `Idempotency-Key` records per scope: fingerprint, durable claim,
 //!   replay, expiry
@@ -39,6 +40,7 @@ mod first_bytes;
 mod h2_idle;
 pub mod idempotency;
 pub mod metrics;
+pub mod proof;
 pub mod proxy;
 pub mod route;
 pub mod server;

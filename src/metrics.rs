@@ -123,6 +123,7 @@ pub const RESULTS: &[&str] = &[
     "in_progress",
     "key_reused",
     "outcome_unknown",
+    "invalid_proof",
     "unfenced",
 ];
 

@@ -59,7 +59,8 @@ async fn acquire_returns_a_conservative_capability() {
     assert!(deadline + ClientOptions::default().clock_margin <= asked + remaining);
     assert_eq!(info.holder.as_deref(), Some("writer-1"));
     assert_eq!(info.token, Some(lease.token()));
-    assert_eq!(info.lease_id.as_deref(), Some(lease.lease_id()));
+    // An authority without clients shows no lease id to anyone.
+    assert_eq!(info.lease_id, None);
 
     authority.release(&lease).await.unwrap();
     assert!(!lease.is_held(), "released means lost locally");
@@ -337,5 +338,83 @@ async fn a_stale_answer_gives_the_lease_up() {
     // Nor is it renewed any more (a keep-alive loop ends here).
     let renewed = authority.renew(&lease, Duration::from_secs(30)).await;
     assert!(matches!(renewed, Err(RenewError::Lost(_))), "{renewed:?}");
+    running.shutdown().await;
+}
+
+/// With a bearer secret the client is an authority client (the holder is its name, the
+/// status shows it its lease id), and the grant's proof travels with every fenced request
+/// by itself: a `proof = "required"` route accepts the lease's fences and refuses a fence
+/// made apart from it, without a proof.
+#[tokio::test]
+async fn the_bearer_and_the_proof_travel_by_themselves() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("w.token"), "w-secret\n").unwrap();
+    fencegate::proof::keygen(&dir.path().join("fence")).unwrap();
+    let text = support::config_text(double.addr, "10s", "0s", "10s")
+        .replace(
+            "[fencing]\n",
+            "[fencing]\nproof_keys = [\"fence.pub\"]\n",
+        )
+        .replace(
+            "name = \"reports\"\npath = \"/reports/{report}/{*rest}\"\nscope = \"report/{report}\"\nupstream = \"u\"\n",
+            "name = \"reports\"\npath = \"/reports/{report}/{*rest}\"\nscope = \"report/{report}\"\nupstream = \"u\"\nproof = \"required\"\n",
+        )
+        + "\n[authority]\nlisten = \"127.0.0.1:0\"\nmax_ttl = \"30s\"\nsigning_key = \"fence.key\"\n\
+           [[authority.client]]\nname = \"writer\"\ntoken_file = \"w.token\"\nscopes = [\"report/*\"]\n";
+    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
+    let base = format!("http://{}", running.authority_addr.unwrap());
+
+    let anonymous = AuthorityClient::new(&base).unwrap();
+    let refused = anonymous
+        .acquire(
+            "report/july",
+            "writer",
+            Duration::from_secs(10),
+            Duration::ZERO,
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(fencegate::client::AcquireError::Refused { status: 401, .. })
+        ),
+        "{refused:?}"
+    );
+
+    let options = ClientOptions {
+        bearer: Some(fencegate::client::Secret("w-secret".into())),
+        ..ClientOptions::default()
+    };
+    let authority = AuthorityClient::with_options(&base, options).unwrap();
+    let lease = authority
+        .acquire("report/july", "", Duration::from_secs(10), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(lease.proof().is_some_and(|p| p.starts_with("v1.")));
+    let info = authority.status("report/july").await.unwrap();
+    assert_eq!(info.holder.as_deref(), Some("writer"));
+    assert_eq!(info.lease_id.as_deref(), Some(lease.lease_id()));
+
+    let http = FencedHttp::new(&format!("http://{}", running.proxy_addr)).unwrap();
+    let fence = lease.fence().unwrap();
+    let r = http.put(&fence, "/reports/july/a", "x").await.unwrap();
+    assert!(matches!(r, FenceResult::Applied { .. }), "{r:?}");
+    assert_eq!(
+        double.seen()[0].header("fencing-proof"),
+        lease.proof(),
+        "the proof went with the request"
+    );
+    let bare = fencegate::client::Fence::new("report/july", lease.token());
+    let r = http.put(&bare, "/reports/july/a", "x").await;
+    assert!(
+        matches!(&r, Err(FencedError::Refused { status: 403, result, .. }) if result == "invalid_proof"),
+        "{r:?}"
+    );
+    authority
+        .renew(&lease, Duration::from_secs(10))
+        .await
+        .unwrap();
+    authority.release(&lease).await.unwrap();
     running.shutdown().await;
 }

@@ -561,3 +561,99 @@ async fn leader_failover_keeps_tokens_increasing_and_leases_exclusive() {
     one.shutdown().await;
     two.shutdown().await;
 }
+
+/// SPEC §9 on the etcd backend: the holder is the authenticated client, and another
+/// client's renew or release with the holder's (lease_id, token) is `lost`, the lease
+/// untouched; the status shows the lease id to its holder only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_holder_renews_or_releases_an_etcd_lease() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.token"), "secret-a").unwrap();
+    std::fs::write(dir.path().join("b.token"), "secret-b").unwrap();
+    let list = cluster
+        .endpoints()
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[authority]
+listen = "127.0.0.1:0"
+backend = "etcd"
+etcd_endpoints = [{list}]
+[[authority.client]]
+name = "a"
+token_file = "a.token"
+scopes = ["s/*"]
+[[authority.client]]
+name = "b"
+token_file = "b.token"
+scopes = ["s/*"]
+"#
+    );
+    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
+    let c = Client::new(running.authority_addr.unwrap());
+    let call = |who: &'static str, path: &'static str, body: String| {
+        let c = c.clone();
+        async move {
+            c.send(
+                "POST",
+                path,
+                &[("content-type", "application/json"), ("authorization", who)],
+                &body,
+            )
+            .await
+        }
+    };
+    let r = call(
+        "Bearer secret-a",
+        "/v1/locks/acquire",
+        r#"{"scope":"s/1","ttl_ms":5000}"#.into(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (id, tok) = (
+        r.json()["lease_id"].as_str().unwrap().to_string(),
+        r.json()["token"].as_str().unwrap().to_string(),
+    );
+    let lease = |ttl: bool| {
+        let ttl = if ttl { r#","ttl_ms":5000"# } else { "" };
+        format!(r#"{{"scope":"s/1","lease_id":"{id}","token":"{tok}"{ttl}}}"#)
+    };
+    let status = |who: &'static str| {
+        let c = c.clone();
+        async move {
+            c.send(
+                "GET",
+                "/v1/locks?scope=s%2F1",
+                &[("authorization", who)],
+                "",
+            )
+            .await
+            .json()
+        }
+    };
+    assert_eq!(
+        status("Bearer secret-b").await["lease_id"],
+        serde_json::Value::Null
+    );
+    assert_eq!(status("Bearer secret-a").await["lease_id"], id.as_str());
+    for (path, ttl) in [("/v1/locks/release", false), ("/v1/locks/renew", true)] {
+        let r = call("Bearer secret-b", path, lease(ttl)).await;
+        assert_eq!((r.status, r.json()["result"].as_str()), (409, Some("lost")));
+    }
+    assert_eq!(status("Bearer secret-a").await["holder"], "a");
+    let r = call("Bearer secret-a", "/v1/locks/renew", lease(true)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = call("Bearer secret-a", "/v1/locks/release", lease(false)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    running.shutdown().await;
+}

@@ -1,6 +1,8 @@
 //! The authority's HTTP API (SPEC §8): JSON in, JSON out. Requests are validated here,
 //! before any backend sees them; every answer is made by [`answer`], so statuses and
-//! bodies stay the same whichever backend decided.
+//! bodies stay the same whichever backend decided. Who is calling (SPEC §9) is decided
+//! here too: the bearer secret names a client, the client's patterns bound its scopes,
+//! and its name is the holder the backends record and compare.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -19,8 +21,9 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::{AcquireRequest, Engine, LockStatus, MAX_WAIT, Outcome};
+use super::{AcquireRequest, AuthorityConfig, Client, Engine, LockStatus, MAX_WAIT, Outcome};
 use crate::first_bytes::FirstBytes;
+use crate::proof::SigningKey;
 use crate::proxy::Body;
 use crate::server::ConnLimits;
 use crate::token::Token;
@@ -28,6 +31,85 @@ use crate::token::Token;
 const MAX_BODY: usize = 16 * 1024;
 /// Scopes and holders are names, not payloads.
 const MAX_NAME: usize = 1024;
+
+/// What the handlers decide with, from `[authority]`.
+pub(super) struct Policy {
+    pub max_ttl: Duration,
+    /// Empty: calls are anonymous (loopback only, `check-config` makes sure).
+    pub clients: Vec<Client>,
+    /// Signs a proof into every `acquired` answer.
+    pub signing_key: Option<Arc<SigningKey>>,
+}
+
+impl Policy {
+    pub fn of(config: &AuthorityConfig) -> Policy {
+        Policy {
+            max_ttl: config.max_ttl,
+            clients: config.clients.clone(),
+            signing_key: config.signing_key.clone(),
+        }
+    }
+
+    /// The client whose secret the request's `Authorization: Bearer` carries; `Ok(None)`
+    /// when no clients are configured. Every client's digest is compared (in constant
+    /// time), so the answer's timing says nothing of which one, or how close.
+    /// `Err(())`: no such client (answered with [`unauthenticated`]).
+    fn authenticate(&self, headers: &http::HeaderMap) -> Result<Option<&Client>, ()> {
+        if self.clients.is_empty() {
+            return Ok(None);
+        }
+        let mut values = headers.get_all(header::AUTHORIZATION).iter();
+        let secret = match (values.next(), values.next()) {
+            (Some(v), None) => bearer(v.as_bytes()),
+            _ => None,
+        };
+        let secret = secret.ok_or(())?;
+        let presented = super::digest(secret);
+        let mut found = None;
+        for c in &self.clients {
+            let diff = c
+                .secret_digest
+                .iter()
+                .zip(presented.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            if diff == 0 {
+                found = Some(c);
+            }
+        }
+        found.map(Some).ok_or(())
+    }
+}
+
+/// The secret of an `Authorization: Bearer <secret>` value (the scheme's case ignored).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let secret = rest.trim_ascii();
+    (!secret.is_empty()).then_some(secret)
+}
+
+fn unauthenticated() -> Response<Body> {
+    let mut r = problem(
+        StatusCode::UNAUTHORIZED,
+        "unauthenticated",
+        "This authority needs `Authorization: Bearer <secret>` of one of its clients",
+        json_map(),
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+fn forbidden(detail: String) -> Response<Body> {
+    problem(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        &format!("Forbidden: {detail}"),
+        json_map(),
+    )
+}
 
 /// Bounds on the authority's clients, from `[server]`.
 pub(super) struct Limits {
@@ -46,7 +128,7 @@ pub(super) struct Limits {
 pub(super) async fn serve(
     listener: TcpListener,
     engine: Arc<Engine>,
-    max_ttl: Duration,
+    policy: Arc<Policy>,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -88,11 +170,13 @@ pub(super) async fn serve(
         let _ = stream.set_nodelay(true);
         let stream = FirstBytes::new(stream, limits.header_read_timeout);
         let engine = engine.clone();
+        let policy = policy.clone();
         let stop = stop.clone();
         let svc = service_fn(move |req| {
             let engine = engine.clone();
+            let policy = policy.clone();
             let stop = stop.clone();
-            async move { Ok::<_, Infallible>(handle(&engine, max_ttl, body_timeout, req, stop).await) }
+            async move { Ok::<_, Infallible>(handle(&engine, &policy, body_timeout, req, stop).await) }
         });
         let conn = graceful.watch(
             builder
@@ -144,7 +228,7 @@ struct BadRequest(String);
 
 pub(super) async fn handle(
     engine: &Engine,
-    max_ttl: Duration,
+    policy: &Policy,
     body_timeout: Duration,
     req: Request<Incoming>,
     stop: watch::Receiver<bool>,
@@ -175,6 +259,21 @@ pub(super) async fn handle(
             .insert(header::ALLOW, HeaderValue::from_static(allowed));
         return r;
     }
+    // Before the body is read: an unknown caller gets nothing of the authority's time.
+    let caller = match policy.authenticate(req.headers()) {
+        Ok(c) => c,
+        Err(()) => return unauthenticated(),
+    };
+    let max_ttl = policy.max_ttl;
+    let out_of_bounds = |scope: &str| {
+        caller.filter(|c| !c.allows(scope)).map(|c| {
+            forbidden(format!(
+                "client `{}` may not use scope `{scope}` (its scopes: {})",
+                c.name,
+                c.scopes.join(", ")
+            ))
+        })
+    };
     let body = if allowed == "POST" {
         match read_body(req.into_body(), body_timeout).await {
             Ok(body) => body,
@@ -185,41 +284,61 @@ pub(super) async fn handle(
     };
     let result = match path.as_str() {
         "/v1/locks" => match query_param(query.as_deref(), "scope") {
-            Some(scope) if !scope.is_empty() => match engine.status(&scope).await {
-                Ok(status) => return status_json(&status),
-                Err(detail) => Ok(Outcome::Unavailable {
-                    retry_after: Duration::from_secs(1),
-                    detail,
-                }),
-            },
+            Some(scope) if !scope.is_empty() => {
+                if let Some(refused) = out_of_bounds(&scope) {
+                    return refused;
+                }
+                match engine.status(&scope).await {
+                    Ok(status) => return status_json(&status, caller),
+                    Err(detail) => Ok(Outcome::Unavailable {
+                        retry_after: Duration::from_secs(1),
+                        detail,
+                    }),
+                }
+            }
             _ => Err(BadRequest("the query needs scope=S".into())),
         },
         "/v1/locks/acquire" => match parse_json::<RawAcquire>(&body) {
-            Ok(raw) => match acquire_request(raw, max_ttl) {
+            Ok(raw) => match acquire_request(raw, max_ttl, caller) {
                 Ok(a) => {
+                    if let Some(refused) = out_of_bounds(&a.scope) {
+                        return refused;
+                    }
                     let outcome = engine.acquire(&a, stop).await;
                     tracing::debug!(scope = %a.scope, holder = %a.holder, ?outcome, "acquire");
                     Ok(outcome)
                 }
-                Err(e) => Err(e),
+                Err(AcquireRefusal::Bad(e)) => Err(e),
+                Err(AcquireRefusal::OtherHolder(detail)) => return forbidden(detail),
             },
             Err(e) => Err(e),
         },
         renew_or_release => {
             let renew = renew_or_release == "/v1/locks/renew";
-            match parse_json::<RawLease>(&body).and_then(|raw| lease_call(raw, renew, max_ttl)) {
+            // With clients, only the lease's holder renews or releases it: another
+            // client's call with the right (lease_id, token) is `lost` too (not 403,
+            // which would tell it that the lease exists), and changes nothing.
+            let holder = caller.map(|c| c.name.as_str());
+            let call =
+                parse_json::<RawLease>(&body).and_then(|raw| lease_call(raw, renew, max_ttl));
+            if let Ok((scope, ..)) = &call
+                && let Some(refused) = out_of_bounds(scope)
+            {
+                return refused;
+            }
+            match call {
                 Ok((scope, lease_id, token, Some(ttl))) => {
-                    Ok(engine.renew(&scope, &lease_id, token, ttl).await)
+                    Ok(engine.renew(&scope, &lease_id, token, ttl, holder).await)
                 }
                 Ok((scope, lease_id, token, None)) => {
-                    Ok(engine.release(&scope, &lease_id, token).await)
+                    Ok(engine.release(&scope, &lease_id, token, holder).await)
                 }
                 Err(e) => Err(e),
             }
         }
     };
     match result {
-        Ok(outcome) => answer(outcome),
+        Ok(outcome) => answer(outcome, policy.signing_key.as_deref()),
         Err(BadRequest(detail)) => problem(
             StatusCode::BAD_REQUEST,
             "invalid_request",
@@ -261,20 +380,49 @@ fn ttl(value: Option<i64>, max_ttl: Duration) -> Result<Duration, BadRequest> {
     }
 }
 
-fn acquire_request(raw: RawAcquire, max_ttl: Duration) -> Result<AcquireRequest, BadRequest> {
+enum AcquireRefusal {
+    Bad(BadRequest),
+    /// `holder` names another client than the caller: 403.
+    OtherHolder(String),
+}
+
+impl From<BadRequest> for AcquireRefusal {
+    fn from(e: BadRequest) -> AcquireRefusal {
+        AcquireRefusal::Bad(e)
+    }
+}
+
+/// With a `caller`, the holder is the caller's name: `holder` may be left out, and must
+/// name the caller if given. Without clients it is required, as the caller says.
+fn acquire_request(
+    raw: RawAcquire,
+    max_ttl: Duration,
+    caller: Option<&Client>,
+) -> Result<AcquireRequest, AcquireRefusal> {
     let scope = name(raw.scope, "scope")?;
-    let holder = name(raw.holder, "holder")?;
+    let holder = match (caller, raw.holder) {
+        (None, holder) => name(holder, "holder")?,
+        (Some(c), None) => c.name.clone(),
+        (Some(c), Some(h)) if h == c.name => h,
+        (Some(c), Some(h)) => {
+            return Err(AcquireRefusal::OtherHolder(format!(
+                "client `{}` cannot acquire for holder `{h}`",
+                c.name
+            )));
+        }
+    };
     let ttl = ttl(raw.ttl_ms, max_ttl)?;
     let wait = match raw.wait_ms {
         None => Duration::ZERO,
-        Some(ms) if ms < 0 => return Err(BadRequest("`wait_ms` must not be negative".into())),
+        Some(ms) if ms < 0 => {
+            return Err(BadRequest("`wait_ms` must not be negative".into()).into());
+        }
         Some(ms) => {
             let wait = Duration::from_millis(ms.unsigned_abs());
             if wait > MAX_WAIT {
-                return Err(BadRequest(format!(
-                    "`wait_ms` is above {} ms",
-                    MAX_WAIT.as_millis()
-                )));
+                return Err(
+                    BadRequest(format!("`wait_ms` is above {} ms", MAX_WAIT.as_millis())).into(),
+                );
             }
             wait
         }
@@ -399,21 +547,22 @@ fn with_retry_after(mut r: Response<Body>, after: Duration) -> Response<Body> {
 }
 
 /// The one place that turns a decision into a response.
-fn answer(outcome: Outcome) -> Response<Body> {
+fn answer(outcome: Outcome, signing_key: Option<&SigningKey>) -> Response<Body> {
     use serde_json::json;
     match outcome {
-        Outcome::Acquired(g) => respond(
-            StatusCode::OK,
-            "application/json",
-            json!({
+        Outcome::Acquired(g) => {
+            let mut body = json!({
                 "result": "acquired",
                 "scope": g.scope,
                 "lease_id": g.lease_id,
                 "token": g.token.to_string(),
                 "ttl_ms": millis(g.ttl),
-            })
-            .to_string(),
-        ),
+            });
+            if let Some(key) = signing_key {
+                body["proof"] = key.prove(&g.scope, g.token).into();
+            }
+            respond(StatusCode::OK, "application/json", body.to_string())
+        }
         Outcome::Renewed { ttl } => respond(
             StatusCode::OK,
             "application/json",
@@ -467,14 +616,20 @@ fn answer(outcome: Outcome) -> Response<Body> {
     }
 }
 
-fn status_json(s: &LockStatus) -> Response<Body> {
+/// A lease id is shown to its holder only: with it, anyone could renew or release the
+/// lease. Without clients nobody can prove to be the holder, so it is shown to nobody.
+fn status_json(s: &LockStatus, caller: Option<&Client>) -> Response<Body> {
+    let lease_id = match (caller, &s.holder) {
+        (Some(c), Some(h)) if c.name == *h => s.lease_id.as_deref(),
+        _ => None,
+    };
     respond(
         StatusCode::OK,
         "application/json",
         serde_json::json!({
             "scope": s.scope,
             "holder": s.holder,
-            "lease_id": s.lease_id,
+            "lease_id": lease_id,
             "token": s.token.map(|t| t.to_string()),
             "ttl_ms": s.remaining.map(millis),
             "last_issued": s.last_issued.map(|t| t.to_string()),

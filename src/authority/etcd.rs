@@ -591,15 +591,25 @@ impl Etcd {
         }))
     }
 
-    pub async fn renew(&self, scope: &str, lease_id: &str, token: Token, ttl: Duration) -> Outcome {
+    /// Extends the exact lease (of `holder`, when given); anything else is `lost`.
+    pub async fn renew(
+        &self,
+        scope: &str,
+        lease_id: &str,
+        token: Token,
+        ttl: Duration,
+        holder: Option<&str>,
+    ) -> Outcome {
         let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
             return Outcome::Lost;
         };
         // Only the exact (lease_id, token) renews: a request naming the lease with another
         // token or scope must not keep the lease alive, so the key is looked at first.
+        // The holder is part of the key's value, written once with it: (lease, token)
+        // name one holding, whose holder cannot change.
         let holding = match self.current(scope, lease, token).await {
-            Ok(Some(holding)) => holding,
-            Ok(None) => return Outcome::Lost,
+            Ok(Some(holding)) if holder.is_none_or(|h| h == holding.holder) => holding,
+            Ok(_) => return Outcome::Lost,
             Err(e) => return unavailable(e),
         };
         // The lock_delay lease first: were the lock's lease extended and the delay's
@@ -634,7 +644,14 @@ impl Etcd {
         }
     }
 
-    pub async fn release(&self, scope: &str, lease_id: &str, token: Token) -> Outcome {
+    /// Ends the exact lease (of `holder`, when given); anything else is `lost`.
+    pub async fn release(
+        &self,
+        scope: &str,
+        lease_id: &str,
+        token: Token,
+        holder: Option<&str>,
+    ) -> Outcome {
         let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
             return Outcome::Lost;
         };
@@ -642,8 +659,8 @@ impl Etcd {
             return Outcome::Lost;
         };
         let holding = match self.current(scope, lease, token).await {
-            Ok(Some(h)) => h,
-            Ok(None) => return Outcome::Lost,
+            Ok(Some(h)) if holder.is_none_or(|name| name == h.holder) => h,
+            Ok(_) => return Outcome::Lost,
             Err(e) => return unavailable(e),
         };
         let key = lock_key(scope);

@@ -310,13 +310,24 @@ impl Local {
         }
     }
 
-    /// Extends the exact live lease; anything else is `lost` and changes nothing.
-    pub fn renew(&self, scope: &str, lease_id: &str, token: Token, ttl: Duration) -> Outcome {
+    /// Extends the exact live lease (of `holder`, when given); anything else is `lost` and
+    /// changes nothing.
+    pub fn renew(
+        &self,
+        scope: &str,
+        lease_id: &str,
+        token: Token,
+        ttl: Duration,
+        holder: Option<&str>,
+    ) -> Outcome {
         let now = Instant::now();
         let mut slots = self.slots();
         match slots.get_mut(scope) {
             Some(Slot::Held(lease))
-                if lease.lease_id == lease_id && lease.token == token && lease.deadline > now =>
+                if lease.lease_id == lease_id
+                    && lease.token == token
+                    && lease.deadline > now
+                    && holder.is_none_or(|h| h == lease.holder) =>
             {
                 lease.deadline = now + ttl;
                 Outcome::Renewed { ttl }
@@ -325,13 +336,23 @@ impl Local {
         }
     }
 
-    /// Ends the exact live lease at once (no lock_delay: the holder says it is done).
-    pub fn release(&self, scope: &str, lease_id: &str, token: Token) -> Outcome {
+    /// Ends the exact live lease (of `holder`, when given) at once (no lock_delay: the
+    /// holder says it is done).
+    pub fn release(
+        &self,
+        scope: &str,
+        lease_id: &str,
+        token: Token,
+        holder: Option<&str>,
+    ) -> Outcome {
         let now = Instant::now();
         let mut slots = self.slots();
         match slots.get(scope) {
             Some(Slot::Held(lease))
-                if lease.lease_id == lease_id && lease.token == token && lease.deadline > now =>
+                if lease.lease_id == lease_id
+                    && lease.token == token
+                    && lease.deadline > now
+                    && holder.is_none_or(|h| h == lease.holder) =>
             {
                 slots.remove(scope);
                 drop(slots);
@@ -511,6 +532,8 @@ mod tests {
 
     fn config(max_ttl: u64, lock_delay: u64) -> AuthorityConfig {
         AuthorityConfig {
+            clients: Vec::new(),
+            signing_key: None,
             listen: ([127, 0, 0, 1], 0).into(),
             backend: Backend::Local,
             max_ttl: Duration::from_secs(max_ttl),
@@ -567,12 +590,15 @@ mod tests {
         }
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(
-            local.renew("s", &a.lease_id, a.token, Duration::from_secs(5)),
+            local.renew("s", &a.lease_id, a.token, Duration::from_secs(5), None),
             Outcome::Lost
         );
         let b = grant(local.acquire(&req("s", "b", 10, 0), no_stop()).await);
         assert_eq!(b.token, Token::new(0, 2));
-        assert_eq!(local.release("s", &a.lease_id, a.token), Outcome::Lost);
+        assert_eq!(
+            local.release("s", &a.lease_id, a.token, None),
+            Outcome::Lost
+        );
         assert_eq!(local.last_issued("s").unwrap(), Some(Token::new(0, 2)));
     }
 
@@ -644,16 +670,28 @@ mod tests {
         let local = Local::open(memory_db(), &config(60, 0)).await.unwrap();
         let a = grant(local.acquire(&req("s", "a", 10, 0), no_stop()).await);
         let ttl = Duration::from_secs(10);
-        assert_eq!(local.renew("s", "other", a.token, ttl), Outcome::Lost);
+        assert_eq!(local.renew("s", "other", a.token, ttl, None), Outcome::Lost);
         assert_eq!(
-            local.renew("s", &a.lease_id, Token::new(0, 9), ttl),
+            local.renew("s", &a.lease_id, Token::new(0, 9), ttl, None),
             Outcome::Lost
         );
-        assert_eq!(local.renew("t", &a.lease_id, a.token, ttl), Outcome::Lost);
-        assert_eq!(local.release("s", "other", a.token), Outcome::Lost);
+        assert_eq!(
+            local.renew("t", &a.lease_id, a.token, ttl, None),
+            Outcome::Lost
+        );
+        assert_eq!(local.release("s", "other", a.token, None), Outcome::Lost);
+        // The exact lease, under another holder's name: lost, and nothing changes.
+        assert_eq!(
+            local.renew("s", &a.lease_id, a.token, ttl, Some("b")),
+            Outcome::Lost
+        );
+        assert_eq!(
+            local.release("s", &a.lease_id, a.token, Some("b")),
+            Outcome::Lost
+        );
         tokio::time::advance(Duration::from_secs(8)).await;
         assert_eq!(
-            local.renew("s", &a.lease_id, a.token, ttl),
+            local.renew("s", &a.lease_id, a.token, ttl, Some("a")),
             Outcome::Renewed { ttl }
         );
         tokio::time::advance(Duration::from_secs(8)).await;
@@ -662,8 +700,14 @@ mod tests {
             local.acquire(&req("s", "b", 10, 0), no_stop()).await,
             Outcome::Busy { .. }
         ));
-        assert_eq!(local.release("s", &a.lease_id, a.token), Outcome::Released);
-        assert_eq!(local.release("s", &a.lease_id, a.token), Outcome::Lost);
+        assert_eq!(
+            local.release("s", &a.lease_id, a.token, None),
+            Outcome::Released
+        );
+        assert_eq!(
+            local.release("s", &a.lease_id, a.token, None),
+            Outcome::Lost
+        );
         // Released, not expired: no lock_delay applies.
         let b = grant(local.acquire(&req("s", "b", 10, 0), no_stop()).await);
         assert_eq!(b.token, Token::new(0, 2));
@@ -698,7 +742,10 @@ mod tests {
         };
         // Let the waiter reach its wait (it is parked on the notify or the timer).
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(local.release("s", &a.lease_id, a.token), Outcome::Released);
+        assert_eq!(
+            local.release("s", &a.lease_id, a.token, None),
+            Outcome::Released
+        );
         let b = grant(waiter.await.unwrap());
         assert_eq!(b.token, Token::new(0, 2));
         assert!(Instant::now() - start < Duration::from_secs(2));

@@ -27,6 +27,50 @@ pub struct AuthorityConfig {
     pub max_ttl: Duration,
     /// After an expiry without release, wait this long before granting the scope again.
     pub lock_delay: Duration,
+    /// `[[authority.client]]`: with any, every call needs one's bearer secret, and a
+    /// lease's holder is the client that took it (SPEC §9).
+    pub clients: Vec<Client>,
+    /// Signs a proof of every grant (`[authority] signing_key`), read at start-up.
+    pub signing_key: Option<std::sync::Arc<crate::proof::SigningKey>>,
+}
+
+/// One `[[authority.client]]`.
+#[derive(Clone)]
+pub struct Client {
+    pub name: String,
+    /// SHA-256 of the secret: the presented secret's digest is compared with it in
+    /// constant time, so neither its bytes nor its length leak through timing.
+    pub secret_digest: [u8; 32],
+    /// Exact scopes, or prefixes ending in `*`.
+    pub scopes: Vec<String>,
+}
+
+impl std::fmt::Debug for Client {
+    // Never the secret's digest: configs are logged and compared through Debug.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("name", &self.name)
+            .field("scopes", &self.scopes)
+            .finish()
+    }
+}
+
+impl Client {
+    /// May this client take, see, renew or release `scope`?
+    pub fn allows(&self, scope: &str) -> bool {
+        self.scopes.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => scope.starts_with(prefix),
+            None => p == scope,
+        })
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    name: String,
+    token_file: String,
+    scopes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,11 +87,19 @@ struct RawAuthority {
     etcd_endpoints: Option<Vec<String>>,
     max_ttl: Option<String>,
     lock_delay: Option<String>,
+    client: Option<Vec<RawClient>>,
+    signing_key: Option<String>,
 }
 
 impl AuthorityConfig {
     /// Validates the `[authority]` table, pushing every error with its key path.
-    pub fn parse(value: toml::Value, errors: &mut Vec<ConfigError>) -> Option<AuthorityConfig> {
+    /// Files (`token_file`, `signing_key`) are read relative to `base`, the config file's
+    /// directory.
+    pub fn parse(
+        value: toml::Value,
+        base: &std::path::Path,
+        errors: &mut Vec<ConfigError>,
+    ) -> Option<AuthorityConfig> {
         let mut err = |path: &str, message: String| {
             errors.push(ConfigError {
                 path: path.to_string(),
@@ -62,7 +114,7 @@ impl AuthorityConfig {
             }
         };
         let listen_raw = raw.listen.as_deref().unwrap_or("127.0.0.1:7070");
-        let listen = listen_raw
+        let listen: Option<SocketAddr> = listen_raw
             .parse()
             .map_err(|_| {
                 err(
@@ -126,13 +178,95 @@ impl AuthorityConfig {
                 None
             }
         };
+        let mut clients: Vec<Client> = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for (i, c) in raw.client.unwrap_or_default().into_iter().enumerate() {
+            let at = |key: &str| format!("authority.client[{i}].{key}");
+            if c.name.is_empty() || c.name.len() > 1024 || c.name.chars().any(char::is_control) {
+                err(
+                    &at("name"),
+                    "must be 1 to 1024 characters, none a control".into(),
+                );
+            } else if !names.insert(c.name.clone()) {
+                err(&at("name"), format!("`{}` is defined twice", c.name));
+            }
+            if c.scopes.is_empty() {
+                err(
+                    &at("scopes"),
+                    "empty: the client could take no scope".into(),
+                );
+            }
+            for (j, p) in c.scopes.iter().enumerate() {
+                if p.is_empty() || p.trim_end_matches('*').len() + 1 < p.len() {
+                    err(
+                        &format!("authority.client[{i}].scopes[{j}]"),
+                        format!("`{p}`: an exact scope, or a prefix ending in one `*`"),
+                    );
+                } else if p[..p.len() - usize::from(p.ends_with('*'))].contains('*') {
+                    err(
+                        &format!("authority.client[{i}].scopes[{j}]"),
+                        format!("`{p}`: `*` only at the end"),
+                    );
+                }
+            }
+            let path = base.join(&c.token_file);
+            let secret = match std::fs::read_to_string(&path) {
+                Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+                Ok(_) => {
+                    err(&at("token_file"), format!("{} is empty", path.display()));
+                    None
+                }
+                Err(e) => {
+                    err(
+                        &at("token_file"),
+                        format!("cannot read {}: {e}", path.display()),
+                    );
+                    None
+                }
+            };
+            if let Some(secret) = secret {
+                clients.push(Client {
+                    name: c.name,
+                    secret_digest: digest(secret.as_bytes()),
+                    scopes: c.scopes,
+                });
+            }
+        }
+        if let Some(addr) = listen
+            && !addr.ip().is_loopback()
+            && clients.is_empty()
+        {
+            err(
+                "authority.listen",
+                format!(
+                    "{addr} is not loopback: add [[authority.client]] entries so that every call needs a bearer secret"
+                ),
+            );
+        }
+        let signing_key =
+            raw.signing_key
+                .and_then(|f| match crate::proof::SigningKey::load(&base.join(f)) {
+                    Ok(k) => Some(std::sync::Arc::new(k)),
+                    Err(e) => {
+                        err("authority.signing_key", e.to_string());
+                        None
+                    }
+                });
         Some(AuthorityConfig {
+            clients,
+            signing_key,
             listen: listen?,
             backend: backend?,
             max_ttl: max_ttl?,
             lock_delay: lock_delay?,
         })
     }
+}
+
+/// SHA-256 of a bearer secret.
+pub fn digest(secret: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(secret).into()
 }
 
 /// Longest `wait_ms` an acquire may ask for: a waiting request holds a connection.
@@ -210,19 +344,35 @@ impl Engine {
         }
     }
 
-    pub async fn renew(&self, scope: &str, lease_id: &str, token: Token, ttl: Duration) -> Outcome {
+    /// Renews the exact (lease_id, token); with `holder`, only if the lease is that
+    /// holder's (else `lost`, nothing changed).
+    pub async fn renew(
+        &self,
+        scope: &str,
+        lease_id: &str,
+        token: Token,
+        ttl: Duration,
+        holder: Option<&str>,
+    ) -> Outcome {
         match self {
-            Engine::Local(l) => l.renew(scope, lease_id, token, ttl),
+            Engine::Local(l) => l.renew(scope, lease_id, token, ttl, holder),
             #[cfg(feature = "etcd")]
-            Engine::Etcd(e) => e.renew(scope, lease_id, token, ttl).await,
+            Engine::Etcd(e) => e.renew(scope, lease_id, token, ttl, holder).await,
         }
     }
 
-    pub async fn release(&self, scope: &str, lease_id: &str, token: Token) -> Outcome {
+    /// Releases the exact (lease_id, token); with `holder`, as for [`Engine::renew`].
+    pub async fn release(
+        &self,
+        scope: &str,
+        lease_id: &str,
+        token: Token,
+        holder: Option<&str>,
+    ) -> Outcome {
         match self {
-            Engine::Local(l) => l.release(scope, lease_id, token),
+            Engine::Local(l) => l.release(scope, lease_id, token, holder),
             #[cfg(feature = "etcd")]
-            Engine::Etcd(e) => e.release(scope, lease_id, token).await,
+            Engine::Etcd(e) => e.release(scope, lease_id, token, holder).await,
         }
     }
 
@@ -293,7 +443,7 @@ pub async fn serve(
         }
     });
     tracing::info!(%addr, backend = ?config.backend, "lease authority listening");
-    let max_ttl = config.max_ttl;
+    let policy = std::sync::Arc::new(api::Policy::of(config));
     // The proxy listener's head limits, connection bounds (a bound of its own) and
     // shutdown grace.
     let limits = api::Limits {
@@ -308,7 +458,7 @@ pub async fn serve(
     // One handle for both tasks: when it resolves, nothing of the authority holds the
     // store any more.
     let task = tokio::spawn(async move {
-        api::serve(listener, engine, max_ttl, limits, stop).await;
+        api::serve(listener, engine, policy, limits, stop).await;
         let _ = sweeping.await;
     });
     Ok((addr, task))

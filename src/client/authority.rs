@@ -134,6 +134,8 @@ pub struct Lease {
     scope: String,
     lease_id: String,
     token: Token,
+    /// The authority's proof of (scope, token), when it signs (SPEC §9).
+    proof: Option<String>,
     state: Arc<LeaseState>,
 }
 
@@ -160,6 +162,7 @@ impl Lease {
             scope,
             lease_id,
             token,
+            proof: None,
             state: Arc::new(LeaseState {
                 validity: Mutex::new(validity),
                 renewals: Mutex::default(),
@@ -183,6 +186,17 @@ impl Lease {
 
     pub fn token(&self) -> Token {
         self.token
+    }
+
+    /// The authority's proof for this lease's scope and token, if it signs.
+    pub fn proof(&self) -> Option<&str> {
+        self.proof.as_deref()
+    }
+
+    /// The lease with `proof` (a lease handed over from another process, with its proof).
+    pub fn with_proof(mut self, proof: impl Into<String>) -> Lease {
+        self.proof = Some(proof.into());
+        self
     }
 
     fn validity(&self) -> std::sync::MutexGuard<'_, Validity> {
@@ -221,6 +235,7 @@ impl Lease {
         Ok(Fence {
             scope: self.scope.clone(),
             token: self.token,
+            proof: self.proof.clone(),
             lease: Some(self.clone()),
         })
     }
@@ -360,14 +375,14 @@ impl Answer {
 }
 
 impl AuthorityClient {
-    /// `base` is `http://host:port` of the authority listener.
+    /// `base` is `http://host:port` or `https://host:port` of the authority listener.
     pub fn new(base: &str) -> Result<AuthorityClient, BadUrl> {
         AuthorityClient::with_options(base, ClientOptions::default())
     }
 
     pub fn with_options(base: &str, options: ClientOptions) -> Result<AuthorityClient, BadUrl> {
         Ok(AuthorityClient {
-            http: http_client(),
+            http: http_client(options.tls.as_ref()),
             base: base_url(base)?,
             options,
         })
@@ -385,12 +400,18 @@ impl AuthorityClient {
         timeout: Duration,
     ) -> Result<Answer, String> {
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(bytes))
             .map_err(|e| e.to_string())?;
+        if let Some(secret) = &self.options.bearer {
+            let mut value = http::HeaderValue::from_str(&format!("Bearer {}", secret.0))
+                .map_err(|_| "the bearer secret is not a header value".to_string())?;
+            value.set_sensitive(true);
+            req.headers_mut().insert(header::AUTHORIZATION, value);
+        }
         let exchange = async {
             let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
             let status = resp.status();
@@ -418,6 +439,9 @@ impl AuthorityClient {
     /// deadline is measured from now (before sending), minus the clock margins: the grant
     /// may have happened at any moment of the wait, so a wait eats into the lease (a lease
     /// that arrives already expired is returned not held). Wait only with `ttl` ≫ `wait`.
+    /// With a bearer secret the authority takes the holder from it: an empty `holder` is
+    /// left out of the request (any other must be the client's name). The grant's proof,
+    /// when the authority signs, goes into every fence the lease makes.
     pub async fn acquire(
         &self,
         scope: &str,
@@ -426,12 +450,14 @@ impl AuthorityClient {
         wait: Duration,
     ) -> Result<Lease, AcquireError> {
         let sent = Instant::now();
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "scope": scope,
-            "holder": holder,
             "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             "wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         });
+        if !holder.is_empty() {
+            body["holder"] = holder.into();
+        }
         let a = self
             .call(
                 Method::POST,
@@ -455,12 +481,10 @@ impl AuthorityClient {
                     (Some(lease_id), Some(token), Some(granted)) => {
                         // Never rely on more than was asked for, nor more than was granted.
                         let usable = self.options.usable(ttl.min(granted));
-                        Ok(Lease::new(
-                            scope.to_string(),
-                            lease_id,
-                            token,
-                            sent + usable,
-                        ))
+                        let mut lease =
+                            Lease::new(scope.to_string(), lease_id, token, sent + usable);
+                        lease.proof = a.str("proof").map(str::to_string);
+                        Ok(lease)
                     }
                     _ => Err(AcquireError::Transport(format!(
                         "malformed acquired answer: {}",

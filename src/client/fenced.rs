@@ -1,5 +1,5 @@
 //! Fenced requests through the proxy: every request carries `Fencing-Token` and
-//! `Fencing-Scope`, and every answer is read from `Fencing-Result` into a [`FenceResult`]
+//! `Fencing-Scope` (and `Fencing-Proof`, when the fence has one), and every answer is read from `Fencing-Result` into a [`FenceResult`]
 //! that says what the caller may do next.
 
 use std::time::Duration;
@@ -17,6 +17,9 @@ use crate::token::Token;
 pub struct Fence {
     pub scope: String,
     pub token: Token,
+    /// Sent as `Fencing-Proof`: the authority's signature over (key id, scope, token),
+    /// which a `proof = "required"` route asks for.
+    pub proof: Option<String>,
     /// Shared with the lease, so a fence kept past its lease's loss (the local deadline
     /// passed, a renewal answered lost, a release) is refused before sending.
     pub(super) lease: Option<Lease>,
@@ -30,8 +33,15 @@ impl Fence {
         Fence {
             scope: scope.into(),
             token,
+            proof: None,
             lease: None,
         }
+    }
+
+    /// The fence with the authority's `proof` for its scope and token.
+    pub fn with_proof(mut self, proof: impl Into<String>) -> Fence {
+        self.proof = Some(proof.into());
+        self
     }
 }
 
@@ -77,8 +87,8 @@ pub enum FenceResult {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum FencedError {
     /// fencegate refused the request itself (`missing_token`, `invalid_token`,
-    /// `scope_mismatch`, `invalid_path`, `invalid_request`, `no_route`, `key_reused`):
-    /// a bug in the caller or its configuration.
+    /// `scope_mismatch`, `invalid_path`, `invalid_request`, `no_route`, `key_reused`,
+    /// `invalid_proof`): a bug in the caller or its configuration.
     #[error("refused by fencegate ({status} {result}): {title}")]
     Refused {
         status: u16,
@@ -120,14 +130,14 @@ pub struct FencedHttp {
 }
 
 impl FencedHttp {
-    /// `base` is `http://host:port` of the proxy.
+    /// `base` is `http://host:port` or `https://host:port` of the proxy.
     pub fn new(base: &str) -> Result<FencedHttp, BadUrl> {
         FencedHttp::with_options(base, ClientOptions::default())
     }
 
     pub fn with_options(base: &str, options: ClientOptions) -> Result<FencedHttp, BadUrl> {
         Ok(FencedHttp {
-            http: http_client(),
+            http: http_client(options.tls.as_ref()),
             base: base_url(base)?,
             options,
         })
@@ -162,6 +172,11 @@ impl FencedHttp {
             .map_err(|e| FencedError::Request(format!("scope is not a header value: {e}")))?;
         h.insert(self.options.token_header.clone(), token);
         h.insert("fencing-scope", scope);
+        if let Some(proof) = &fence.proof {
+            let proof = HeaderValue::from_str(proof)
+                .map_err(|e| FencedError::Request(format!("proof is not a header value: {e}")))?;
+            h.insert("fencing-proof", proof);
+        }
         let timeout = self.options.request_timeout;
         let exchange = async {
             let resp = self.http.request(req).await.map_err(|e| {

@@ -35,9 +35,23 @@ const DEFAULT_HOT_BYTES: usize = 64 << 20;
 /// Why a fenced request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    Stale { highest: Option<Token> },
-    Draining { highest: Option<Token> },
+    Stale {
+        highest: Option<Token>,
+    },
+    Draining {
+        highest: Option<Token>,
+    },
     Unavailable,
+    /// The `Fencing-Proof` did not verify (SPEC §9); nothing was advanced.
+    InvalidProof(String),
+}
+
+/// A proof to check before admission: the request's `Fencing-Proof` bytes and the keys
+/// that may have signed it.
+#[derive(Clone, Copy)]
+pub struct Proof<'a> {
+    pub keys: &'a crate::proof::ProofKeys,
+    pub bytes: &'a [u8],
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +81,10 @@ struct GateState {
     /// scope can be shared by a `reject` route and an `accept` route that admits the
     /// same token meanwhile.
     admitted: Option<(Token, u32)>,
+    /// The last proof verified for this scope, with its token: the steady path (the same
+    /// token and proof, request after request) compares bytes instead of verifying an
+    /// Ed25519 signature again. Another proof for the same token is verified.
+    verified: Option<(Token, Box<[u8]>)>,
 }
 
 /// In-flight counts per generation, sorted by token, no zero counts.
@@ -341,6 +359,29 @@ fn finish_commit(gate: &Gate, token: Token, result: &Result<Token, StoreError>, 
     gate.notify.notify_waiters();
 }
 
+/// Checks `proof` for (`scope`, `token`) unless the gate verified these very bytes for this
+/// token already. The signature is checked outside the gate's lock.
+fn verify_at(gate: &Gate, scope: &str, token: Token, proof: Proof<'_>) -> Result<(), Refusal> {
+    let known = gate
+        .lock()
+        .verified
+        .as_ref()
+        .is_some_and(|(t, p)| *t == token && **p == *proof.bytes);
+    if known {
+        return Ok(());
+    }
+    proof
+        .keys
+        .verify(scope, token, proof.bytes)
+        .map_err(|e| Refusal::InvalidProof(e.to_string()))?;
+    let mut st = gate.lock();
+    // An older token's proof (a stale request's) does not push the current one out.
+    if st.verified.as_ref().is_none_or(|(t, _)| token >= *t) {
+        st.verified = Some((token, proof.bytes.into()));
+    }
+    Ok(())
+}
+
 /// Called with the shard locked. Only the map holds an evictable gate, so nobody can be
 /// waiting on it or about to use it; its state is all on disk. So is the start-up settle
 /// (`restart`) of a scope with a mark: a gate made again gets the same, so a flood of
@@ -564,9 +605,24 @@ impl Gates {
         token: Token,
         equal: EqualPolicy,
     ) -> Result<Admission, Refusal> {
+        self.admit_proved(scope, token, equal, None).await
+    }
+
+    /// [`Gates::admit`], after checking `proof` (when given) for `scope` and `token`: a
+    /// proof that does not verify is refused before anything is advanced or counted.
+    pub async fn admit_proved(
+        &self,
+        scope: &str,
+        token: Token,
+        equal: EqualPolicy,
+        proof: Option<Proof<'_>>,
+    ) -> Result<Admission, Refusal> {
         let arrived = Instant::now();
         let deadline = arrived + self.drain_timeout;
         let (key, gate) = self.gate(scope).map_err(|_| Refusal::Unavailable)?;
+        if let Some(proof) = proof {
+            verify_at(&gate, scope, token, proof)?;
+        }
         let mut advanced = false;
         // Held from our advance (or our taking an unclaimed one) until admission.
         let mut claim: Option<Claim<'_>> = None;
@@ -944,6 +1000,64 @@ mod tests {
         let evicted = g.shard("t").evicted;
         let (_, gate) = g.insert("t", Some(t5), evicted).expect("insert");
         assert_eq!(gate.lock().current, Some(t5));
+    }
+
+    /// A proof is verified once per (token, bytes) while the gate lives; a stale token's
+    /// valid proof neither passes nor pushes the current one out of the cache; a bad
+    /// proof is refused before anything is advanced.
+    #[tokio::test]
+    async fn verified_proofs_are_remembered_per_gate() {
+        let dir = tempfile::tempdir().expect("dir");
+        crate::proof::keygen(&dir.path().join("k")).expect("keygen");
+        let key = crate::proof::SigningKey::load(&dir.path().join("k.key")).expect("key");
+        let mut keys = crate::proof::ProofKeys::default();
+        keys.add_file(&dir.path().join("k.pub")).expect("pub");
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("store");
+        let metrics = Arc::new(Metrics::new(Vec::new()));
+        let g = Gates::new(
+            store.clone(),
+            metrics,
+            Duration::from_secs(1),
+            Duration::ZERO,
+        );
+        let accept = EqualPolicy::Accept;
+        let (t5, t6) = (Token::new(0, 5), Token::new(0, 6));
+        let (p5, p6) = (key.prove("s", t5), key.prove("s", t6));
+        fn with<'a>(keys: &'a crate::proof::ProofKeys, p: &'a str) -> Option<Proof<'a>> {
+            Some(Proof {
+                keys,
+                bytes: p.as_bytes(),
+            })
+        }
+        let proof = |p| with(&keys, p);
+        let refused = g
+            .admit_proved("s", t5, accept, proof(&p6))
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, Refusal::InvalidProof(_)), "{refused:?}");
+        assert_eq!(store.get("s").expect("get"), None, "nothing advanced");
+        let n = keys.verifications();
+        for _ in 0..3 {
+            let mut a = g
+                .admit_proved("s", t6, accept, proof(&p6))
+                .await
+                .expect("6");
+            a.guard.complete();
+        }
+        assert_eq!(keys.verifications() - n, 1);
+        // 5's own proof is valid, but 5 is stale; 6's cached proof stays.
+        assert!(matches!(
+            g.admit_proved("s", t5, accept, proof(&p5)).await,
+            Err(Refusal::Stale { .. })
+        ));
+        let n = keys.verifications();
+        let mut a = g
+            .admit_proved("s", t6, accept, proof(&p6))
+            .await
+            .expect("6");
+        a.guard.complete();
+        assert_eq!(keys.verifications(), n, "still cached");
     }
 
     /// On an `equal = "reject"` route an equal token is stale, but a request that advanced

@@ -6,6 +6,6 @@ pub mod journal;
 pub mod marks;
 pub mod policy;
 
-pub use gate::{Admission, Gates, InflightGuard, Refusal};
+pub use gate::{Admission, Gates, InflightGuard, Proof, Refusal};
 pub use marks::{MarkStore, Snapshot, StoreError};
 pub use policy::{Decision, decide};

@@ -22,8 +22,8 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
-use crate::config::Config;
-use crate::fence::{Gates, InflightGuard, Refusal};
+use crate::config::{Config, ProofMode};
+use crate::fence::{Gates, InflightGuard, Proof, Refusal};
 use crate::idempotency::{self, Idempotency};
 use crate::metrics::{Metrics, RouteRow};
 use crate::route;
@@ -276,11 +276,16 @@ impl Proxy {
             equal,
             scope,
             token,
+            proof,
         } = match self.classify(config, req)? {
             Classified::Unfenced(plan) => return Ok(plan),
             Classified::Fenced(fenced) => fenced,
         };
-        let admission = match self.gates.admit(&scope, token, equal).await {
+        let proof = proof.as_ref().map(|v| Proof {
+            keys: &config.fencing.proof_keys,
+            bytes: v.as_bytes(),
+        });
+        let admission = match self.gates.admit_proved(&scope, token, equal, proof).await {
             Ok(a) => a,
             Err(refusal) => return Err((Some(idx), refused(refusal, scope, token))),
         };
@@ -425,11 +430,28 @@ impl Proxy {
         {
             return Err(into_other(theirs, Some(&scope)));
         }
+        // The proof is verified at the gate (which remembers what it verified); here only
+        // whether there is exactly one.
+        let proof = match (route.proof, head.proof) {
+            (ProofMode::Off, _) => None,
+            (ProofMode::Required, Seen::One(v)) => Some(v.clone()),
+            (ProofMode::Required, seen) => {
+                return Err(at(Outcome::InvalidProof {
+                    scope,
+                    token,
+                    detail: match seen {
+                        Seen::Many => "more than one Fencing-Proof header".into(),
+                        _ => "no Fencing-Proof header".into(),
+                    },
+                }));
+            }
+        };
         Ok(Classified::Fenced(Fenced {
             route: idx,
             equal: route.equal,
             scope,
             token,
+            proof,
         }))
     }
 }
@@ -446,6 +468,8 @@ struct Fenced {
     equal: crate::config::EqualPolicy,
     scope: String,
     token: Token,
+    /// The `Fencing-Proof` to verify, on a `proof = "required"` route.
+    proof: Option<HeaderValue>,
 }
 
 /// The answer to a request the gate did not admit.
@@ -462,6 +486,11 @@ fn refused(refusal: Refusal, scope: String, token: Token) -> Outcome {
             highest,
         },
         Refusal::Unavailable => Outcome::Unavailable { scope, token },
+        Refusal::InvalidProof(detail) => Outcome::InvalidProof {
+            scope,
+            token,
+            detail,
+        },
     }
 }
 
@@ -699,6 +728,7 @@ struct HeadScan<'a> {
     host: Seen<'a>,
     token: Seen<'a>,
     scope: Seen<'a>,
+    proof: Seen<'a>,
     /// A method override, `Upgrade` or `Connection` is present (see
     /// [`refuse_unfenceable`]).
     suspect: bool,
@@ -717,6 +747,7 @@ impl<'a> HeadScan<'a> {
             host: Seen::None,
             token: Seen::None,
             scope: Seen::None,
+            proof: Seen::None,
             suspect: false,
             destination: Seen::None,
             retarget: false,
@@ -732,6 +763,7 @@ impl<'a> HeadScan<'a> {
             match name {
                 "host" => scan.host.add(value),
                 "fencing-scope" => scan.scope.add(value),
+                "fencing-proof" => scan.proof.add(value),
                 "connection" | "upgrade" => scan.suspect = true,
                 "destination" => {
                     scan.destination.add(value);

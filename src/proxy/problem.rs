@@ -59,6 +59,13 @@ pub enum Outcome {
     PayloadTooLarge {
         limit: u64,
     },
+    /// `proof = "required"` and the `Fencing-Proof` is missing, malformed, signed by an
+    /// unknown key, or made for another scope or token (SPEC §9).
+    InvalidProof {
+        scope: String,
+        token: Token,
+        detail: String,
+    },
     /// The same Idempotency-Key is still in flight.
     InProgress {
         scope: String,
@@ -92,6 +99,7 @@ impl Outcome {
             Outcome::UpstreamUnavailable { .. } => "upstream_unavailable",
             Outcome::UpstreamTimeout { .. } => "upstream_timeout",
             Outcome::PayloadTooLarge { .. } => "payload_too_large",
+            Outcome::InvalidProof { .. } => "invalid_proof",
             Outcome::InProgress { .. } => "in_progress",
             Outcome::KeyReused { .. } => "key_reused",
             Outcome::OutcomeUnknown { .. } => "outcome_unknown",
@@ -115,6 +123,7 @@ impl Outcome {
             Outcome::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::InProgress { .. } | Outcome::OutcomeUnknown { .. } => StatusCode::CONFLICT,
             Outcome::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Outcome::InvalidProof { .. } => StatusCode::FORBIDDEN,
         }
     }
 
@@ -145,6 +154,10 @@ impl Outcome {
             Outcome::UpstreamUnavailable { detail, .. } => {
                 format!("The upstream could not be reached: {detail}").into()
             }
+            Outcome::InvalidProof { detail, .. } => format!(
+                "The fencing token needs a proof from the lock authority for this scope and token: {detail}"
+            )
+            .into(),
             Outcome::InProgress { .. } => {
                 "A request with this Idempotency-Key is still in flight; retry later".into()
             }
@@ -187,7 +200,8 @@ impl Outcome {
             | Outcome::Unavailable { scope, token }
             | Outcome::InProgress { scope, token }
             | Outcome::KeyReused { scope, token }
-            | Outcome::OutcomeUnknown { scope, token } => (Some(scope), Some(token), None),
+            | Outcome::OutcomeUnknown { scope, token }
+            | Outcome::InvalidProof { scope, token, .. } => (Some(scope), Some(token), None),
             Outcome::MissingToken { scope } | Outcome::InvalidToken { scope, .. } => {
                 (Some(scope), None, None)
             }
