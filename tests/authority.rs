@@ -500,7 +500,11 @@ async fn bump_epoch_after_a_restore_outranks_every_earlier_token() {
     }
     run.proc.child.kill().unwrap();
     run.proc.child.wait().unwrap();
-    std::fs::copy(&store, &backup).unwrap(); // the old copy
+    // The old copy: the store file and its journal, as the stopped server left them (a
+    // store file alone, older than the journal beside it, is refused at start-up).
+    let journal = |p: &std::path::Path| fencegate::fence::marks::journal_path(p);
+    std::fs::copy(&store, &backup).unwrap();
+    std::fs::copy(journal(&store), journal(&backup)).unwrap();
 
     let mut run = spawn_authority(&config);
     let authority = AuthorityClient::new(&format!("http://{}", run.addr)).unwrap();
@@ -515,6 +519,7 @@ async fn bump_epoch_after_a_restore_outranks_every_earlier_token() {
 
     // Restore the old copy. Without a bump, the authority repeats token 3: stale.
     std::fs::copy(&backup, &store).unwrap();
+    std::fs::copy(journal(&backup), journal(&store)).unwrap();
     let mut run = spawn_authority(&config);
     let authority = AuthorityClient::new(&format!("http://{}", run.addr)).unwrap();
     let repeated = acquire(&authority, "report/july", BOUND).await;
@@ -560,6 +565,7 @@ async fn bump_epoch_after_a_restore_outranks_every_earlier_token() {
     // the second one still starts an epoch above it (a plain increment would give e1
     // again, and the next token, e1:3, would be stale behind e1:6).
     std::fs::copy(&backup, &store).unwrap();
+    std::fs::copy(journal(&backup), journal(&store)).unwrap();
     let e2: u64 = bump_epoch(&config).parse().expect("an epoch");
     assert!(e2 > e1, "{e2} > {e1}");
     let run = spawn_authority(&config);

@@ -333,3 +333,51 @@ async fn a_damaged_store_file_refuses_to_start() {
     assert!(said.contains("restore a backup"), "{said}");
     assert_eq!(double.count_token("6"), 1);
 }
+
+/// A store file put back from an older copy, beside the journal of a later run: marks went
+/// back in time, which only a new epoch makes safe. Refused at open, until `store recover`
+/// raises the floor above every epoch seen (a copy of both files together opens as it was).
+#[tokio::test]
+async fn a_store_file_older_than_its_journal_is_refused() {
+    use fencegate::fence::marks::{journal_path, recover_store};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.redb");
+    let old = dir.path().join("old.redb");
+    let advance = |store: &MarkStore, scope: &str, counter: u64| {
+        let (store, scope) = (store.clone(), Arc::<str>::from(scope));
+        async move { store.advance(scope, Token::new(3, counter)).await.unwrap() }
+    };
+    let store = MarkStore::open(&path).unwrap();
+    advance(&store, "s", 1).await;
+    store.close().await;
+    drop(store);
+    std::fs::copy(&path, &old).unwrap();
+    std::fs::copy(journal_path(&path), journal_path(&old)).unwrap();
+    let store = MarkStore::open(&path).unwrap();
+    advance(&store, "s", 2).await;
+    store.close().await;
+    drop(store);
+
+    std::fs::copy(&old, &path).unwrap();
+    let err = MarkStore::open(&path).unwrap_err().to_string();
+    assert!(err.contains("older copy"), "{err}");
+    // Both files of the copy together: what they held.
+    std::fs::copy(journal_path(&old), journal_path(&path)).unwrap();
+    let store = MarkStore::open(&path).unwrap();
+    assert_eq!(store.get("s").unwrap(), Some(Token::new(3, 1)));
+    store.close().await;
+    drop(store);
+
+    // A later run, then the old store file alone once more.
+    let store = MarkStore::open(&path).unwrap();
+    advance(&store, "s", 5).await;
+    store.close().await;
+    drop(store);
+    std::fs::copy(&old, &path).unwrap();
+    assert!(MarkStore::open(&path).is_err());
+    let done = recover_store(&path, 0).unwrap();
+    assert_eq!(done.floor, 4, "above epoch 3, every token before is stale");
+    let store = MarkStore::open(&path).unwrap();
+    assert_eq!(store.floor(), 4);
+    store.close().await;
+}
