@@ -152,6 +152,22 @@ async fn no_acknowledged_mark_is_lost_to_a_power_cut_at_any_write_or_sync() {
     );
 }
 
+/// `fencegate serve` on `config` exits with a failure by itself; answers what it said.
+fn refused_start(config: &std::path::Path) -> String {
+    let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = ends_within(&mut serve, std::time::Duration::from_secs(30));
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(!status.success(), "{said}");
+    said
+}
+
 /// A bounded wait for a process that should end by itself.
 fn ends_within(
     child: &mut std::process::Child,
@@ -175,7 +191,7 @@ fn ends_within(
 /// every token issued before.
 #[tokio::test]
 async fn a_damaged_journal_refuses_to_start_until_recovered() {
-    use std::process::{Command, Stdio};
+    use std::process::Command;
     use support::{Client, Double, spawn, write_config};
 
     let double = Double::start().await;
@@ -209,17 +225,7 @@ async fn a_damaged_journal_refuses_to_start_until_recovered() {
     bytes[48 + 2] ^= 0x10;
     std::fs::write(&journal, &bytes).unwrap();
 
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = ends_within(&mut serve, std::time::Duration::from_secs(30));
-    let mut said = String::new();
-    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
-    assert!(!status.success(), "{said}");
+    let said = refused_start(&config);
     assert!(
         said.contains("marks.redb.journal")
             && said.contains("corrupt at byte 24")
@@ -276,7 +282,7 @@ async fn a_damaged_journal_refuses_to_start_until_recovered() {
 /// refuses to start, and `store recover` refuses to build on the file (a backup is the way).
 #[tokio::test]
 async fn a_damaged_store_file_refuses_to_start() {
-    use std::process::{Command, Stdio};
+    use std::process::Command;
     use support::{Client, Double, spawn, write_config};
 
     let double = Double::start().await;
@@ -307,17 +313,7 @@ async fn a_damaged_store_file_refuses_to_start() {
     bytes[key + 3] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
 
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = ends_within(&mut serve, std::time::Duration::from_secs(30));
-    let mut said = String::new();
-    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
-    assert!(!status.success(), "{said}");
+    let said = refused_start(&config);
     assert!(
         said.contains("marks.redb") && said.contains("corrupted"),
         "{said}"
