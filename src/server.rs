@@ -60,8 +60,9 @@ pub struct Running {
     /// Where the lease authority listens, when `[authority]` is configured.
     pub authority_addr: Option<SocketAddr>,
     pub app: Arc<App>,
-    /// The proxy listener's TLS, when `server.tls` is set; its files are re-read on reload.
-    tls: Option<Arc<crate::tls::Listener>>,
+    /// The listeners' TLS (`server.tls`, `admin.tls`, `authority.tls`, those set); their
+    /// files are re-read on reload.
+    tls: Vec<Arc<crate::tls::Listener>>,
     stop: watch::Sender<bool>,
     /// What shutdown waits for, each with what it is, for the log if it is left behind.
     tasks: Vec<(&'static str, JoinHandle<()>)>,
@@ -136,14 +137,24 @@ impl Running {
 /// Opens the store (unless one is given), binds both listeners and starts serving.
 pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, StartError> {
     // Read before anything is opened or bound, so bad files fail the start cleanly.
-    let tls = match &config.server.tls {
-        Some(files) => Some(Arc::new(crate::tls::Listener::load(
-            files.clone(),
-            // A handshake is part of getting a request in: the same slowloris bound.
-            config.server.header_read_timeout,
-        )?)),
-        None => None,
+    let load = |files: Option<&crate::tls::ListenerFiles>| -> Result<_, StartError> {
+        Ok(match files {
+            Some(files) => Some(Arc::new(crate::tls::Listener::load(
+                files.clone(),
+                // A handshake is part of getting a request in: the same slowloris bound.
+                config.server.header_read_timeout,
+            )?)),
+            None => None,
+        })
     };
+    let tls = load(config.server.tls.as_ref())?;
+    let admin_tls = load(config.admin.tls.as_ref())?;
+    let authority_tls = load(config.authority.as_ref().and_then(|a| a.tls.as_ref()))?;
+    let all_tls: Vec<_> = [&tls, &admin_tls, &authority_tls]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
     let metrics = Arc::new(Metrics::new(config.routes.iter().map(|r| r.name.clone())));
     let store = match store {
         Some(s) => s,
@@ -216,35 +227,32 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         source,
     })?;
     let admin_app = app.clone();
-    let admin_task = tokio::spawn(serve(
-        Source::Listener(admin_listener),
-        // Bounded as the proxy listener is, by a bound of its own: many idle connections
-        // to the admin port cannot take unbounded memory, nor the proxy's slots.
-        Some(ConnLimits::new(
-            config.server.max_connections,
-            config.server.max_connections_per_ip,
-        )),
+    let admin_task = spawn_listener(
+        admin_listener,
+        &config.server,
+        admin_tls,
         stop_rx.clone(),
-        grace,
-        ConnTimeouts {
-            first_bytes: config.server.header_read_timeout,
-            send: config.server.send_timeout,
-        },
-        http_builder(&config.server),
-        None,
         move |req, _peer| {
             let app = admin_app.clone();
-            async move { crate::admin::handle(&app, req).await }
+            closing_if_unread(req, move |req| async move {
+                crate::admin::handle(&app, req).await
+            })
         },
-    ));
+    );
     let mut tasks: Vec<_> = proxy_tasks
         .into_iter()
         .map(|t| ("proxy listener", t))
         .collect();
     let mut authority_addr = None;
     if let Some(auth) = &config.authority {
-        let (addr, task) =
-            crate::authority::serve(auth, &config.server, &app.store, stop_rx.clone()).await?;
+        let (addr, task) = crate::authority::serve(
+            auth,
+            &config.server,
+            &app.store,
+            authority_tls,
+            stop_rx.clone(),
+        )
+        .await?;
         authority_addr = Some(addr);
         tasks.push(("lease authority", task));
     }
@@ -279,18 +287,99 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         admin_addr,
         authority_addr,
         app,
-        tls,
+        tls: all_tls,
         stop,
         tasks,
     })
 }
 
+/// Serves one listener other than the proxy's (admin, authority) with the same code and
+/// bounds as the proxy's workers: `[server]`'s connection limits (a set of its own, so
+/// one port's clients cannot take another's slots), first-bytes, head and send timeouts,
+/// HTTP/2 idle and closing bounds, and graceful drain within `server.shutdown_timeout`.
+/// Its connections run on the calling runtime; those left at the end of the grace are
+/// ended before the answer's task completes, so nothing of theirs outlives it.
+pub(crate) fn spawn_listener<F, Fut>(
+    listener: TcpListener,
+    server: &ServerConfig,
+    tls: Option<Arc<crate::tls::Listener>>,
+    stop: watch::Receiver<bool>,
+    handler: F,
+) -> JoinHandle<()>
+where
+    F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
+{
+    tokio::spawn(serve(
+        Source::Listener(listener),
+        Some(ConnLimits::new(
+            server.max_connections,
+            server.max_connections_per_ip,
+        )),
+        stop,
+        server.shutdown_timeout,
+        ConnTimeouts {
+            first_bytes: server.header_read_timeout,
+            send: server.send_timeout,
+        },
+        http_builder(server),
+        tls,
+        handler,
+    ))
+}
+
+/// Runs `handler`, and marks its answer `Connection: close` when it is a refusal (4xx or
+/// 5xx) of an HTTP/1 request whose body had not ended when it came: the handler may have
+/// answered without reading it, and hyper then closes the connection after the answer; a
+/// keep-alive client told so does not send its next request into that close.
+pub(crate) fn closing_if_unread<H, Fut>(
+    req: hyper::Request<Incoming>,
+    handler: H,
+) -> impl Future<Output = hyper::Response<Body>> + Send
+where
+    H: FnOnce(hyper::Request<Incoming>) -> Fut + Send,
+    Fut: Future<Output = hyper::Response<Body>> + Send,
+{
+    use hyper::body::Body as _;
+    let unread = req.version() < http::Version::HTTP_2 && !req.body().is_end_stream();
+    async move {
+        let mut resp = handler(req).await;
+        if unread && (resp.status().is_client_error() || resp.status().is_server_error()) {
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
+    }
+}
+
 /// Connection admission: a total bound and a per-client-IP bound, so one client cannot
 /// take every socket.
+///
+/// Out of slots, a listener makes room as nginx does with its "reusable" connections: it
+/// closes a connection that has nothing in hand (an HTTP/2 one with no open stream, else
+/// an HTTP/1 one with no request in its handler) and gives its slot to the new one. Idle
+/// connections are cheap to reopen and are what a client can hold the most of for the
+/// least; busy ones are bounded by the request timeouts. The per-client bound is not
+/// made room for: a client past it is refused, which costs only that client.
 pub struct ConnLimits {
     total: Arc<Semaphore>,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     max_per_ip: usize,
+    /// The admitted connections that have told their state (by slot; free slots listed).
+    conns: Mutex<(Vec<Option<Arc<Streams>>>, Vec<usize>)>,
+}
+
+/// How long a new connection waits, at accept, for the slot of one asked to make room
+/// (which closes at its next poll).
+const RECLAIM_WAIT: Duration = Duration::from_millis(500);
+
+/// Why [`ConnLimits::admit`] refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Full {
+    Total,
+    PerClient,
 }
 
 /// Held by a connection's task; gives its slots back when the connection ends.
@@ -298,10 +387,36 @@ pub(crate) struct ConnSlot {
     _permit: OwnedSemaphorePermit,
     limits: Arc<ConnLimits>,
     ip: IpAddr,
+    /// Where the connection's state is listed, once told ([`ConnSlot::tell`]).
+    listed: Option<usize>,
+}
+
+impl ConnSlot {
+    /// Lists the connection's state, so it can be asked to make room for another.
+    pub(crate) fn tell(&mut self, streams: &Arc<Streams>) {
+        let mut conns = self.limits.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let (list, free) = &mut *conns;
+        let at = match free.pop() {
+            Some(i) => {
+                list[i] = Some(streams.clone());
+                i
+            }
+            None => {
+                list.push(Some(streams.clone()));
+                list.len() - 1
+            }
+        };
+        self.listed = Some(at);
+    }
 }
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
+        if let Some(at) = self.listed {
+            let mut conns = self.limits.conns.lock().unwrap_or_else(|p| p.into_inner());
+            conns.0[at] = None;
+            conns.1.push(at);
+        }
         let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
             *n -= 1;
@@ -318,23 +433,70 @@ impl ConnLimits {
             total: Arc::new(Semaphore::new(total)),
             per_ip: Mutex::new(HashMap::new()),
             max_per_ip: per_ip,
+            conns: Mutex::new((Vec::new(), Vec::new())),
         })
     }
 
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, Full> {
+        let permit = self
+            .total
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Full::Total)?;
+        self.admit_with(permit, ip)
+    }
+
+    fn admit_with(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        ip: IpAddr,
+    ) -> Result<ConnSlot, Full> {
         let ip = client_of(ip);
-        let permit = self.total.clone().try_acquire_owned().ok()?;
         let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
         if *n >= self.max_per_ip {
-            return None;
+            return Err(Full::PerClient);
         }
         *n += 1;
-        Some(ConnSlot {
+        Ok(ConnSlot {
             _permit: permit,
             limits: self.clone(),
             ip,
+            listed: None,
         })
+    }
+
+    /// [`ConnLimits::admit`], and when every slot is taken, the slot of a connection with
+    /// nothing in hand, asked to close for it (waiting at most [`RECLAIM_WAIT`]).
+    pub(crate) async fn admit_or_reclaim(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, Full> {
+        match self.admit(ip) {
+            Err(Full::Total) => {}
+            other => return other,
+        }
+        if !self.reclaim_one() {
+            return Err(Full::Total);
+        }
+        match tokio::time::timeout(RECLAIM_WAIT, self.total.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => self.admit_with(permit, ip),
+            _ => Err(Full::Total),
+        }
+    }
+
+    /// Asks one connection with nothing in hand to close: an idle HTTP/2 one first (it
+    /// closes at once), else an HTTP/1 one between requests. Answers whether there was one.
+    fn reclaim_one(&self) -> bool {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let pick = [true, false]
+            .into_iter()
+            .find_map(|h2| conns.0.iter().flatten().find(|s| s.evictable(h2)).cloned());
+        drop(conns);
+        match pick {
+            Some(streams) => {
+                streams.evict();
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -441,10 +603,10 @@ impl Source {
             Source::Listener(listener) => loop {
                 let (stream, peer) = accept(listener).await;
                 let slot = match limits {
-                    Some(l) => match l.admit(peer.ip()) {
-                        Some(slot) => Some(slot),
-                        None => {
-                            tracing::debug!(%peer, "connection limit reached; closing");
+                    Some(l) => match l.admit_or_reclaim(peer.ip()).await {
+                        Ok(slot) => Some(slot),
+                        Err(full) => {
+                            tracing::debug!(%peer, ?full, "connection limit reached; closing");
                             continue;
                         }
                     },
@@ -636,25 +798,46 @@ async fn serve<F, Fut>(
     }
     // Shared with TLS connections' tasks, which build their connection after the handshake.
     let builder = Arc::new(builder);
+    // The connections' tasks, so that those left when the grace is over end before this
+    // returns (a proxy worker's would end with its runtime; the admin's and authority's
+    // run on the main one, and hold the store).
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        // Reaps what has ended, so the set holds only live connections.
+        while connections.try_join_next().is_some() {}
         let next = tokio::select! {
             next = source.next(limits.as_ref()) => next,
             _ = stop.changed() => break,
         };
-        let Some(Accepted { stream, peer, slot }) = next else {
+        let Some(Accepted {
+            stream,
+            peer,
+            mut slot,
+        }) = next
+        else {
             break;
         };
         let handler = handler.clone();
         // HTTP/2 requests are counted open until their response body is done, for the
-        // connection's idle deadline (`h2_idle`); HTTP/1 is bounded by hyper's head timeout.
+        // connection's idle deadline (`h2_idle`); HTTP/1 is bounded by hyper's head timeout,
+        // and its requests are counted while in their handler (a connection between them
+        // may be asked to make room for a new one).
         let streams = Streams::new(Some(timeouts.send));
+        if let Some(slot) = &mut slot.0 {
+            slot.tell(&streams);
+        }
         let ConnTimeouts { first_bytes, send } = timeouts;
         let counted = streams.clone();
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             let handler = handler.clone();
-            let open = (req.version() == http::Version::HTTP_2).then(|| counted.open());
+            let (open, in_handler) = if req.version() == http::Version::HTTP_2 {
+                (Some(counted.open()), None)
+            } else {
+                (None, Some(counted.in_handler()))
+            };
             async move {
                 let resp = handler(req, peer).await;
+                drop(in_handler);
                 Ok::<_, Infallible>(match open {
                     None => resp,
                     Some(open) => resp.map(|inner| OpenBody::new(inner, open).boxed()),
@@ -667,7 +850,7 @@ async fn serve<F, Fut>(
             let handshake = tls.accept(stream);
             let watcher = graceful.watcher();
             let builder = Arc::clone(&builder);
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let _slot = slot;
                 let stream = match handshake.await {
                     Ok(s) => s,
@@ -696,7 +879,7 @@ async fn serve<F, Fut>(
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();
         let conn = graceful.watch(IdleConn::new(conn, streams, first_bytes));
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
@@ -716,6 +899,7 @@ async fn serve<F, Fut>(
             "shutdown grace period over; closing remaining connections and ending exchanges whose clients have gone"
         );
     }
+    connections.shutdown().await;
 }
 
 /// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new
@@ -774,12 +958,12 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     merged.store = old.store.clone();
     merged.fencing = old.fencing.clone();
     merged.authority = old.authority.clone();
-    // The listener's TLS files are re-read from the paths it started with: new handshakes
-    // use them, open connections keep what they negotiated.
-    if let Some(tls) = &running.tls {
+    // The listeners' TLS files are re-read from the paths they started with: new
+    // handshakes use them, open connections keep what they negotiated.
+    for tls in &running.tls {
         match tls.reload() {
             Ok(()) => {
-                tracing::info!(cert = %tls.files().cert.display(), "listener certificate reloaded")
+                tracing::info!(listener = tls.files().key_path, cert = %tls.files().cert.display(), "listener certificate reloaded")
             }
             Err(e) => {
                 metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
@@ -887,23 +1071,20 @@ upstream = "u"
         let a = limits.admit(ip("2001:db8:1:2::1")).expect("first");
         let b = limits.admit(ip("2001:db8:1:2:ffff::9")).expect("second");
         assert!(
-            limits.admit(ip("2001:db8:1:2:1:2:3:4")).is_none(),
+            limits.admit(ip("2001:db8:1:2:1:2:3:4")).is_err(),
             "same /64"
         );
-        assert!(limits.admit(ip("2001:db8:1:3::1")).is_some(), "another /64");
+        assert!(limits.admit(ip("2001:db8:1:3::1")).is_ok(), "another /64");
         drop(a);
-        assert!(
-            limits.admit(ip("2001:db8:1:2::7")).is_some(),
-            "a slot freed"
-        );
+        assert!(limits.admit(ip("2001:db8:1:2::7")).is_ok(), "a slot freed");
         drop(b);
         let v4 = limits.admit(ip("192.0.2.7")).expect("v4");
         let _mapped = limits.admit(ip("::ffff:192.0.2.7")).expect("mapped");
         assert!(
-            limits.admit(ip("192.0.2.7")).is_none(),
+            limits.admit(ip("192.0.2.7")).is_err(),
             "mapped counts as v4"
         );
-        assert!(limits.admit(ip("192.0.2.8")).is_some());
+        assert!(limits.admit(ip("192.0.2.8")).is_ok());
         drop(v4);
     }
 }
