@@ -61,6 +61,11 @@ pub struct Streams {
     next_id: AtomicU64,
     /// Asked to close to make room (see [`Streams::evict`]).
     evict: AtomicBool,
+    /// HTTP/1 request heads with a flaw hyper hides (see [`crate::h1_scan`]), by number,
+    /// and whether there are any; the number of the next HTTP/1 request served.
+    flaws: Mutex<Vec<(u64, crate::h1_scan::Flaw)>>,
+    flawed: AtomicBool,
+    served: AtomicU64,
 }
 
 impl Streams {
@@ -133,6 +138,34 @@ impl Streams {
     pub(crate) fn evict(&self) {
         self.evict.store(true, Ordering::Release);
         self.wake_connection();
+    }
+}
+
+impl Streams {
+    /// Notes that HTTP/1 request head number `n` has `flaw`.
+    pub(crate) fn flaw(&self, n: u64, flaw: crate::h1_scan::Flaw) {
+        self.flaws
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((n, flaw));
+        self.flawed.store(true, Ordering::Release);
+    }
+
+    /// The flaw of HTTP/1 request head number `n`, if it has one (taken).
+    pub(crate) fn take_flaw(&self, n: u64) -> Option<crate::h1_scan::Flaw> {
+        if !self.flawed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut flaws = self.flaws.lock().unwrap_or_else(|p| p.into_inner());
+        let at = flaws.iter().position(|&(i, _)| i == n)?;
+        Some(flaws.swap_remove(at).1)
+    }
+
+    /// The flaw of the next HTTP/1 request to be served, if its head has one. Called once
+    /// per request, in order (HTTP/1 requests are served one at a time).
+    pub(crate) fn next_request_flaw(&self) -> Option<crate::h1_scan::Flaw> {
+        let n = self.served.fetch_add(1, Ordering::Relaxed);
+        self.take_flaw(n)
     }
 }
 

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ServerConfig};
 use crate::fence::{Gates, MarkStore};
 use crate::first_bytes::FirstBytes;
+use crate::h1_scan::{Flaw, Scan};
 use crate::h2_idle::{IdleConn, OpenBody, Streams};
 use crate::metrics::Metrics;
 use crate::proxy::{Body, Proxy};
@@ -321,11 +322,32 @@ where
         ConnTimeouts {
             first_bytes: server.header_read_timeout,
             send: server.send_timeout,
+            max_head: server.max_header_bytes,
         },
         http_builder(server),
         tls,
         handler,
     ))
+}
+
+/// The answer to an HTTP/1 request whose head has a flaw hyper hides (see
+/// [`crate::h1_scan`]): 400, and the connection closes after it (what follows the head
+/// is not read as this request's body, nor as another request). Nothing is forwarded.
+fn refuse_flaw(flaw: Flaw) -> hyper::Response<Body> {
+    let outcome = match flaw {
+        Flaw::Fragment => crate::proxy::Outcome::InvalidPath {
+            detail: "the request target has a #fragment (a client sends none; it would be cut off before routing)".into(),
+        },
+        Flaw::LengthAndEncoding => crate::proxy::Outcome::InvalidRequest {
+            detail: "both Content-Length and Transfer-Encoding".into(),
+        },
+    };
+    let mut resp = outcome.into_response();
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    resp
 }
 
 /// Runs `handler`, and marks its answer `Connection: close` when it is a refusal (4xx or
@@ -524,6 +546,8 @@ const H2_SEND_BUFFER: usize = 64 << 10;
 struct ConnTimeouts {
     first_bytes: Duration,
     send: Duration,
+    /// `server.max_header_bytes`, for [`Scan`].
+    max_head: usize,
 }
 
 /// HTTP/1.1 and h2 on one port, with the request-head limits of `[server]`.
@@ -689,6 +713,7 @@ where
         let timeouts = ConnTimeouts {
             first_bytes: server.header_read_timeout,
             send: server.send_timeout,
+            max_head: server.max_header_bytes,
         };
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
@@ -826,17 +851,28 @@ async fn serve<F, Fut>(
         if let Some(slot) = &mut slot.0 {
             slot.tell(&streams);
         }
-        let ConnTimeouts { first_bytes, send } = timeouts;
+        let ConnTimeouts {
+            first_bytes,
+            send,
+            max_head,
+        } = timeouts;
         let counted = streams.clone();
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             let handler = handler.clone();
-            let (open, in_handler) = if req.version() == http::Version::HTTP_2 {
-                (Some(counted.open()), None)
+            let (open, in_handler, flaw) = if req.version() == http::Version::HTTP_2 {
+                (Some(counted.open()), None, None)
             } else {
-                (None, Some(counted.in_handler()))
+                (
+                    None,
+                    Some(counted.in_handler()),
+                    counted.next_request_flaw(),
+                )
             };
             async move {
-                let resp = handler(req, peer).await;
+                let resp = match flaw {
+                    None => handler(req, peer).await,
+                    Some(flaw) => refuse_flaw(flaw),
+                };
                 drop(in_handler);
                 Ok::<_, Infallible>(match open {
                     None => resp,
@@ -861,7 +897,8 @@ async fn serve<F, Fut>(
                 };
                 let stream = FirstBytes::new(stream, first_bytes)
                     .send_timeout(send)
-                    .telling(streams.clone());
+                    .telling(streams.clone())
+                    .scanning(Scan::new(streams.clone(), max_head));
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), svc)
                     .into_owned();
@@ -874,7 +911,8 @@ async fn serve<F, Fut>(
         }
         let stream = FirstBytes::new(stream, first_bytes)
             .send_timeout(send)
-            .telling(streams.clone());
+            .telling(streams.clone())
+            .scanning(Scan::new(streams.clone(), max_head));
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();

@@ -123,7 +123,17 @@ async fn idle_connections_make_room_for_a_new_client() {
     let addr = running.proxy_addr;
     let mut idle = Vec::new();
     for _ in 0..24 {
-        idle.push(h2_connect(addr).await);
+        // One answer first, so each is known (to the server) to speak HTTP/2.
+        let (mut h2, conn) = h2_connect(addr).await;
+        let req = http::Request::get(format!("http://{addr}/public/warm"))
+            .body(())
+            .unwrap();
+        let (resp, _) = h2.send_request(req, true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        while let Some(chunk) = body.data().await {
+            chunk.unwrap();
+        }
+        idle.push((h2.ready().await.unwrap(), conn));
     }
     let client = support::Client::new(addr);
     let r = tokio::time::timeout(BOUND, client.get("/public/new"))
@@ -172,13 +182,15 @@ async fn idle_connections_make_room_for_a_new_client() {
     let running = start(&double, dir.path(), server, false).await;
     let addr = running.proxy_addr;
     let mut busy = Vec::new();
-    for _ in 0..24 {
+    for i in 0..24 {
         let (mut h2, conn) = h2_connect(addr).await;
-        let req = http::Request::put(format!("http://{addr}/public/slow"))
+        let req = http::Request::get(format!("http://{addr}/public/slow"))
+            .header("x-test-hold", format!("busy-{i}"))
             .body(())
             .unwrap();
-        // A request whose body never ends: its stream stays open.
-        let (resp, body) = h2.send_request(req, false).unwrap();
+        // Held at the upstream: its stream stays open.
+        let (resp, body) = h2.send_request(req, true).unwrap();
+        double.arrived(&format!("busy-{i}")).await;
         busy.push((h2, conn, resp, body));
     }
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -192,6 +204,9 @@ async fn idle_connections_make_room_for_a_new_client() {
         "refused unanswered: {:?}",
         String::from_utf8_lossy(&buf)
     );
+    for i in 0..24 {
+        double.release(&format!("busy-{i}"));
+    }
     drop(busy);
     running.shutdown().await;
 }
@@ -302,5 +317,105 @@ async fn a_refusal_before_the_body_says_the_connection_closes() {
         answer.to_lowercase().contains("\r\nconnection: close\r\n"),
         "{answer}"
     );
+    running.shutdown().await;
+}
+
+/// A request with both `Content-Length` and `Transfer-Encoding` (hyper would read it as
+/// chunked and drop the length) is answered 400 invalid_request and the connection
+/// closed; nothing of it, nor of what follows it, is forwarded. On every port.
+#[tokio::test]
+async fn a_length_with_a_transfer_encoding_is_refused_and_nothing_forwarded() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(&double, dir.path(), "", true).await;
+    for te in ["chunked", "gzip, chunked"] {
+        let request = format!(
+            "PUT /public/clte HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: {te}\r\n\r\n\
+             0\r\n\r\nDELETE /public/clte HTTP/1.1\r\nHost: a\r\n\r\n"
+        );
+        let (status, text) = support::raw(running.proxy_addr, request.as_bytes()).await;
+        assert_eq!(status, 400, "{text}");
+        let lower = text.to_lowercase();
+        assert!(lower.contains("\r\nconnection: close\r\n"), "{text}");
+        assert!(lower.contains("fencing-result: invalid_request"), "{text}");
+        assert!(lower.contains("application/problem+json"), "{text}");
+        assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "one answer: {text}");
+    }
+    // The same with the length after the encoding.
+    let (status, _) = support::raw(
+        running.proxy_addr,
+        b"PUT /public/clte HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 400);
+    for addr in [
+        running.admin_addr,
+        running.authority_addr.expect("authority"),
+    ] {
+        let (status, text) = support::raw(
+            addr,
+            b"POST /v1/locks/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        )
+        .await;
+        assert_eq!(status, 400, "{addr}: {text}");
+    }
+    assert!(
+        !double.seen().iter().any(|s| s.target.contains("clte")),
+        "forwarded: {:?}",
+        double.seen()
+    );
+    running.shutdown().await;
+}
+
+/// A `#fragment` in the request target (which `http::Uri` cuts off: `DELETE
+/// /public/frag/#ment` would be forwarded as `DELETE /public/frag/`) is answered 400
+/// invalid_path, and nothing is forwarded; also as the second request of a keep-alive
+/// connection, after a body, and with the target split over many writes.
+#[tokio::test]
+async fn a_fragment_in_the_target_is_refused_and_nothing_forwarded() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(&double, dir.path(), "", false).await;
+    let addr = running.proxy_addr;
+    let (status, text) = support::raw(
+        addr,
+        b"DELETE /public/frag/#ment HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.to_lowercase().contains("fencing-result: invalid_path"),
+        "{text}"
+    );
+    assert!(
+        text.to_lowercase().contains("\r\nconnection: close\r\n"),
+        "{text}"
+    );
+
+    // Second on its connection, after a request whose body holds a `#` line of its own.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let body = "GET /public/x#y HTTP/1.1\r\n";
+    let first = format!(
+        "PUT /public/ok HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(first.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The second head, a few bytes per write.
+    for part in b"DELETE /public/frag/#ment HTTP/1.1\r\nHost: a\r\n\r\n".chunks(3) {
+        s.write_all(part).await.unwrap();
+        s.flush().await.unwrap();
+    }
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let seen = double.seen();
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the first request is forwarded: {seen:?}"
+    );
+    assert_eq!(seen[0].target, "/public/ok");
+    assert_eq!(seen[0].body, body.as_bytes());
     running.shutdown().await;
 }
