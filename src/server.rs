@@ -209,6 +209,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let limits = ConnLimits::new(
         config.server.max_connections,
         config.server.max_connections_per_ip,
+        Some(config.server.send_timeout),
     );
     let proxy_tasks = spawn_workers(
         proxy_listener,
@@ -316,6 +317,7 @@ where
         Some(ConnLimits::new(
             server.max_connections,
             server.max_connections_per_ip,
+            Some(server.send_timeout),
         )),
         stop,
         server.shutdown_timeout,
@@ -389,8 +391,11 @@ pub struct ConnLimits {
     total: Arc<Semaphore>,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     max_per_ip: usize,
-    /// The admitted connections that have told their state (by slot; free slots listed).
+    /// The admitted connections' states (by slot; free slots listed), made at admission
+    /// so that one on its way to a worker can already make room.
     conns: Mutex<(Vec<Option<Arc<Streams>>>, Vec<usize>)>,
+    /// For the connections' [`Streams`].
+    send_timeout: Option<Duration>,
 }
 
 /// How long a new connection waits, at accept, for the slot of one asked to make room
@@ -409,35 +414,24 @@ pub(crate) struct ConnSlot {
     _permit: OwnedSemaphorePermit,
     limits: Arc<ConnLimits>,
     ip: IpAddr,
-    /// Where the connection's state is listed, once told ([`ConnSlot::tell`]).
-    listed: Option<usize>,
+    /// The connection's state, and where it is listed in `limits.conns`.
+    streams: Arc<Streams>,
+    listed: usize,
 }
 
 impl ConnSlot {
-    /// Lists the connection's state, so it can be asked to make room for another.
-    pub(crate) fn tell(&mut self, streams: &Arc<Streams>) {
-        let mut conns = self.limits.conns.lock().unwrap_or_else(|p| p.into_inner());
-        let (list, free) = &mut *conns;
-        let at = match free.pop() {
-            Some(i) => {
-                list[i] = Some(streams.clone());
-                i
-            }
-            None => {
-                list.push(Some(streams.clone()));
-                list.len() - 1
-            }
-        };
-        self.listed = Some(at);
+    /// The connection's state, which it keeps up to date.
+    pub(crate) fn streams(&self) -> &Arc<Streams> {
+        &self.streams
     }
 }
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
-        if let Some(at) = self.listed {
+        {
             let mut conns = self.limits.conns.lock().unwrap_or_else(|p| p.into_inner());
-            conns.0[at] = None;
-            conns.1.push(at);
+            conns.0[self.listed] = None;
+            conns.1.push(self.listed);
         }
         let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
@@ -450,12 +444,14 @@ impl Drop for ConnSlot {
 }
 
 impl ConnLimits {
-    pub fn new(total: usize, per_ip: usize) -> Arc<ConnLimits> {
+    /// `send_timeout`: the bound of the connections' HTTP/2 streams (see [`Streams`]).
+    pub fn new(total: usize, per_ip: usize, send_timeout: Option<Duration>) -> Arc<ConnLimits> {
         Arc::new(ConnLimits {
             total: Arc::new(Semaphore::new(total)),
             per_ip: Mutex::new(HashMap::new()),
             max_per_ip: per_ip,
             conns: Mutex::new((Vec::new(), Vec::new())),
+            send_timeout,
         })
     }
 
@@ -480,11 +476,28 @@ impl ConnLimits {
             return Err(Full::PerClient);
         }
         *n += 1;
+        drop(map);
+        let streams = Streams::new(self.send_timeout);
+        let listed = {
+            let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            let (list, free) = &mut *conns;
+            match free.pop() {
+                Some(i) => {
+                    list[i] = Some(streams.clone());
+                    i
+                }
+                None => {
+                    list.push(Some(streams.clone()));
+                    list.len() - 1
+                }
+            }
+        };
         Ok(ConnSlot {
             _permit: permit,
             limits: self.clone(),
             ip,
-            listed: None,
+            streams,
+            listed,
         })
     }
 
@@ -834,12 +847,7 @@ async fn serve<F, Fut>(
             next = source.next(limits.as_ref()) => next,
             _ = stop.changed() => break,
         };
-        let Some(Accepted {
-            stream,
-            peer,
-            mut slot,
-        }) = next
-        else {
+        let Some(Accepted { stream, peer, slot }) = next else {
             break;
         };
         let handler = handler.clone();
@@ -847,10 +855,10 @@ async fn serve<F, Fut>(
         // connection's idle deadline (`h2_idle`); HTTP/1 is bounded by hyper's head timeout,
         // and its requests are counted while in their handler (a connection between them
         // may be asked to make room for a new one).
-        let streams = Streams::new(Some(timeouts.send));
-        if let Some(slot) = &mut slot.0 {
-            slot.tell(&streams);
-        }
+        let streams = match &slot.0 {
+            Some(slot) => slot.streams().clone(),
+            None => Streams::new(Some(timeouts.send)),
+        };
         let ConnTimeouts {
             first_bytes,
             send,
@@ -1104,7 +1112,7 @@ upstream = "u"
 
     #[test]
     fn one_client_is_an_ipv4_address_or_an_ipv6_slash_64() {
-        let limits = ConnLimits::new(100, 2);
+        let limits = ConnLimits::new(100, 2, None);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let a = limits.admit(ip("2001:db8:1:2::1")).expect("first");
         let b = limits.admit(ip("2001:db8:1:2:ffff::9")).expect("second");
