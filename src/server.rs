@@ -393,9 +393,16 @@ pub struct ConnLimits {
     max_per_ip: usize,
     /// The admitted connections' states (by slot; free slots listed), made at admission
     /// so that one on its way to a worker can already make room.
-    conns: Mutex<(Vec<Option<Arc<Streams>>>, Vec<usize>)>,
+    conns: Mutex<Listed>,
     /// For the connections' [`Streams`].
     send_timeout: Option<Duration>,
+}
+
+/// The admitted connections' states, by slot, and the free slots.
+#[derive(Default)]
+struct Listed {
+    list: Vec<Option<Arc<Streams>>>,
+    free: Vec<usize>,
 }
 
 /// How long a new connection waits, at accept, for the slot of one asked to make room
@@ -430,8 +437,8 @@ impl Drop for ConnSlot {
     fn drop(&mut self) {
         {
             let mut conns = self.limits.conns.lock().unwrap_or_else(|p| p.into_inner());
-            conns.0[self.listed] = None;
-            conns.1.push(self.listed);
+            conns.list[self.listed] = None;
+            conns.free.push(self.listed);
         }
         let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
@@ -450,7 +457,7 @@ impl ConnLimits {
             total: Arc::new(Semaphore::new(total)),
             per_ip: Mutex::new(HashMap::new()),
             max_per_ip: per_ip,
-            conns: Mutex::new((Vec::new(), Vec::new())),
+            conns: Mutex::default(),
             send_timeout,
         })
     }
@@ -480,7 +487,7 @@ impl ConnLimits {
         let streams = Streams::new(self.send_timeout);
         let listed = {
             let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-            let (list, free) = &mut *conns;
+            let Listed { list, free } = &mut *conns;
             match free.pop() {
                 Some(i) => {
                     list[i] = Some(streams.clone());
@@ -521,9 +528,14 @@ impl ConnLimits {
     /// closes at once), else an HTTP/1 one between requests. Answers whether there was one.
     fn reclaim_one(&self) -> bool {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        let pick = [true, false]
-            .into_iter()
-            .find_map(|h2| conns.0.iter().flatten().find(|s| s.evictable(h2)).cloned());
+        let pick = [true, false].into_iter().find_map(|h2| {
+            conns
+                .list
+                .iter()
+                .flatten()
+                .find(|s| s.evictable(h2))
+                .cloned()
+        });
         drop(conns);
         match pick {
             Some(streams) => {

@@ -179,10 +179,10 @@ fn provider() -> Arc<CryptoProvider> {
 fn server_config(files: &ListenerFiles) -> Result<ServerConfig, TlsError> {
     let mut errors = Vec::new();
     let at = |key: &str| format!("{}.{key}", files.key_path);
-    let certs = noted(&mut errors, &at("cert"), read_certs(&files.cert));
-    let key = noted(&mut errors, &at("key"), read_key(&files.key));
+    let certs = noted(&mut errors, at("cert"), read_certs(&files.cert));
+    let key = noted(&mut errors, at("key"), read_key(&files.key));
     let verifier = match &files.client_ca {
-        Some(ca) => noted(&mut errors, &at("client_ca"), client_verifier(ca)).map(Some),
+        Some(ca) => noted(&mut errors, at("client_ca"), client_verifier(ca)).map(Some),
         None => Some(None),
     };
     let (Some(certs), Some(key), Some(verifier)) = (certs, key, verifier) else {
