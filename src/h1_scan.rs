@@ -5,14 +5,15 @@
 //! smuggling attempt or a broken client).
 //!
 //! [`Scan`] follows the bytes a connection reads, as [`crate::first_bytes::FirstBytes`]
-//! hands them to hyper: each request head (read in place when it came in one read, the common
-//! case; hyper validates it), then its body by its
-//! framing (a length, or chunks), to the next head. A head with a flaw is noted in the
-//! connection's [`Streams`] by its number, and the service refuses the request of that
-//! number (HTTP/1 requests are served in order, one at a time) with 400 and
-//! `Connection: close`; nothing of it is forwarded. What the scan cannot follow (an
-//! upgrade, CONNECT, a head hyper would refuse itself) ends the scan for the connection:
-//! hyper answers or closes those.
+//! hands them to hyper: each request head (read in place when it came in one read, the
+//! common case; hyper validates it), then its body by its framing (a length, or chunks),
+//! to the next head. A head with a flaw is noted in the connection's [`Streams`] by its
+//! number, and the service refuses the request of that number (HTTP/1 requests are served
+//! in order, one at a time) with 400 and `Connection: close`; nothing of it is forwarded.
+//! What the scan cannot follow (a head or a chunk that hyper refuses itself, and then
+//! closes the connection) ends the scan for the connection. No connection is upgraded:
+//! fencegate answers neither 101 nor 2xx to CONNECT, so an `Upgrade` header or a CONNECT
+//! leaves the connection speaking HTTP/1.1, and the scan goes on.
 
 use std::sync::Arc;
 
@@ -189,8 +190,8 @@ impl Scan {
     /// Parses a head at the start of `bytes`: its length once whole (`None`: not yet),
     /// `Err` when the scan stops.
     ///
-    /// Only what the scan needs is read: the request line's method and target, and the
-    /// lines of the three header names it acts on; hyper validates the head (and refuses
+    /// Only what the scan needs is read: the request line's target, and the lines of the
+    /// two header names it acts on; hyper validates the head (and refuses
     /// a malformed one, closing the connection). Counted by callgrind on a W1 head and
     /// body: ~700 instructions, where httparse's full parse took ~1,000 and a byte loop
     /// per line ~1,300.
@@ -207,14 +208,12 @@ impl Scan {
         let Some(sp) = line.iter().position(|&b| b == b' ') else {
             return self.off();
         };
-        let method = &line[..sp];
         let Some(len) = line[sp + 1..].iter().position(|&b| b == b' ') else {
             return self.off();
         };
         let target = &line[sp + 1..sp + 1 + len];
         let mut length = None;
         let mut encoding = None;
-        let mut upgrade = false;
         let mut at = line_end + 1;
         loop {
             let nl = lines.next()?;
@@ -243,7 +242,6 @@ impl Scan {
                         encoding = Some(v);
                     }
                 }
-                b'u' => upgrade |= value(b"upgrade").is_some(),
                 _ => {}
             }
         }
@@ -259,9 +257,6 @@ impl Scan {
         if let Some(flaw) = flaw {
             // Refused with `Connection: close`: nothing after it is read.
             self.streams.flaw(number, flaw);
-            return self.off();
-        }
-        if upgrade || method == b"CONNECT" {
             return self.off();
         }
         self.at = match (encoding, length) {
@@ -485,10 +480,18 @@ mod tests {
 
     #[test]
     fn what_cannot_be_followed_ends_the_scan() {
+        // No upgrade happens: the scan goes on past an `Upgrade` header or a CONNECT.
         for head in [
             &b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n"[..],
             b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
-            b"GET/ HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            let (mut s, streams) = scan();
+            s.feed(head);
+            s.feed(b"GET /x#y HTTP/1.1\r\n\r\n");
+            assert_eq!(streams.take_flaw(1), Some(Flaw::Fragment));
+        }
+        for head in [
+            &b"GET/ HTTP/1.1\r\nHost: a\r\n\r\n"[..],
             b"PUT / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
             b"PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n",
         ] {

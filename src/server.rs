@@ -219,6 +219,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         &config.server,
         limits,
         tls.clone(),
+        app.metrics.clone(),
         move |req, peer| {
             let app = proxy_app.clone();
             async move { app.proxy.handle(req, peer, https).await }
@@ -325,6 +326,7 @@ where
             first_bytes: server.header_read_timeout,
             send: server.send_timeout,
             max_head: server.max_header_bytes,
+            counts: None,
         },
         http_builder(server),
         tls,
@@ -335,7 +337,7 @@ where
 /// The answer to an HTTP/1 request whose head has a flaw hyper hides (see
 /// [`crate::h1_scan`]): 400, and the connection closes after it (what follows the head
 /// is not read as this request's body, nor as another request). Nothing is forwarded.
-fn refuse_flaw(flaw: Flaw) -> hyper::Response<Body> {
+fn refuse_flaw(flaw: Flaw, counts: Option<&Metrics>) -> hyper::Response<Body> {
     let outcome = match flaw {
         Flaw::Fragment => crate::proxy::Outcome::InvalidPath {
             detail: "the request target has a #fragment (a client sends none; it would be cut off before routing)".into(),
@@ -344,6 +346,9 @@ fn refuse_flaw(flaw: Flaw) -> hyper::Response<Body> {
             detail: "both Content-Length and Transfer-Encoding".into(),
         },
     };
+    if let Some(metrics) = counts {
+        metrics.count_unrouted(outcome.result());
+    }
     let mut resp = outcome.into_response();
     resp.headers_mut().insert(
         http::header::CONNECTION,
@@ -567,12 +572,14 @@ const H2_SEND_BUFFER: usize = 64 << 10;
 
 /// The time limits of a connection in [`serve`]: for its first bytes (which tell its
 /// protocol) and for any write to the client to make progress.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct ConnTimeouts {
     first_bytes: Duration,
     send: Duration,
     /// `server.max_header_bytes`, for [`Scan`].
     max_head: usize,
+    /// Where the refusals made here (not by the handler) are counted: the proxy's metrics.
+    counts: Option<Arc<Metrics>>,
 }
 
 /// HTTP/1.1 and h2 on one port, with the request-head limits of `[server]`.
@@ -714,6 +721,7 @@ fn spawn_workers<F, Fut>(
     server: &ServerConfig,
     limits: Arc<ConnLimits>,
     tls: Option<Arc<crate::tls::Listener>>,
+    counts: Arc<Metrics>,
     handler: F,
 ) -> std::io::Result<Vec<JoinHandle<()>>>
 where
@@ -739,6 +747,7 @@ where
             first_bytes: server.header_read_timeout,
             send: server.send_timeout,
             max_head: server.max_header_bytes,
+            counts: Some(counts.clone()),
         };
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
@@ -871,11 +880,9 @@ async fn serve<F, Fut>(
             Some(slot) => slot.streams().clone(),
             None => Streams::new(Some(timeouts.send)),
         };
-        let ConnTimeouts {
-            first_bytes,
-            send,
-            max_head,
-        } = timeouts;
+        let (first_bytes, send, max_head) =
+            (timeouts.first_bytes, timeouts.send, timeouts.max_head);
+        let counts = timeouts.counts.clone();
         let counted = streams.clone();
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             let handler = handler.clone();
@@ -888,10 +895,11 @@ async fn serve<F, Fut>(
                     counted.next_request_flaw(),
                 )
             };
+            let refused = flaw.map(|flaw| refuse_flaw(flaw, counts.as_deref()));
             async move {
-                let resp = match flaw {
+                let resp = match refused {
                     None => handler(req, peer).await,
-                    Some(flaw) => refuse_flaw(flaw),
+                    Some(refused) => refused,
                 };
                 drop(in_handler);
                 Ok::<_, Infallible>(match open {

@@ -379,6 +379,15 @@ async fn a_length_with_a_transfer_encoding_is_refused_and_nothing_forwarded() {
         "forwarded: {:?}",
         double.seen()
     );
+    // Counted as the proxy's other refusals before routing are (the three on its port).
+    let metrics = support::Client::new(running.admin_addr)
+        .get("/metrics")
+        .await
+        .body;
+    assert!(
+        metrics.contains("fencegate_requests_total{route=\"none\",result=\"invalid_request\"} 3"),
+        "{metrics}"
+    );
     running.shutdown().await;
 }
 
