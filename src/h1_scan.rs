@@ -149,6 +149,8 @@ impl Scan {
                 return self.stop();
             }
             self.head.extend_from_slice(data);
+            // A request is on its way: the connection is not idle.
+            self.streams.head_begun(true);
             return &[];
         }
         let before = self.head.len();
@@ -164,11 +166,14 @@ impl Scan {
             match parsed {
                 Some(Ok(n)) => {
                     self.head.clear();
+                    // Its request is in the service's hands from here.
+                    self.streams.head_begun(false);
                     // It was not whole before: it ends in this read.
                     return &data[n.saturating_sub(before).min(data.len())..];
                 }
                 Some(Err(())) => {
                     self.head = Vec::new();
+                    self.streams.head_begun(false);
                     return &[];
                 }
                 None => {}
@@ -182,6 +187,7 @@ impl Scan {
     }
 
     fn stop<'a>(&mut self) -> &'a [u8] {
+        self.streams.head_begun(false);
         self.at = At::Off;
         self.head = Vec::new();
         &[]
@@ -437,6 +443,19 @@ mod tests {
         // A `#` in a header value is no fragment.
         let header = b"GET /a HTTP/1.1\r\nHost: a\r\nX-C: #1\r\n\r\n";
         assert_eq!(run(&[header]), (vec![], 1, false));
+    }
+
+    #[test]
+    fn a_connection_whose_head_has_begun_is_not_idle() {
+        let (mut s, streams) = scan();
+        assert!(streams.evictable(false));
+        s.feed(b"GET / HTTP/1.1\r\nHost: a\r\n");
+        assert!(!streams.evictable(false), "a head on its way");
+        s.feed(b"\r\n");
+        assert!(streams.evictable(false), "whole: the service's from here");
+        // Read whole at once, a head never marks the connection busy.
+        s.feed(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(streams.evictable(false));
     }
 
     #[test]

@@ -66,6 +66,9 @@ pub struct Streams {
     flaws: Mutex<Vec<(u64, crate::h1_scan::Flaw)>>,
     flawed: AtomicBool,
     served: AtomicU64,
+    /// An HTTP/1 request head has begun to arrive and is not whole yet (its connection is
+    /// not idle).
+    head: AtomicBool,
 }
 
 impl Streams {
@@ -123,13 +126,20 @@ impl Streams {
         InHandler(self.clone())
     }
 
-    /// Whether the connection has nothing in hand and is not already asked to close;
+    /// Whether the connection has nothing in hand (no open stream or request, no request
+    /// head begun) and is not already asked to close;
     /// `h2` whether it must speak HTTP/2 (an idle HTTP/2 connection closes at once, an
     /// HTTP/1 one may still be sending an answer's body).
     pub(crate) fn evictable(&self, h2: bool) -> bool {
         self.h2.load(Ordering::Acquire) == h2
             && self.open.load(Ordering::Acquire) == 0
+            && !self.head.load(Ordering::Acquire)
             && !self.evict.load(Ordering::Acquire)
+    }
+
+    /// An HTTP/1 request head has begun to arrive (`true`), or is whole or given up.
+    pub(crate) fn head_begun(&self, begun: bool) {
+        self.head.store(begun, Ordering::Release);
     }
 
     /// Asks the connection to close now, to make room for another: an HTTP/2 one with no
