@@ -138,6 +138,8 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer token for the admin API (all but /healthz and /readyz), read at start-up.
     pub token: Option<String>,
+    /// `tls = { cert, key, client_ca }`: serve the admin API over HTTPS, as `server.tls`.
+    pub tls: Option<crate::tls::ListenerFiles>,
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +283,7 @@ struct RawServer {
 struct RawAdmin {
     listen: Option<String>,
     token_file: Option<String>,
+    tls: Option<crate::tls::RawListenerTls>,
 }
 
 #[derive(Deserialize)]
@@ -494,6 +497,12 @@ impl Config {
             Some(n) => n,
             None => default,
         };
+        let max_connections = positive(
+            server.max_connections,
+            10_000,
+            "server.max_connections",
+            &mut errors,
+        );
         let server = ServerConfig {
             listen: socket_addr(
                 server.listen.as_deref(),
@@ -519,15 +528,12 @@ impl Config {
                 "server.shutdown_timeout",
                 &mut errors,
             ),
-            max_connections: positive(
-                server.max_connections,
-                10_000,
-                "server.max_connections",
-                &mut errors,
-            ),
+            max_connections,
             max_connections_per_ip: positive(
                 server.max_connections_per_ip,
-                1_000,
+                // A tenth of the total (1000 of the default 10000): one address alone
+                // cannot take every slot.
+                (max_connections / 10).clamp(1, 1_000),
                 "server.max_connections_per_ip",
                 &mut errors,
             ),
@@ -554,7 +560,7 @@ impl Config {
             trusted_proxies,
             tls: server
                 .tls
-                .and_then(|raw| crate::tls::listener_files(raw, base, &mut errors.0)),
+                .and_then(|raw| crate::tls::listener_files(raw, base, "server.tls", &mut errors.0)),
         };
         let admin_listen = socket_addr(
             admin.listen.as_deref(),
@@ -588,6 +594,9 @@ impl Config {
         let admin = AdminConfig {
             listen: admin_listen,
             token,
+            tls: admin
+                .tls
+                .and_then(|raw| crate::tls::listener_files(raw, base, "admin.tls", &mut errors.0)),
         };
         let store = match store {
             Some(s) if !s.path.is_empty() => StoreConfig {
@@ -722,10 +731,26 @@ impl Config {
                 ),
             );
         }
-        let raw_authority = table.remove("authority");
+        let mut raw_authority = table.remove("authority");
         let has_authority = raw_authority.is_some();
+        // `authority.tls` is read here, where relative paths have their base.
+        let authority_tls = raw_authority
+            .as_mut()
+            .and_then(|v| v.as_table_mut())
+            .and_then(|t| t.remove("tls"))
+            .and_then(|v| match v.try_into::<crate::tls::RawListenerTls>() {
+                Ok(raw) => crate::tls::listener_files(raw, base, "authority.tls", &mut errors.0),
+                Err(e) => {
+                    errors.push("authority.tls", e.message().trim().to_string());
+                    None
+                }
+            });
         let authority = raw_authority
-            .and_then(|v| crate::authority::AuthorityConfig::parse(v, base, &mut errors.0));
+            .and_then(|v| crate::authority::AuthorityConfig::parse(v, base, &mut errors.0))
+            .map(|mut a| {
+                a.tls = authority_tls;
+                a
+            });
         if let Some(a) = &authority {
             for (other, key) in [
                 (server.listen, "server.listen"),

@@ -10,6 +10,9 @@
 //! It also bounds the other direction (`send_timeout`): a client that stops reading its
 //! answer, so that no write to it makes progress for that long, gets its connection
 //! closed, which frees the upstream connection its response was coming from.
+//!
+//! And it hands what an HTTP/1 connection reads to a [`Scan`] (`scanning`), which notes
+//! the request heads with a flaw that hyper hides from the service.
 
 use std::io;
 use std::pin::Pin;
@@ -19,6 +22,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::h1_scan::Scan;
 use crate::h2_idle::Streams;
 use crate::timer::Deadline;
 
@@ -36,6 +40,8 @@ pub struct FirstBytes<S> {
     send_timeout: Option<Duration>,
     /// Since the first write that found the client not reading: when it fails.
     stalled: Option<Deadline>,
+    /// Follows an HTTP/1 connection's request heads (dropped once it speaks HTTP/2).
+    scan: Option<Box<Scan>>,
 }
 
 impl<S> FirstBytes<S> {
@@ -47,7 +53,14 @@ impl<S> FirstBytes<S> {
             h2: None,
             send_timeout: None,
             stalled: None,
+            scan: None,
         }
+    }
+
+    /// Hands what an HTTP/1 connection reads to `scan`.
+    pub(crate) fn scanning(mut self, scan: Scan) -> FirstBytes<S> {
+        self.scan = Some(Box::new(scan));
+        self
     }
 
     /// Fails a write, or a flush, that made no progress for `limit` (the client is not
@@ -121,19 +134,31 @@ impl<S: AsyncRead + Unpin> AsyncRead for FirstBytes<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let Some((deadline, matched)) = this.deciding.as_mut() else {
-            return Pin::new(&mut this.io).poll_read(cx, buf);
-        };
         let before = buf.filled().len();
+        let Some((deadline, matched)) = this.deciding.as_mut() else {
+            let Some(scan) = &mut this.scan else {
+                return Pin::new(&mut this.io).poll_read(cx, buf);
+            };
+            let read = Pin::new(&mut this.io).poll_read(cx, buf);
+            if let Poll::Ready(Ok(())) = read {
+                scan.feed(&buf.filled()[before..]);
+            }
+            return read;
+        };
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if tells(matched, &buf.filled()[before..]) {
-                    if *matched == H2_PREFACE.len()
-                        && let Some(streams) = &this.h2
-                    {
-                        streams.set_h2();
+                let new = &buf.filled()[before..];
+                if tells(matched, new) {
+                    if *matched == H2_PREFACE.len() {
+                        if let Some(streams) = &this.h2 {
+                            streams.set_h2();
+                        }
+                        this.scan = None;
                     }
                     this.deciding = None;
+                }
+                if let Some(scan) = &mut this.scan {
+                    scan.feed(new);
                 }
                 Poll::Ready(Ok(()))
             }

@@ -18,6 +18,16 @@
 //! connection with such a stream waiting longer than `send_timeout` is closed. A body
 //! waiting on its own source is not waiting for the client: that wait is the upstream
 //! read timeout's business.
+//!
+//! A closing HTTP/2 connection (idle, or told to drain) sends GOAWAY and a PING, and hyper
+//! waits for the PING's answer before it closes; a client that stops answering would hold
+//! the connection (and its slot) until hyper's keep-alive gives up, 40 s later. Once it
+//! has no open stream, a closing connection is dropped at [`CLOSE_WITHIN`] (or the idle
+//! limit, if shorter) after its GOAWAY, whatever the client does.
+//!
+//! And a connection with nothing in hand (HTTP/2: no open stream; HTTP/1: no request in
+//! its handler) can be told to close at once ([`Streams::evict`]), to make room for a new
+//! one when the listener is out of connection slots (see `server::ConnLimits`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,6 +42,10 @@ use http_body::{Frame, SizeHint};
 use crate::drain::Drainable;
 use crate::timer::Deadline;
 
+/// How long a closing HTTP/2 connection with no open stream may wait for its client
+/// (the answer to the GOAWAY's PING) before it is dropped.
+pub const CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
 /// One connection's open requests, and whether it speaks HTTP/2.
 #[derive(Default)]
 pub struct Streams {
@@ -45,6 +59,16 @@ pub struct Streams {
     /// for yet): body id, and since when. At most one entry per open stream.
     waiting: Mutex<Vec<(u64, Instant)>>,
     next_id: AtomicU64,
+    /// Asked to close to make room (see [`Streams::evict`]).
+    evict: AtomicBool,
+    /// HTTP/1 request heads with a flaw hyper hides (see [`crate::h1_scan`]), by number,
+    /// and whether there are any; the number of the next HTTP/1 request served.
+    flaws: Mutex<Vec<(u64, crate::h1_scan::Flaw)>>,
+    flawed: AtomicBool,
+    served: AtomicU64,
+    /// An HTTP/1 request head has begun to arrive and is not whole yet (its connection is
+    /// not idle).
+    head: AtomicBool,
 }
 
 impl Streams {
@@ -92,6 +116,75 @@ impl Streams {
     pub fn open(self: &Arc<Self>) -> StreamOpen {
         self.open.fetch_add(1, Ordering::AcqRel);
         StreamOpen(self.clone())
+    }
+
+    /// Counts an HTTP/1 request while its handler runs (its answer's body is not followed:
+    /// a connection asked to close after that finishes sending it, then closes). Ending,
+    /// it wakes nobody: only an eviction looks at the count.
+    pub fn in_handler(self: &Arc<Self>) -> InHandler {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        InHandler(self.clone())
+    }
+
+    /// Whether the connection has nothing in hand (no open stream or request, no request
+    /// head begun) and is not already asked to close;
+    /// `h2` whether it must speak HTTP/2 (an idle HTTP/2 connection closes at once, an
+    /// HTTP/1 one may still be sending an answer's body).
+    pub(crate) fn evictable(&self, h2: bool) -> bool {
+        self.h2.load(Ordering::Acquire) == h2
+            && self.open.load(Ordering::Acquire) == 0
+            && !self.head.load(Ordering::Acquire)
+            && !self.evict.load(Ordering::Acquire)
+    }
+
+    /// An HTTP/1 request head has begun to arrive (`true`), or is whole or given up.
+    pub(crate) fn head_begun(&self, begun: bool) {
+        self.head.store(begun, Ordering::Release);
+    }
+
+    /// Asks the connection to close now, to make room for another: an HTTP/2 one with no
+    /// open stream sends GOAWAY and is dropped; an HTTP/1 one closes once the answer it
+    /// may be sending is done (at once, waiting for its next request).
+    pub(crate) fn evict(&self) {
+        self.evict.store(true, Ordering::Release);
+        self.wake_connection();
+    }
+}
+
+impl Streams {
+    /// Notes that HTTP/1 request head number `n` has `flaw`.
+    pub(crate) fn flaw(&self, n: u64, flaw: crate::h1_scan::Flaw) {
+        self.flaws
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((n, flaw));
+        self.flawed.store(true, Ordering::Release);
+    }
+
+    /// The flaw of HTTP/1 request head number `n`, if it has one (taken).
+    pub(crate) fn take_flaw(&self, n: u64) -> Option<crate::h1_scan::Flaw> {
+        if !self.flawed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut flaws = self.flaws.lock().unwrap_or_else(|p| p.into_inner());
+        let at = flaws.iter().position(|&(i, _)| i == n)?;
+        Some(flaws.swap_remove(at).1)
+    }
+
+    /// The flaw of the next HTTP/1 request to be served, if its head has one. Called once
+    /// per request, in order (HTTP/1 requests are served one at a time).
+    pub(crate) fn next_request_flaw(&self) -> Option<crate::h1_scan::Flaw> {
+        let n = self.served.fetch_add(1, Ordering::Relaxed);
+        self.take_flaw(n)
+    }
+}
+
+/// An HTTP/1 request in its handler (see [`Streams::in_handler`]).
+pub struct InHandler(Arc<Streams>);
+
+impl Drop for InHandler {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -249,7 +342,8 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for OpenBody<B> {
 
 pin_project_lite::pin_project! {
     /// A connection that shuts down gracefully once it has been an idle HTTP/2 connection
-    /// for `idle`.
+    /// for `idle`, is dropped if it has not closed (with no open stream) soon after, and
+    /// closes when evicted.
     pub struct IdleConn<C> {
         #[pin]
         conn: C,
@@ -257,6 +351,11 @@ pin_project_lite::pin_project! {
         idle: Duration,
         deadline: Option<Deadline>,
         closing: bool,
+        // Since the graceful shutdown began: when a connection with no open stream is
+        // dropped.
+        closed_by: Option<Deadline>,
+        // The task's waker is in `streams` (HTTP/1: stored once).
+        registered: bool,
         // When the stream waiting longest reaches `send_timeout`.
         stall: Option<(Instant, Deadline)>,
     }
@@ -270,9 +369,16 @@ impl<C> IdleConn<C> {
             idle,
             deadline: None,
             closing: false,
+            closed_by: None,
+            registered: false,
             stall: None,
         }
     }
+}
+
+/// How long after its GOAWAY a closing connection with no open stream is dropped.
+fn close_within(idle: Duration) -> Duration {
+    idle.min(CLOSE_WITHIN)
 }
 
 impl<C, E> Future for IdleConn<C>
@@ -291,6 +397,17 @@ where
             // Looked at after the connection's poll: the one that read the preface has
             // just told whether this is HTTP/2.
             if !this.streams.h2.load(Ordering::Acquire) {
+                // HTTP/1: only an eviction wakes this task; a task's waker stays the same.
+                if !*this.registered {
+                    *this.registered = true;
+                    let mut w = this.streams.waker.lock().unwrap_or_else(|p| p.into_inner());
+                    *w = Some(cx.waker().clone());
+                }
+                if !*this.closing && this.streams.evict.load(Ordering::Acquire) {
+                    *this.closing = true;
+                    this.conn.as_mut().graceful_shutdown();
+                    continue;
+                }
                 return Poll::Pending;
             }
             // Bodies note their waits in their streams' tasks; a first waiter wakes this
@@ -321,12 +438,38 @@ where
                 }
                 _ => *this.stall = None,
             }
-            if *this.closing {
-                return Poll::Pending;
-            }
             // Looked at after the waker is in place: the last request ending from now on
             // wakes this task.
-            if this.streams.open.load(Ordering::Acquire) > 0 {
+            let open = this.streams.open.load(Ordering::Acquire);
+            if open == 0 && this.streams.evict.load(Ordering::Acquire) {
+                if !*this.closing {
+                    *this.closing = true;
+                    this.conn.as_mut().graceful_shutdown();
+                    // Once more, so its GOAWAY is written; its client is not waited for.
+                    if let Poll::Ready(out) = this.conn.as_mut().poll(cx) {
+                        return Poll::Ready(out);
+                    }
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if *this.closing {
+                if open > 0 {
+                    return Poll::Pending;
+                }
+                let idle = *this.idle;
+                let by = this
+                    .closed_by
+                    .get_or_insert_with(|| Deadline::after(close_within(idle)));
+                if Pin::new(by).poll(cx).is_ready() {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "an HTTP/2 connection did not close soon after its GOAWAY",
+                    )
+                    .into()));
+                }
+                return Poll::Pending;
+            }
+            if open > 0 {
                 *this.deadline = None;
                 return Poll::Pending;
             }
@@ -337,6 +480,7 @@ where
             }
             *this.closing = true;
             *this.deadline = None;
+            *this.closed_by = Some(Deadline::after(close_within(idle)));
             this.conn.as_mut().graceful_shutdown();
         }
     }
@@ -351,6 +495,7 @@ where
         let this = self.project();
         if !*this.closing {
             *this.closing = true;
+            *this.closed_by = Some(Deadline::after(close_within(*this.idle)));
             this.conn.graceful_shutdown();
         }
     }

@@ -37,6 +37,7 @@ pub mod demo;
 mod drain;
 pub mod fence;
 mod first_bytes;
+mod h1_scan;
 mod h2_idle;
 pub mod idempotency;
 pub mod metrics;

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ServerConfig};
 use crate::fence::{Gates, MarkStore};
 use crate::first_bytes::FirstBytes;
+use crate::h1_scan::{Flaw, Scan};
 use crate::h2_idle::{IdleConn, OpenBody, Streams};
 use crate::metrics::Metrics;
 use crate::proxy::{Body, Proxy};
@@ -60,8 +61,9 @@ pub struct Running {
     /// Where the lease authority listens, when `[authority]` is configured.
     pub authority_addr: Option<SocketAddr>,
     pub app: Arc<App>,
-    /// The proxy listener's TLS, when `server.tls` is set; its files are re-read on reload.
-    tls: Option<Arc<crate::tls::Listener>>,
+    /// The listeners' TLS (`server.tls`, `admin.tls`, `authority.tls`, those set); their
+    /// files are re-read on reload.
+    tls: Vec<Arc<crate::tls::Listener>>,
     stop: watch::Sender<bool>,
     /// What shutdown waits for, each with what it is, for the log if it is left behind.
     tasks: Vec<(&'static str, JoinHandle<()>)>,
@@ -136,14 +138,24 @@ impl Running {
 /// Opens the store (unless one is given), binds both listeners and starts serving.
 pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, StartError> {
     // Read before anything is opened or bound, so bad files fail the start cleanly.
-    let tls = match &config.server.tls {
-        Some(files) => Some(Arc::new(crate::tls::Listener::load(
-            files.clone(),
-            // A handshake is part of getting a request in: the same slowloris bound.
-            config.server.header_read_timeout,
-        )?)),
-        None => None,
+    let load = |files: Option<&crate::tls::ListenerFiles>| -> Result<_, StartError> {
+        Ok(match files {
+            Some(files) => Some(Arc::new(crate::tls::Listener::load(
+                files.clone(),
+                // A handshake is part of getting a request in: the same slowloris bound.
+                config.server.header_read_timeout,
+            )?)),
+            None => None,
+        })
     };
+    let tls = load(config.server.tls.as_ref())?;
+    let admin_tls = load(config.admin.tls.as_ref())?;
+    let authority_tls = load(config.authority.as_ref().and_then(|a| a.tls.as_ref()))?;
+    let all_tls: Vec<_> = [&tls, &admin_tls, &authority_tls]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
     let metrics = Arc::new(Metrics::new(config.routes.iter().map(|r| r.name.clone())));
     let store = match store {
         Some(s) => s,
@@ -197,6 +209,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let limits = ConnLimits::new(
         config.server.max_connections,
         config.server.max_connections_per_ip,
+        Some(config.server.send_timeout),
     );
     let proxy_tasks = spawn_workers(
         proxy_listener,
@@ -206,6 +219,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         &config.server,
         limits,
         tls.clone(),
+        app.metrics.clone(),
         move |req, peer| {
             let app = proxy_app.clone();
             async move { app.proxy.handle(req, peer, https).await }
@@ -216,35 +230,32 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         source,
     })?;
     let admin_app = app.clone();
-    let admin_task = tokio::spawn(serve(
-        Source::Listener(admin_listener),
-        // Bounded as the proxy listener is, by a bound of its own: many idle connections
-        // to the admin port cannot take unbounded memory, nor the proxy's slots.
-        Some(ConnLimits::new(
-            config.server.max_connections,
-            config.server.max_connections_per_ip,
-        )),
+    let admin_task = spawn_listener(
+        admin_listener,
+        &config.server,
+        admin_tls,
         stop_rx.clone(),
-        grace,
-        ConnTimeouts {
-            first_bytes: config.server.header_read_timeout,
-            send: config.server.send_timeout,
-        },
-        http_builder(&config.server),
-        None,
         move |req, _peer| {
             let app = admin_app.clone();
-            async move { crate::admin::handle(&app, req).await }
+            closing_if_unread(req, move |req| async move {
+                crate::admin::handle(&app, req).await
+            })
         },
-    ));
+    );
     let mut tasks: Vec<_> = proxy_tasks
         .into_iter()
         .map(|t| ("proxy listener", t))
         .collect();
     let mut authority_addr = None;
     if let Some(auth) = &config.authority {
-        let (addr, task) =
-            crate::authority::serve(auth, &config.server, &app.store, stop_rx.clone()).await?;
+        let (addr, task) = crate::authority::serve(
+            auth,
+            &config.server,
+            &app.store,
+            authority_tls,
+            stop_rx.clone(),
+        )
+        .await?;
         authority_addr = Some(addr);
         tasks.push(("lease authority", task));
     }
@@ -279,18 +290,135 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         admin_addr,
         authority_addr,
         app,
-        tls,
+        tls: all_tls,
         stop,
         tasks,
     })
 }
 
+/// Serves one listener other than the proxy's (admin, authority) with the same code and
+/// bounds as the proxy's workers: `[server]`'s connection limits (a set of its own, so
+/// one port's clients cannot take another's slots), first-bytes, head and send timeouts,
+/// HTTP/2 idle and closing bounds, and graceful drain within `server.shutdown_timeout`.
+/// Its connections run on the calling runtime; those left at the end of the grace are
+/// ended before the answer's task completes, so nothing of theirs outlives it.
+pub(crate) fn spawn_listener<F, Fut>(
+    listener: TcpListener,
+    server: &ServerConfig,
+    tls: Option<Arc<crate::tls::Listener>>,
+    stop: watch::Receiver<bool>,
+    handler: F,
+) -> JoinHandle<()>
+where
+    F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
+{
+    tokio::spawn(serve(
+        Source::Listener(listener),
+        Some(ConnLimits::new(
+            server.max_connections,
+            server.max_connections_per_ip,
+            Some(server.send_timeout),
+        )),
+        stop,
+        server.shutdown_timeout,
+        ConnTimeouts {
+            first_bytes: server.header_read_timeout,
+            send: server.send_timeout,
+            max_head: server.max_header_bytes,
+            counts: None,
+        },
+        http_builder(server),
+        tls,
+        handler,
+    ))
+}
+
+/// The answer to an HTTP/1 request whose head has a flaw hyper hides (see
+/// [`crate::h1_scan`]): 400, and the connection closes after it (what follows the head
+/// is not read as this request's body, nor as another request). Nothing is forwarded.
+fn refuse_flaw(flaw: Flaw, counts: Option<&Metrics>) -> hyper::Response<Body> {
+    let outcome = match flaw {
+        Flaw::Fragment => crate::proxy::Outcome::InvalidPath {
+            detail: "the request target has a #fragment (a client sends none; it would be cut off before routing)".into(),
+        },
+        Flaw::LengthAndEncoding => crate::proxy::Outcome::InvalidRequest {
+            detail: "both Content-Length and Transfer-Encoding".into(),
+        },
+    };
+    if let Some(metrics) = counts {
+        metrics.count_unrouted(outcome.result());
+    }
+    let mut resp = outcome.into_response();
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    resp
+}
+
+/// Runs `handler`, and marks its answer `Connection: close` when it is a refusal (4xx or
+/// 5xx) of an HTTP/1 request whose body had not ended when it came: the handler may have
+/// answered without reading it, and hyper then closes the connection after the answer; a
+/// keep-alive client told so does not send its next request into that close.
+pub(crate) fn closing_if_unread<H, Fut>(
+    req: hyper::Request<Incoming>,
+    handler: H,
+) -> impl Future<Output = hyper::Response<Body>> + Send
+where
+    H: FnOnce(hyper::Request<Incoming>) -> Fut + Send,
+    Fut: Future<Output = hyper::Response<Body>> + Send,
+{
+    use hyper::body::Body as _;
+    let unread = req.version() < http::Version::HTTP_2 && !req.body().is_end_stream();
+    async move {
+        let mut resp = handler(req).await;
+        if unread && (resp.status().is_client_error() || resp.status().is_server_error()) {
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
+    }
+}
+
 /// Connection admission: a total bound and a per-client-IP bound, so one client cannot
 /// take every socket.
+///
+/// Out of slots, a listener makes room as nginx does with its "reusable" connections: it
+/// closes a connection that has nothing in hand (an HTTP/2 one with no open stream, else
+/// an HTTP/1 one with no request in its handler) and gives its slot to the new one. Idle
+/// connections are cheap to reopen and are what a client can hold the most of for the
+/// least; busy ones are bounded by the request timeouts. The per-client bound is not
+/// made room for: a client past it is refused, which costs only that client.
 pub struct ConnLimits {
     total: Arc<Semaphore>,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     max_per_ip: usize,
+    /// The admitted connections' states (by slot; free slots listed), made at admission
+    /// so that one on its way to a worker can already make room.
+    conns: Mutex<Listed>,
+    /// For the connections' [`Streams`].
+    send_timeout: Option<Duration>,
+}
+
+/// The admitted connections' states, by slot, and the free slots.
+#[derive(Default)]
+struct Listed {
+    list: Vec<Option<Arc<Streams>>>,
+    free: Vec<usize>,
+}
+
+/// How long a new connection waits, at accept, for the slot of one asked to make room
+/// (which closes at its next poll).
+const RECLAIM_WAIT: Duration = Duration::from_millis(500);
+
+/// Why [`ConnLimits::admit`] refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Full {
+    Total,
+    PerClient,
 }
 
 /// Held by a connection's task; gives its slots back when the connection ends.
@@ -298,10 +426,25 @@ pub(crate) struct ConnSlot {
     _permit: OwnedSemaphorePermit,
     limits: Arc<ConnLimits>,
     ip: IpAddr,
+    /// The connection's state, and where it is listed in `limits.conns`.
+    streams: Arc<Streams>,
+    listed: usize,
+}
+
+impl ConnSlot {
+    /// The connection's state, which it keeps up to date.
+    pub(crate) fn streams(&self) -> &Arc<Streams> {
+        &self.streams
+    }
 }
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
+        {
+            let mut conns = self.limits.conns.lock().unwrap_or_else(|p| p.into_inner());
+            conns.list[self.listed] = None;
+            conns.free.push(self.listed);
+        }
         let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
             *n -= 1;
@@ -313,28 +456,99 @@ impl Drop for ConnSlot {
 }
 
 impl ConnLimits {
-    pub fn new(total: usize, per_ip: usize) -> Arc<ConnLimits> {
+    /// `send_timeout`: the bound of the connections' HTTP/2 streams (see [`Streams`]).
+    pub fn new(total: usize, per_ip: usize, send_timeout: Option<Duration>) -> Arc<ConnLimits> {
         Arc::new(ConnLimits {
             total: Arc::new(Semaphore::new(total)),
             per_ip: Mutex::new(HashMap::new()),
             max_per_ip: per_ip,
+            conns: Mutex::default(),
+            send_timeout,
         })
     }
 
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ConnSlot> {
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, Full> {
+        let permit = self
+            .total
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Full::Total)?;
+        self.admit_with(permit, ip)
+    }
+
+    fn admit_with(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        ip: IpAddr,
+    ) -> Result<ConnSlot, Full> {
         let ip = client_of(ip);
-        let permit = self.total.clone().try_acquire_owned().ok()?;
         let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
         if *n >= self.max_per_ip {
-            return None;
+            return Err(Full::PerClient);
         }
         *n += 1;
-        Some(ConnSlot {
+        drop(map);
+        let streams = Streams::new(self.send_timeout);
+        let listed = {
+            let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            let Listed { list, free } = &mut *conns;
+            match free.pop() {
+                Some(i) => {
+                    list[i] = Some(streams.clone());
+                    i
+                }
+                None => {
+                    list.push(Some(streams.clone()));
+                    list.len() - 1
+                }
+            }
+        };
+        Ok(ConnSlot {
             _permit: permit,
             limits: self.clone(),
             ip,
+            streams,
+            listed,
         })
+    }
+
+    /// [`ConnLimits::admit`], and when every slot is taken, the slot of a connection with
+    /// nothing in hand, asked to close for it (waiting at most [`RECLAIM_WAIT`]).
+    pub(crate) async fn admit_or_reclaim(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, Full> {
+        match self.admit(ip) {
+            Err(Full::Total) => {}
+            other => return other,
+        }
+        if !self.reclaim_one() {
+            return Err(Full::Total);
+        }
+        match tokio::time::timeout(RECLAIM_WAIT, self.total.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => self.admit_with(permit, ip),
+            _ => Err(Full::Total),
+        }
+    }
+
+    /// Asks one connection with nothing in hand to close: an idle HTTP/2 one first (it
+    /// closes at once), else an HTTP/1 one between requests. Answers whether there was one.
+    fn reclaim_one(&self) -> bool {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let pick = [true, false].into_iter().find_map(|h2| {
+            conns
+                .list
+                .iter()
+                .flatten()
+                .find(|s| s.evictable(h2))
+                .cloned()
+        });
+        drop(conns);
+        match pick {
+            Some(streams) => {
+                streams.evict();
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -358,10 +572,14 @@ const H2_SEND_BUFFER: usize = 64 << 10;
 
 /// The time limits of a connection in [`serve`]: for its first bytes (which tell its
 /// protocol) and for any write to the client to make progress.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct ConnTimeouts {
     first_bytes: Duration,
     send: Duration,
+    /// `server.max_header_bytes`, for [`Scan`].
+    max_head: usize,
+    /// Where the refusals made here (not by the handler) are counted: the proxy's metrics.
+    counts: Option<Arc<Metrics>>,
 }
 
 /// HTTP/1.1 and h2 on one port, with the request-head limits of `[server]`.
@@ -441,10 +659,10 @@ impl Source {
             Source::Listener(listener) => loop {
                 let (stream, peer) = accept(listener).await;
                 let slot = match limits {
-                    Some(l) => match l.admit(peer.ip()) {
-                        Some(slot) => Some(slot),
-                        None => {
-                            tracing::debug!(%peer, "connection limit reached; closing");
+                    Some(l) => match l.admit_or_reclaim(peer.ip()).await {
+                        Ok(slot) => Some(slot),
+                        Err(full) => {
+                            tracing::debug!(%peer, ?full, "connection limit reached; closing");
                             continue;
                         }
                     },
@@ -503,6 +721,7 @@ fn spawn_workers<F, Fut>(
     server: &ServerConfig,
     limits: Arc<ConnLimits>,
     tls: Option<Arc<crate::tls::Listener>>,
+    counts: Arc<Metrics>,
     handler: F,
 ) -> std::io::Result<Vec<JoinHandle<()>>>
 where
@@ -527,6 +746,8 @@ where
         let timeouts = ConnTimeouts {
             first_bytes: server.header_read_timeout,
             send: server.send_timeout,
+            max_head: server.max_header_bytes,
+            counts: Some(counts.clone()),
         };
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
@@ -636,7 +857,13 @@ async fn serve<F, Fut>(
     }
     // Shared with TLS connections' tasks, which build their connection after the handshake.
     let builder = Arc::new(builder);
+    // The connections' tasks, so that those left when the grace is over end before this
+    // returns (a proxy worker's would end with its runtime; the admin's and authority's
+    // run on the main one, and hold the store).
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        // Reaps what has ended, so the set holds only live connections.
+        while connections.try_join_next().is_some() {}
         let next = tokio::select! {
             next = source.next(limits.as_ref()) => next,
             _ = stop.changed() => break,
@@ -646,15 +873,35 @@ async fn serve<F, Fut>(
         };
         let handler = handler.clone();
         // HTTP/2 requests are counted open until their response body is done, for the
-        // connection's idle deadline (`h2_idle`); HTTP/1 is bounded by hyper's head timeout.
-        let streams = Streams::new(Some(timeouts.send));
-        let ConnTimeouts { first_bytes, send } = timeouts;
+        // connection's idle deadline (`h2_idle`); HTTP/1 is bounded by hyper's head timeout,
+        // and its requests are counted while in their handler (a connection between them
+        // may be asked to make room for a new one).
+        let streams = match &slot.0 {
+            Some(slot) => slot.streams().clone(),
+            None => Streams::new(Some(timeouts.send)),
+        };
+        let (first_bytes, send, max_head) =
+            (timeouts.first_bytes, timeouts.send, timeouts.max_head);
+        let counts = timeouts.counts.clone();
         let counted = streams.clone();
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             let handler = handler.clone();
-            let open = (req.version() == http::Version::HTTP_2).then(|| counted.open());
+            let (open, in_handler, flaw) = if req.version() == http::Version::HTTP_2 {
+                (Some(counted.open()), None, None)
+            } else {
+                (
+                    None,
+                    Some(counted.in_handler()),
+                    counted.next_request_flaw(),
+                )
+            };
+            let refused = flaw.map(|flaw| refuse_flaw(flaw, counts.as_deref()));
             async move {
-                let resp = handler(req, peer).await;
+                let resp = match refused {
+                    None => handler(req, peer).await,
+                    Some(refused) => refused,
+                };
+                drop(in_handler);
                 Ok::<_, Infallible>(match open {
                     None => resp,
                     Some(open) => resp.map(|inner| OpenBody::new(inner, open).boxed()),
@@ -667,7 +914,7 @@ async fn serve<F, Fut>(
             let handshake = tls.accept(stream);
             let watcher = graceful.watcher();
             let builder = Arc::clone(&builder);
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let _slot = slot;
                 let stream = match handshake.await {
                     Ok(s) => s,
@@ -678,7 +925,8 @@ async fn serve<F, Fut>(
                 };
                 let stream = FirstBytes::new(stream, first_bytes)
                     .send_timeout(send)
-                    .telling(streams.clone());
+                    .telling(streams.clone())
+                    .scanning(Scan::new(streams.clone(), max_head));
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), svc)
                     .into_owned();
@@ -691,12 +939,13 @@ async fn serve<F, Fut>(
         }
         let stream = FirstBytes::new(stream, first_bytes)
             .send_timeout(send)
-            .telling(streams.clone());
+            .telling(streams.clone())
+            .scanning(Scan::new(streams.clone(), max_head));
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
             .into_owned();
         let conn = graceful.watch(IdleConn::new(conn, streams, first_bytes));
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
@@ -716,6 +965,7 @@ async fn serve<F, Fut>(
             "shutdown grace period over; closing remaining connections and ending exchanges whose clients have gone"
         );
     }
+    connections.shutdown().await;
 }
 
 /// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new
@@ -774,12 +1024,12 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     merged.store = old.store.clone();
     merged.fencing = old.fencing.clone();
     merged.authority = old.authority.clone();
-    // The listener's TLS files are re-read from the paths it started with: new handshakes
-    // use them, open connections keep what they negotiated.
-    if let Some(tls) = &running.tls {
+    // The listeners' TLS files are re-read from the paths they started with: new
+    // handshakes use them, open connections keep what they negotiated.
+    for tls in &running.tls {
         match tls.reload() {
             Ok(()) => {
-                tracing::info!(cert = %tls.files().cert.display(), "listener certificate reloaded")
+                tracing::info!(listener = tls.files().key_path, cert = %tls.files().cert.display(), "listener certificate reloaded")
             }
             Err(e) => {
                 metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
@@ -882,28 +1132,25 @@ upstream = "u"
 
     #[test]
     fn one_client_is_an_ipv4_address_or_an_ipv6_slash_64() {
-        let limits = ConnLimits::new(100, 2);
+        let limits = ConnLimits::new(100, 2, None);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let a = limits.admit(ip("2001:db8:1:2::1")).expect("first");
         let b = limits.admit(ip("2001:db8:1:2:ffff::9")).expect("second");
         assert!(
-            limits.admit(ip("2001:db8:1:2:1:2:3:4")).is_none(),
+            limits.admit(ip("2001:db8:1:2:1:2:3:4")).is_err(),
             "same /64"
         );
-        assert!(limits.admit(ip("2001:db8:1:3::1")).is_some(), "another /64");
+        assert!(limits.admit(ip("2001:db8:1:3::1")).is_ok(), "another /64");
         drop(a);
-        assert!(
-            limits.admit(ip("2001:db8:1:2::7")).is_some(),
-            "a slot freed"
-        );
+        assert!(limits.admit(ip("2001:db8:1:2::7")).is_ok(), "a slot freed");
         drop(b);
         let v4 = limits.admit(ip("192.0.2.7")).expect("v4");
         let _mapped = limits.admit(ip("::ffff:192.0.2.7")).expect("mapped");
         assert!(
-            limits.admit(ip("192.0.2.7")).is_none(),
+            limits.admit(ip("192.0.2.7")).is_err(),
             "mapped counts as v4"
         );
-        assert!(limits.admit(ip("192.0.2.8")).is_some());
+        assert!(limits.admit(ip("192.0.2.8")).is_ok());
         drop(v4);
     }
 }

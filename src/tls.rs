@@ -58,7 +58,8 @@ impl fmt::Display for TlsError {
 
 impl std::error::Error for TlsError {}
 
-/// `[server] tls = { cert = "...", key = "...", client_ca = "..." }` as written.
+/// `tls = { cert = "...", key = "...", client_ca = "..." }` as written (in `[server]`,
+/// `[admin]` or `[authority]`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListenerTls {
@@ -79,6 +80,9 @@ pub struct ListenerFiles {
     /// PEM bundle of CAs whose client certificates are accepted. When set, a client without
     /// such a certificate fails the handshake: only known clients reach the proxy at all.
     pub client_ca: Option<PathBuf>,
+    /// The table these came from (`server.tls`, `admin.tls`, `authority.tls`): the key path
+    /// of its errors.
+    pub key_path: &'static str,
 }
 
 impl fmt::Display for ListenerFiles {
@@ -91,17 +95,19 @@ impl fmt::Display for ListenerFiles {
     }
 }
 
-/// Validates `[server] tls`: every file must exist and parse, and the key must fit the
-/// certificate.
+/// Validates a listener's `tls` table (`key_path`, e.g. `server.tls`): every file must
+/// exist and parse, and the key must fit the certificate.
 pub(crate) fn listener_files(
     raw: RawListenerTls,
     base: &Path,
+    key_path: &'static str,
     errors: &mut Vec<ConfigError>,
 ) -> Option<ListenerFiles> {
     let files = ListenerFiles {
         cert: base.join(raw.cert),
         key: base.join(raw.key),
         client_ca: raw.client_ca.map(|ca| base.join(ca)),
+        key_path,
     };
     match server_config(&files) {
         Ok(_) => Some(files),
@@ -172,10 +178,11 @@ fn provider() -> Arc<CryptoProvider> {
 /// Reads the listener's files into a rustls config, collecting every problem.
 fn server_config(files: &ListenerFiles) -> Result<ServerConfig, TlsError> {
     let mut errors = Vec::new();
-    let certs = noted(&mut errors, "server.tls.cert", read_certs(&files.cert));
-    let key = noted(&mut errors, "server.tls.key", read_key(&files.key));
+    let at = |key: &str| format!("{}.{key}", files.key_path);
+    let certs = noted(&mut errors, at("cert"), read_certs(&files.cert));
+    let key = noted(&mut errors, at("key"), read_key(&files.key));
     let verifier = match &files.client_ca {
-        Some(ca) => noted(&mut errors, "server.tls.client_ca", client_verifier(ca)).map(Some),
+        Some(ca) => noted(&mut errors, at("client_ca"), client_verifier(ca)).map(Some),
         None => Some(None),
     };
     let (Some(certs), Some(key), Some(verifier)) = (certs, key, verifier) else {
@@ -183,14 +190,14 @@ fn server_config(files: &ListenerFiles) -> Result<ServerConfig, TlsError> {
     };
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::one("server.tls", e.to_string()))?;
+        .map_err(|e| TlsError::one(files.key_path, e.to_string()))?;
     let builder = match verifier {
         Some(v) => builder.with_client_cert_verifier(v),
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_single_cert(certs, key).map_err(|e| {
         TlsError::one(
-            "server.tls.key",
+            at("key"),
             format!(
                 "{} does not fit the certificate in {}: {e}",
                 files.key.display(),

@@ -831,3 +831,91 @@ url = "https://objects.example"
     assert!(stderr.contains("server.tls.key:"), "{stderr}");
     assert!(stderr.contains("does not fit"), "{stderr}");
 }
+
+/// `[admin]` and `[authority]` take a `tls` table as `[server]` does: HTTPS with the same
+/// client-certificate check, plain HTTP unanswered, the files re-read on reload, and bad
+/// files refused with their key path.
+#[tokio::test]
+async fn the_admin_and_authority_ports_take_a_tls_table_too() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test ca");
+    let a = ca.server("cert a", &["localhost"]);
+    let b = ca.server("cert b", &["localhost"]);
+    a.write(dir.path(), "server");
+    std::fs::write(dir.path().join("clients.pem"), ca.pem()).unwrap();
+    let tls = r#"tls = { cert = "server.pem", key = "server.key", client_ca = "clients.pem" }"#;
+    let text = config_text(double.addr, "10s", "0s", "10s")
+        .replace("[admin]\n", &format!("[admin]\n{tls}\n"))
+        + &format!("\n[authority]\nlisten = \"127.0.0.1:0\"\n{tls}\n");
+    let path = dir.path().join("fencegate.toml");
+    std::fs::write(&path, &text).unwrap();
+    let running = support::start(Config::load(&path).unwrap()).await;
+    let known = ca.client("known");
+    let ports = [
+        ("admin", running.admin_addr, "/healthz"),
+        (
+            "authority",
+            running.authority_addr.expect("authority"),
+            "/v1/locks?scope=s",
+        ),
+    ];
+    let get = |target: &str| {
+        Request::get(format!("https://localhost{target}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    for (port, addr, target) in ports {
+        assert!(
+            refused(addr, client_tls(&ca, None, &[b"http/1.1"])).await,
+            "{port}: a client without a certificate got through"
+        );
+        let stream = connect(addr, client_tls(&ca, Some(&known), &[b"http/1.1"]))
+            .await
+            .expect("handshake");
+        assert_eq!(presented(&stream), a.der);
+        let mut conn = h1(stream).await.unwrap();
+        let (status, _) = conn.send(get(target)).await.unwrap();
+        assert_eq!(status.as_u16(), 200, "{port}");
+        let (status, _) = support::raw(addr, b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(status, 0, "{port}: plain HTTP must not be answered");
+    }
+    // Reload: both ports present the new certificate to new connections.
+    b.write(dir.path(), "server");
+    fencegate::server::reload(&running, &path);
+    assert_eq!(
+        running.app.metrics.reload_failures.load(Ordering::Relaxed),
+        0
+    );
+    for (port, addr, _) in ports {
+        let stream = connect(addr, client_tls(&ca, Some(&known), &[b"http/1.1"]))
+            .await
+            .expect("handshake");
+        assert_eq!(presented(&stream), b.der, "{port}: the new certificate");
+    }
+    running.shutdown().await;
+
+    // A missing file, or an unknown key, is refused with its key path.
+    let admin = format!("[admin]\n{tls}");
+    let authority = format!("[authority]\nlisten = \"127.0.0.1:0\"\n{tls}");
+    let missing = tls.replace("server.pem", "missing.pem");
+    for (table, bad, key) in [
+        (&admin, format!("[admin]\n{missing}"), "admin.tls.cert"),
+        (
+            &authority,
+            format!("[authority]\nlisten = \"127.0.0.1:0\"\n{missing}"),
+            "authority.tls.cert",
+        ),
+        (
+            &authority,
+            "[authority]\nlisten = \"127.0.0.1:0\"\ntls = { cert = \"a\", key = \"b\", other = 1 }"
+                .into(),
+            "authority.tls",
+        ),
+    ] {
+        assert!(text.contains(table.as_str()));
+        let errors =
+            Config::parse(&text.replace(table.as_str(), &bad), dir.path()).expect_err("refused");
+        assert!(errors.to_string().contains(key), "{key}: {errors}");
+    }
+}

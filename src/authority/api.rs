@@ -4,7 +4,6 @@
 //! here too: the bearer secret names a client, the client's patterns bound its scopes,
 //! and its name is the holder the backends record and compare.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,20 +11,13 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::{AcquireRequest, AuthorityConfig, Client, Engine, LockStatus, MAX_WAIT, Outcome};
-use crate::first_bytes::FirstBytes;
 use crate::proof::SigningKey;
 use crate::proxy::Body;
-use crate::server::ConnLimits;
 use crate::token::Token;
 
 const MAX_BODY: usize = 16 * 1024;
@@ -109,100 +101,6 @@ fn forbidden(detail: String) -> Response<Body> {
         &format!("Forbidden: {detail}"),
         json_map(),
     )
-}
-
-/// Bounds on the authority's clients, from `[server]`.
-pub(super) struct Limits {
-    /// A request head (and a new connection's first bytes) must arrive within this, and
-    /// a request body within this once its head has.
-    pub header_read_timeout: Duration,
-    pub max_header_bytes: usize,
-    pub connections: Arc<ConnLimits>,
-    /// How long shutdown waits for in-flight calls (waiting acquires answer at once on
-    /// stop) before closing their connections.
-    pub shutdown_timeout: Duration,
-}
-
-/// The accept loop; on stop, closes the listener and lets in-flight calls finish, for at
-/// most `shutdown_timeout`.
-pub(super) async fn serve(
-    listener: TcpListener,
-    engine: Arc<Engine>,
-    policy: Arc<Policy>,
-    limits: Limits,
-    mut stop: watch::Receiver<bool>,
-) {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(64)
-        .max_pending_accept_reset_streams(Some(64))
-        .keep_alive_interval(Some(Duration::from_secs(20)))
-        .keep_alive_timeout(Duration::from_secs(20));
-    // The connections' tasks, so those still running when the grace is over can be ended.
-    let mut connections = tokio::task::JoinSet::new();
-    let body_timeout = limits.header_read_timeout;
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "authority accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            _ = stop.changed() => break,
-        };
-        let Some(slot) = limits.connections.admit(peer.ip()) else {
-            tracing::debug!(%peer, "authority connection limit reached; closing");
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let stream = FirstBytes::new(stream, limits.header_read_timeout);
-        let engine = engine.clone();
-        let policy = policy.clone();
-        let stop = stop.clone();
-        let svc = service_fn(move |req| {
-            let engine = engine.clone();
-            let policy = policy.clone();
-            let stop = stop.clone();
-            async move { Ok::<_, Infallible>(handle(&engine, &policy, body_timeout, req, stop).await) }
-        });
-        let conn = graceful.watch(
-            builder
-                .serve_connection(TokioIo::new(stream), svc)
-                .into_owned(),
-        );
-        connections.spawn(async move {
-            let _slot = slot;
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %peer, "authority connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    let grace = limits.shutdown_timeout;
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            ?grace,
-            "authority shutdown grace period over; closing remaining connections"
-        );
-    }
-    // Ends what is left, and waits until it has let go of the engine (and the store).
-    connections.shutdown().await;
 }
 
 #[derive(Deserialize)]

@@ -538,6 +538,7 @@ mod tests {
             backend: Backend::Local,
             max_ttl: Duration::from_secs(max_ttl),
             lock_delay: Duration::from_secs(lock_delay),
+            tls: None,
         }
     }
 

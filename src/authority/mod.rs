@@ -32,6 +32,9 @@ pub struct AuthorityConfig {
     pub clients: Vec<Client>,
     /// Signs a proof of every grant (`[authority] signing_key`), read at start-up.
     pub signing_key: Option<std::sync::Arc<crate::proof::SigningKey>>,
+    /// `tls = { cert, key, client_ca }`: serve the API over HTTPS, as `server.tls` (read
+    /// by `Config::parse`, which knows the config file's directory).
+    pub tls: Option<crate::tls::ListenerFiles>,
 }
 
 /// One `[[authority.client]]`.
@@ -259,6 +262,7 @@ impl AuthorityConfig {
             backend: backend?,
             max_ttl: max_ttl?,
             lock_delay: lock_delay?,
+            tls: None,
         })
     }
 }
@@ -418,6 +422,7 @@ pub async fn serve(
     config: &AuthorityConfig,
     server: &crate::config::ServerConfig,
     store: &MarkStore,
+    tls: Option<std::sync::Arc<crate::tls::Listener>>,
     stop: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
     let engine = std::sync::Arc::new(engine(config, store).await?);
@@ -444,21 +449,24 @@ pub async fn serve(
     });
     tracing::info!(%addr, backend = ?config.backend, "lease authority listening");
     let policy = std::sync::Arc::new(api::Policy::of(config));
-    // The proxy listener's head limits, connection bounds (a bound of its own) and
-    // shutdown grace.
-    let limits = api::Limits {
-        header_read_timeout: server.header_read_timeout,
-        max_header_bytes: server.max_header_bytes,
-        connections: crate::server::ConnLimits::new(
-            server.max_connections,
-            server.max_connections_per_ip,
-        ),
-        shutdown_timeout: server.shutdown_timeout,
-    };
+    // A request body must arrive within the head's bound once its head has.
+    let body_timeout = server.header_read_timeout;
+    // Served by the proxy's listener code, with `[server]`'s bounds (connection limits
+    // of its own). A waiting acquire watches `stop` and answers at once on it.
+    let handler_stop = stop.clone();
+    let listening =
+        crate::server::spawn_listener(listener, server, tls, stop, move |req, _peer| {
+            let engine = engine.clone();
+            let policy = policy.clone();
+            let stop = handler_stop.clone();
+            crate::server::closing_if_unread(req, move |req| async move {
+                api::handle(&engine, &policy, body_timeout, req, stop).await
+            })
+        });
     // One handle for both tasks: when it resolves, nothing of the authority holds the
     // store any more.
     let task = tokio::spawn(async move {
-        api::serve(listener, engine, policy, limits, stop).await;
+        let _ = listening.await;
         let _ = sweeping.await;
     });
     Ok((addr, task))

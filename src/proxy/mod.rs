@@ -241,7 +241,17 @@ impl Proxy {
                         Some(i) => table.rows[i].count(outcome.result()),
                         None => self.metrics.count_unrouted(outcome.result()),
                     }
-                    return outcome.into_response();
+                    let mut resp = outcome.into_response();
+                    // Refused before its body was read: hyper closes the connection after
+                    // the answer, which says so, or a keep-alive client would send its next
+                    // request into the close.
+                    if req.version() < http::Version::HTTP_2
+                        && !hyper::body::Body::is_end_stream(req.body())
+                    {
+                        resp.headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    return resp;
                 }
             };
             let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
