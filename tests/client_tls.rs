@@ -4,6 +4,7 @@
 mod support;
 
 use std::path::Path;
+use std::time::Duration;
 
 use fencegate::client::{ClientOptions, ClientTls, Fence, FenceResult, FencedHttp};
 use fencegate::config::Config;
@@ -118,5 +119,93 @@ async fn fenced_requests_go_over_https_with_a_private_ca_and_a_client_certificat
     )
     .unwrap_err();
     assert!(e.to_string().contains("does not fit"), "{e}");
+    running.shutdown().await;
+}
+
+/// The whole client over https: a lease from the authority's own TLS listener (private CA,
+/// client certificate, bearer secret), and its token and proof through the proxy's TLS
+/// listener to a `proof = "required"` route.
+#[tokio::test]
+async fn a_lease_is_taken_over_https_and_its_proof_travels_through_the_fence() {
+    use fencegate::client::{AuthorityClient, Secret};
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new("test ca");
+    ca.leaf(
+        d,
+        "server",
+        "localhost",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    ca.leaf(
+        d,
+        "client",
+        "client.test",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    std::fs::write(d.join("ca.pem"), ca.issuer.pem()).unwrap();
+    std::fs::write(d.join("w.token"), "w-secret\n").unwrap();
+    fencegate::proof::keygen(&d.join("fence")).unwrap();
+    let tls = "tls = { cert = \"server.pem\", key = \"server.key\", client_ca = \"ca.pem\" }\n";
+    let anchor = "trusted_proxies = [\"127.0.0.1\"]\n";
+    let text = config_text(double.addr, "10s", "0s", "10s")
+        .replace(anchor, &format!("{anchor}{tls}"))
+        .replace("[fencing]\n", "[fencing]\nproof_keys = [\"fence.pub\"]\n")
+        .replace(
+            "scope = \"report/{report}\"\nupstream = \"u\"\n",
+            "scope = \"report/{report}\"\nupstream = \"u\"\nproof = \"required\"\n",
+        )
+        + &format!(
+            "\n[authority]\nlisten = \"127.0.0.1:0\"\nsigning_key = \"fence.key\"\n{tls}\
+             [[authority.client]]\nname = \"writer\"\ntoken_file = \"w.token\"\nscopes = [\"report/*\"]\n"
+        );
+    let running = support::start(Config::parse(&text, d).expect("config")).await;
+    let options = || ClientOptions {
+        tls: Some(
+            ClientTls::new(
+                Some(&d.join("ca.pem")),
+                Some((&d.join("client.pem"), &d.join("client.key"))),
+            )
+            .expect("client tls"),
+        ),
+        bearer: Some(Secret("w-secret".into())),
+        ..ClientOptions::default()
+    };
+    let port = running.authority_addr.expect("authority").port();
+    let authority =
+        AuthorityClient::with_options(&format!("https://localhost:{port}"), options()).unwrap();
+    let lease = authority
+        .acquire("report/july", "", Duration::from_secs(10), Duration::ZERO)
+        .await
+        .expect("a lease over https");
+    assert!(lease.proof().is_some_and(|p| p.starts_with("v1.")));
+    let proxy = FencedHttp::with_options(
+        &format!("https://localhost:{}", running.proxy_addr.port()),
+        options(),
+    )
+    .unwrap();
+    let r = proxy
+        .put(&lease.fence().unwrap(), "/reports/july/a", "x")
+        .await;
+    assert!(matches!(r, Ok(FenceResult::Applied { .. })), "{r:?}");
+    // The same token without its proof is refused at the fence.
+    let bare = Fence::new("report/july", lease.token());
+    let r = proxy.put(&bare, "/reports/july/b", "y").await;
+    assert!(!matches!(r, Ok(FenceResult::Applied { .. })), "{r:?}");
+    assert_eq!(
+        double.seen().len(),
+        1,
+        "only the proven request reached the upstream"
+    );
+
+    // Plain HTTP to the authority's TLS port gets nothing.
+    let plain = AuthorityClient::new(&format!("http://127.0.0.1:{port}")).unwrap();
+    assert!(
+        plain
+            .acquire("report/july", "x", Duration::from_secs(1), Duration::ZERO)
+            .await
+            .is_err()
+    );
     running.shutdown().await;
 }
