@@ -37,11 +37,11 @@ type Error = Box<dyn std::error::Error>;
 const SCOPE: &str = "report/july";
 const FINAL: &str = "/reports/july/final";
 /// A's lease: short, so that its expiry is part of the story and the demo stays quick.
-const A_TTL: Duration = Duration::from_secs(1);
+const A_TTL: Duration = Duration::from_secs(2);
 /// B's lease: long enough to outlast the wait for A's expiry and B's publish.
 const B_TTL: Duration = Duration::from_secs(5);
 /// How long B waits at the authority for A's lease to run out (A's ttl, with room).
-const B_WAIT: Duration = Duration::from_secs(3);
+const B_WAIT: Duration = Duration::from_secs(5);
 /// Bound on every single exchange of the demo (a loopback round trip takes milliseconds).
 const EXCHANGE: Duration = Duration::from_secs(5);
 /// Bound on the whole story.
