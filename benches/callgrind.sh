@@ -3,24 +3,36 @@
 # with token proofs, counted by callgrind: deterministic, so a refactor can be checked
 # against today's figure (say, within 2%) on any machine, unlike req/s.
 #
-#   bash benches/callgrind.sh            # 1,000- and 3,000-request runs of each
-#   SHORT=500 LONG=1500 bash benches/callgrind.sh
+#   bash benches/callgrind.sh            # 1,000- and 3,000-request runs of each, 3 times
+#   SHORT=500 LONG=1500 REPEAT=1 bash benches/callgrind.sh
+#   KEEP=/tmp/cg bash benches/callgrind.sh  # keeps the callgrind.out files there, for
+#                                           # callgrind_annotate --diff (or one by one)
 #
-# For each of W1 and W1 with proofs it runs fencegate (the release binary, `workers = 1`,
-# a fresh store) under `valgrind --tool=callgrind` twice against a tiny Python null
-# backend (every request answered 204): each run primes 1,000 scopes (token 1; with
-# proofs, each scope's proof verified once) and then sends SHORT, or LONG, W1 PUTs
-# one at a time in turn over 4 keep-alive connections (the client: the load bench binary
-# with `--callgrind-client`, see benches/load/callgrind.rs). Instructions per request
-# are (Ir of the LONG run - Ir of the SHORT run) / (LONG - SHORT): start-up, priming and
-# shutdown cancel out. Every count is of all fencegate's threads. Loopback only; every
-# process it starts is stopped on exit.
+# For each of W1, W1 with proofs required, and (to tell the header's transport from its
+# check) W1 carrying the same `Fencing-Proof` header to a route that checks none, it runs
+# fencegate (the release binary, `workers = 1`, a fresh store) under
+# `valgrind --tool=callgrind` twice against a tiny Python null backend (every request
+# answered 204): each run primes 1,000 scopes (token 1; with proofs required, each
+# scope's proof verified once) and then sends SHORT, or LONG, W1 PUTs one at a time in
+# turn over 4 keep-alive connections (the client: the load bench binary with
+# `--callgrind-client`, see benches/load/callgrind.rs). Instructions per request are
+# (Ir of the LONG run - Ir of the SHORT run) / (LONG - SHORT): start-up, priming and
+# shutdown cancel out. Every count is of all fencegate's threads, so its timers and
+# idle threads add a little noise (a few hundred instructions per request between
+# pairs): each pair runs REPEAT times (default 3, interleaved) and the median is
+# printed. Loopback only; every process it starts is stopped on exit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
 SHORT="${SHORT:-1000}"
 LONG="${LONG:-3000}"
+KEEP="${KEEP:-}"
+REPEAT="${REPEAT:-3}"
+if ! [[ "$REPEAT" =~ ^[1-9]$ ]]; then
+    echo "REPEAT must be 1 to 9" >&2
+    exit 2
+fi
 if ! [[ "$SHORT" =~ ^[1-9][0-9]*$ && "$LONG" =~ ^[1-9][0-9]*$ ]] || ((LONG <= SHORT || LONG > 1000000)); then
     echo "SHORT and LONG must be request counts with SHORT < LONG <= 1000000" >&2
     exit 2
@@ -119,12 +131,13 @@ fi
 
 "$fencegate" keygen --out "$work/proof-key" >/dev/null
 
-# One fencegate under callgrind: primes, sends $2 requests ($1: plain or proofed), stops.
+# One fencegate under callgrind: primes, sends $2 requests ($1: plain, header or
+# proofed; $3: which pair), stops.
 # Sets IR to the instruction count of the whole run. (Not called in a subshell, so that
 # the valgrind process is in `pids` for the exit trap.)
 IR=""
 measure() {
-    local mode="$1" count="$2" dir="$work/$1-$2" log line proxy admin pid n
+    local mode="$1" count="$2" dir="$work/$1-$2-$3" log line proxy admin pid n
     mkdir -p "$dir"
     cat >"$dir/fencegate.toml" <<EOF
 # Written by benches/callgrind.sh.
@@ -185,9 +198,10 @@ EOF
         return 1
     fi
     local args=("$proxy" "$admin" "$count")
-    if [ "$mode" = proofed ]; then
-        args+=(--proof-key "$work/proof-key.key")
-    fi
+    case "$mode" in
+        proofed) args+=(--proof-key "$work/proof-key.key") ;;
+        header) args+=(--proof-key "$work/proof-key.key" --unchecked) ;;
+    esac
     if ! "$client" --callgrind-client "${args[@]}" >&2; then
         echo "the client failed; fencegate's log:" >&2
         tail -20 "$log" >&2
@@ -204,29 +218,47 @@ EOF
     fi
     wait "$pid" || true
     unset 'pids[-1]'
+    if [ -n "$KEEP" ]; then
+        mkdir -p "$KEEP"
+        cp "$dir/callgrind.out" "$KEEP/callgrind.$mode-$count-$3.out"
+    fi
     IR="$(grep -m1 -E '^(summary|totals):' "$dir/callgrind.out" | awk '{print $2}')"
     if ! [[ "$IR" =~ ^[0-9]+$ ]]; then
         echo "no instruction total in $dir/callgrind.out" >&2
         return 1
     fi
+    rm -rf "$dir"
 }
 
-declare -A per_request
-for mode in plain proofed; do
-    echo "==> W1 ($mode): $SHORT and $LONG requests under callgrind" >&2
-    measure "$mode" "$SHORT"
-    short_ir="$IR"
-    measure "$mode" "$LONG"
-    long_ir="$IR"
-    per_request[$mode]=$(((long_ir - short_ir) / (LONG - SHORT)))
-    echo "    Ir: $short_ir ($SHORT requests), $long_ir ($LONG requests)" >&2
+modes=(plain header proofed)
+declare -A each
+for r in $(seq "$REPEAT"); do
+    for mode in "${modes[@]}"; do
+        echo "==> pair $r of $REPEAT, W1 ($mode): $SHORT and $LONG requests under callgrind" >&2
+        measure "$mode" "$SHORT" "$r"
+        short_ir="$IR"
+        measure "$mode" "$LONG" "$r"
+        long_ir="$IR"
+        per=$(((long_ir - short_ir) / (LONG - SHORT)))
+        each[$mode]="${each[$mode]:-} $per"
+        echo "    Ir: $short_ir ($SHORT requests), $long_ir ($LONG requests): $per per request" >&2
+    done
 done
 
-plain="${per_request[plain]}"
-proofed="${per_request[proofed]}"
+median() {
+    tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'
+}
+plain="$(median "${each[plain]}")"
 echo
-echo "fencegate instructions per request (callgrind, workers = 1, 4 keep-alive connections, 1,000 scopes):"
-printf '  %-32s %10s\n' "W1 (equal token)" "$plain"
-printf '  %-32s %10s  (%s× W1)\n' "W1 with proofs required" "$proofed" \
-    "$(python3 -c "print(f'{$proofed / $plain:.3f}')")"
-echo "  (($LONG-request run - $SHORT-request run) / $((LONG - SHORT)), all threads)"
+echo "fencegate instructions per request (callgrind, workers = 1, 4 keep-alive connections,"
+echo "1,000 scopes; ($LONG-request run - $SHORT-request run) / $((LONG - SHORT)), all threads;"
+echo "median of $REPEAT pair(s)):"
+row() {
+    local name="$1" mode="$2" v
+    v="$(median "${each[$mode]}")"
+    printf '  %-48s %7s  %6s× W1   (pairs:%s)\n' "$name" "$v" \
+        "$(python3 -c "print(f'{$v / $plain:.3f}')")" "${each[$mode]}"
+}
+row "W1 (equal token)" plain
+row "W1 + the same Fencing-Proof, on a proof = off route" header
+row "W1 with proofs required" proofed

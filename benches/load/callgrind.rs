@@ -3,15 +3,18 @@
 //! instruction count per request can be read as the difference of two runs.
 //!
 //! ```text
-//! load --callgrind-client PROXY ADMIN COUNT [--proof-key PATH.key]
+//! load --callgrind-client PROXY ADMIN COUNT [--proof-key PATH.key [--unchecked]]
 //! ```
 //!
 //! Waits for `ADMIN/readyz`, touches scopes 0..1000 once each with token 1 (the priming:
 //! an advance each), then sends COUNT requests with token 1 to scopes picked by a fixed
 //! generator (the same ones every run). Without `--proof-key` to `/reports/cg-s{i}/obj`;
-//! with it to `/proofed/cg-s{i}/obj` with a `Fencing-Proof` for (`proofed/cg-s{i}`,
-//! token 1), all 1,000 signed before the first request. Every answer must be 2xx with
-//! `Fencing-Result: accepted`; anything else stops the client with an error.
+//! with it to `/proofed/cg-s{i}/obj` (a route with `proof = "required"`) with a
+//! `Fencing-Proof` for (`proofed/cg-s{i}`, token 1), all 1,000 signed before the first
+//! request; with `--unchecked` too, the same header (for `report/cg-s{i}`) goes to
+//! `/reports/cg-s{i}/obj`, whose route checks no proof: what carrying the header costs
+//! without its check. Every answer must be 2xx with `Fencing-Result: accepted`; anything
+//! else stops the client with an error.
 //! Synchronous (std only, one request in flight), so that the proxy does the same work
 //! in the same order every run.
 
@@ -37,10 +40,12 @@ struct Args {
     admin: SocketAddr,
     count: u64,
     proof_key: Option<PathBuf>,
+    /// Send the proofs to the route that checks none.
+    unchecked: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
-    let usage = "usage: --callgrind-client PROXY ADMIN COUNT [--proof-key PATH.key]";
+    let usage = "usage: --callgrind-client PROXY ADMIN COUNT [--proof-key PATH.key [--unchecked]]";
     let (Some(proxy), Some(admin), Some(count)) = (args.first(), args.get(1), args.get(2)) else {
         return Err(usage.into());
     };
@@ -53,9 +58,11 @@ fn parse(args: &[String]) -> Result<Args, String> {
         .ok()
         .filter(|c| (1..=MAX_COUNT).contains(c))
         .ok_or_else(|| format!("bad COUNT {count} (1..={MAX_COUNT})"))?;
-    let proof_key = match (args.get(3).map(String::as_str), args.get(4), args.len()) {
-        (None, _, _) => None,
-        (Some("--proof-key"), Some(p), 5) => Some(PathBuf::from(p)),
+    let rest: Vec<&str> = args.iter().skip(3).map(String::as_str).collect();
+    let (proof_key, unchecked) = match rest.as_slice() {
+        [] => (None, false),
+        ["--proof-key", p] => (Some(PathBuf::from(p)), false),
+        ["--proof-key", p, "--unchecked"] => (Some(PathBuf::from(p)), true),
         _ => return Err(usage.into()),
     };
     Ok(Args {
@@ -63,6 +70,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         admin: addr(admin)?,
         count,
         proof_key,
+        unchecked,
     })
 }
 
@@ -167,20 +175,22 @@ fn wait_ready(admin: SocketAddr) -> Result<(), String> {
 }
 
 /// The requests, ready to send: one per scope index.
-fn requests(key: Option<&SigningKey>) -> Vec<Vec<u8>> {
+fn requests(key: Option<&SigningKey>, unchecked: bool) -> Vec<Vec<u8>> {
     const BODY: &[u8] = super::client::BODY;
+    let (route, scope) = if key.is_some() && !unchecked {
+        ("proofed", "proofed")
+    } else {
+        ("reports", "report")
+    };
     (0..SCOPES)
         .map(|i| {
-            let (path, proof) = match key {
-                None => (format!("/reports/cg-s{i}/obj"), String::new()),
-                Some(k) => (
-                    format!("/proofed/cg-s{i}/obj"),
-                    format!(
-                        "Fencing-Proof: {}\r\n",
-                        k.prove(&format!("proofed/cg-s{i}"), Token::new(0, 1))
-                    ),
-                ),
-            };
+            let path = format!("/{route}/cg-s{i}/obj");
+            let proof = key.map_or(String::new(), |k| {
+                format!(
+                    "Fencing-Proof: {}\r\n",
+                    k.prove(&format!("{scope}/cg-s{i}"), Token::new(0, 1))
+                )
+            });
             let mut req = format!(
                 "PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\
                  Fencing-Token: 1\r\n{proof}\r\n",
@@ -198,7 +208,7 @@ fn run(args: &Args) -> Result<(), String> {
         Some(p) => Some(SigningKey::load(p).map_err(|e| e.to_string())?),
         None => None,
     };
-    let reqs = requests(key.as_ref());
+    let reqs = requests(key.as_ref(), args.unchecked);
     wait_ready(args.admin)?;
     let mut conns = (0..CONNS)
         .map(|_| Conn::open(args.proxy))
@@ -232,7 +242,11 @@ fn run(args: &Args) -> Result<(), String> {
         "{} priming requests and {} W1 requests{}, all accepted",
         SCOPES,
         args.count,
-        if key.is_some() { " with proofs" } else { "" }
+        match (&key, args.unchecked) {
+            (None, _) => "",
+            (Some(_), false) => " with proofs",
+            (Some(_), true) => " with an unchecked Fencing-Proof header",
+        }
     );
     Ok(())
 }
