@@ -256,7 +256,7 @@ echo "median of $REPEAT pair(s)):"
 row() {
     local name="$1" mode="$2" v
     v="$(median "${each[$mode]}")"
-    printf '  %-48s %7s  %6s× W1   (pairs:%s)\n' "$name" "$v" \
+    printf '  %-52s %7s  %6s× W1   (pairs:%s)\n' "$name" "$v" \
         "$(python3 -c "print(f'{$v / $plain:.3f}')")" "${each[$mode]}"
 }
 row "W1 (equal token)" plain
