@@ -11,21 +11,28 @@
 //! `--out DIR` (default `benches/results`), `--no-postgres`, `--workers N` (fencegate's
 //! `server.workers` and nginx proxy_pass's worker processes, default 2), `--rounds N`
 //! (rounds of the null-backend workloads and their baselines, default 5, smoke 1: each
-//! round measures direct, bare hyper, nginx proxy_pass, W1, W3, the bare 409 server, W2
-//! and PostgreSQL in a row, and every ratio is the median of its per-round ratios).
+//! round measures direct, bare hyper, nginx proxy_pass, W1, W1 with proofs, W3, the bare
+//! 409 server, W2, W2 with proofs and PostgreSQL in a row, and every ratio is the median
+//! of its per-round ratios).
 //!
 //! It starts everything itself on 127.0.0.1: nginx null (`return 204`), nginx WebDAV,
 //! nginx proxy_pass (keepalive upstream, 2 workers) in front of each, fencegate (the
-//! release binary, `workers = 2`, store in a temp dir on disk, `settle = "0s"`) and
-//! PostgreSQL. Every child is stopped by a guard on exit, on panic and on Ctrl-C.
+//! release binary, `workers = 2`, store in a temp dir on disk, `settle = "0s"`, a route
+//! with `proof = "required"` and a key made for the run) and PostgreSQL. Every child is
+//! stopped by a guard on exit, on panic and on Ctrl-C.
+//!
+//! `--callgrind-client …` turns this binary into the client of `benches/callgrind.sh`
+//! (`load/callgrind.rs`).
 //!
 //! Writes `RESULTS.md` (machine, table, details) and `load.svg` to the output directory
 //! and prints the table. Exits non-zero if any workload got an answer it should not
-//! have (W1/W2 anything but 2xx `accepted`, W3 anything but 409 `stale_fence`, a
+//! have (W1/W2, with or without proofs, anything but 2xx `accepted`, W3 anything but 409 `stale_fence`, a
 //! baseline anything but 2xx, a request without response): correctness, never speed.
 
 #[path = "load/bare.rs"]
 mod bare;
+#[path = "load/callgrind.rs"]
+mod callgrind;
 #[path = "load/client.rs"]
 mod client;
 #[path = "../tests/support/nginx.rs"]
@@ -41,7 +48,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use client::{Expect, Outcome, Plan, Spec};
+use client::{Expect, Outcome, Plan, Prover, Spec};
 use nginx::Nginx;
 use procs::{Fencegate, Postgres};
 use report::{CpuUse, Kind, Row, Verdict};
@@ -195,6 +202,10 @@ fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("--serve-floor") {
         return serve_floor();
     }
+    if std::env::args().nth(1).as_deref() == Some("--callgrind-client") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        return callgrind::main(&args);
+    }
     if invoked_by_cargo_test() {
         println!(
             "load bench: skipped under `cargo test` (run `cargo bench --bench load`, \
@@ -290,6 +301,8 @@ struct Series(Vec<Row>);
 struct Point {
     rps: f64,
     p99: f64,
+    /// The proxy's CPU per request, µs.
+    proxy_us: f64,
 }
 
 impl Series {
@@ -305,6 +318,11 @@ impl Series {
         Point {
             rps: row.rps.unwrap_or(0.0),
             p99: row.p99_ms.unwrap_or(0.0),
+            proxy_us: row
+                .cpu
+                .as_ref()
+                .and_then(|c| c.proxy)
+                .map_or(0.0, |(us, _)| us),
         }
     }
 
@@ -516,6 +534,20 @@ impl Bench<'_> {
         expect: Expect,
         watch: &Watch,
     ) -> (Outcome, CpuUse) {
+        self.load_proved(addr, prefix, plan, expect, None, watch)
+            .await
+    }
+
+    /// [`Bench::load`] with a `Fencing-Proof` on every request when `proof` is given.
+    async fn load_proved(
+        &self,
+        addr: SocketAddr,
+        prefix: &str,
+        plan: Plan,
+        expect: Expect,
+        proof: Option<&Arc<Prover>>,
+        watch: &Watch,
+    ) -> (Outcome, CpuUse) {
         let spec = Spec {
             addr,
             prefix: prefix.into(),
@@ -524,18 +556,26 @@ impl Bench<'_> {
             duration: self.args.duration,
             plan,
             expect,
+            proof: proof.cloned(),
         };
         watched(spec, watch).await
     }
 
     /// Touches every scope once (the first advance), outside any measurement.
     async fn prime(&mut self, addr: SocketAddr, prefix: &str, scopes: u32, token: u64) {
-        self.prime_with(addr, prefix, Plan::Sweep { scopes, token })
+        self.prime_with(addr, prefix, Plan::Sweep { scopes, token }, None)
             .await;
     }
 
-    /// Touches every scope of `plan` (a sweep) once, outside any measurement.
-    async fn prime_with(&mut self, addr: SocketAddr, prefix: &str, plan: Plan) {
+    /// Touches every scope of `plan` (a sweep) once, outside any measurement; with a
+    /// `Fencing-Proof` on every request when `proof` is given.
+    async fn prime_with(
+        &mut self,
+        addr: SocketAddr,
+        prefix: &str,
+        plan: Plan,
+        proof: Option<&Arc<Prover>>,
+    ) {
         let o = client::run(Spec {
             addr,
             prefix: prefix.into(),
@@ -544,6 +584,7 @@ impl Bench<'_> {
             duration: Duration::from_secs(120),
             plan,
             expect: Expect::Accepted,
+            proof: proof.cloned(),
         })
         .await;
         if o.errors() > 0 || !o.complete {
@@ -592,13 +633,36 @@ async fn run(args: &Args) -> Result<bool, Error> {
     let scratch = tempfile::Builder::new()
         .prefix("fencegate-bench-")
         .tempdir()?;
+    // The key of the `proof = "required"` route (`/proofed/…`, scope `proofed/…`).
+    fencegate::proof::keygen(&scratch.path().join("proof-key"))?;
+    let proof_pub = scratch.path().join("proof-key.pub");
+    let key = Arc::new(fencegate::proof::SigningKey::load(
+        &scratch.path().join("proof-key.key"),
+    )?);
+    // What a signature costs the load generator (W2 with proofs signs one per request).
+    const SIGN_SAMPLE: u32 = 2000;
+    let t0 = Instant::now();
+    for i in 0..SIGN_SAMPLE {
+        std::hint::black_box(key.prove(
+            &format!("proofed/sample-s{i}"),
+            fencegate::token::Token::new(0, u64::from(i) + 1),
+        ));
+    }
+    let sign_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(SIGN_SAMPLE);
 
     step("starting nginx (null, WebDAV, proxy_pass in front of each) and fencegate");
     let null = Nginx::null()?;
     let dav = Nginx::webdav()?;
     let pp_null = Nginx::proxy_pass(null.port(), args.workers)?;
     let pp_dav = Nginx::proxy_pass(dav.port(), args.workers)?;
-    let mut fg = Fencegate::start(scratch.path(), null.port(), dav.port(), args.workers).await?;
+    let mut fg = Fencegate::start(
+        scratch.path(),
+        null.port(),
+        dav.port(),
+        args.workers,
+        &proof_pub,
+    )
+    .await?;
     let mut b = Bench {
         args,
         rows: Vec::new(),
@@ -630,6 +694,17 @@ async fn run(args: &Args) -> Result<bool, Error> {
     const NULL: &str = "null backend (nginx `return 204`)";
     const PG: &str = "PostgreSQL (pgbench, synchronous_commit = on)";
     b.prime(fg.proxy, "/reports/w1-s", SCOPES, 1).await;
+    // W1 with proofs: every scope's proof for token 1 signed before any run, so that the
+    // load generator only copies a header (as for W1, its cost is not in the comparison).
+    let t0 = Instant::now();
+    let w1_proofs = Arc::new(Prover::new(key.clone(), "proofed/w1-s").precompute(&all, 1));
+    let w1_table_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let sweep = Plan::Sweep {
+        scopes: SCOPES,
+        token: 1,
+    };
+    b.prime_with(fg.proxy, "/proofed/w1-s", sweep.clone(), Some(&w1_proofs))
+        .await;
     let failed = client::raise_all(fg.admin, "w3-s", SCOPES, W3_HIGH, CONNS as u32).await;
     if failed > 0 {
         b.ok = false;
@@ -671,7 +746,9 @@ async fn run(args: &Args) -> Result<bool, Error> {
     );
     let pp_name = format!("nginx proxy_pass ({} workers, keepalive)", args.workers);
     const W1_NAME: &str = "W1 steady owners (equal token)";
+    const W1P_NAME: &str = "W1 with proofs required (equal token, the same proof)";
     const W2_NAME: &str = "W2 churn (durable advance per request)";
+    const W2P_NAME: &str = "W2 with proofs required (a new token and proof per request)";
     const W3_NAME: &str = "W3 stale storm (all 409)";
     const PG_NAME: &str = "UPDATE … WHERE accepted_fence <= :fence";
     let [
@@ -679,17 +756,21 @@ async fn run(args: &Args) -> Result<bool, Error> {
         mut floor_s,
         mut pp,
         mut w1,
+        mut w1p,
         mut w3,
         mut refuser_s,
         mut w2,
+        mut w2p,
         mut pg_s,
     ] = std::array::from_fn(|_| Series::default());
+    let mut w2p_signed = 0;
     let (mut w1_metrics, mut w2_metrics) = (Scrape::default(), Scrape::default());
     let secs = args.duration.as_secs().max(1) as u32;
     for round in 1..=args.rounds {
         step(&format!(
             "null backend, round {round} of {}: direct, bare hyper, nginx proxy_pass, \
-             fencegate W1 W3, bare 409 server, fencegate W2, PostgreSQL",
+             fencegate W1, W1 with proofs, W3, bare 409 server, fencegate W2, W2 with proofs, \
+             PostgreSQL",
             args.rounds
         ));
         let null_only = Watch::of(None, null.pid());
@@ -725,6 +806,11 @@ async fn run(args: &Args) -> Result<bool, Error> {
         pp.push(measured(NULL, &pp_name, Kind::Baseline, &o, cpu));
 
         let fenced = Watch::of(fg.pid(), null.pid());
+        // Gates idle for 30 s are swept, and a round takes longer: every W1 scope is
+        // touched once more (not measured) so that W1 and W1 with proofs both measure
+        // the steady path, with the gate hot and (with proofs) its proof verified.
+        b.prime_with(fg.proxy, "/reports/w1-s", sweep.clone(), None)
+            .await;
         let before = Scrape::take(fg.admin).await;
         let (o, cpu) = b
             .load(
@@ -737,6 +823,19 @@ async fn run(args: &Args) -> Result<bool, Error> {
             .await;
         w1_metrics.add(&Scrape::take(fg.admin).await, &before);
         w1.push(measured(NULL, W1_NAME, Kind::Fencegate, &o, cpu));
+        b.prime_with(fg.proxy, "/proofed/w1-s", sweep.clone(), Some(&w1_proofs))
+            .await;
+        let (o, cpu) = b
+            .load_proved(
+                fg.proxy,
+                "/proofed/w1-s",
+                random(1),
+                Expect::Accepted,
+                Some(&w1_proofs),
+                &fenced,
+            )
+            .await;
+        w1p.push(measured(NULL, W1P_NAME, Kind::Fencegate, &o, cpu));
         let (o, cpu) = b
             .load(fg.proxy, "/reports/w3-s", random(1), Expect::Stale, &fenced)
             .await;
@@ -768,6 +867,25 @@ async fn run(args: &Args) -> Result<bool, Error> {
             .await;
         w2_metrics.add(&Scrape::take(fg.admin).await, &before);
         w2.push(measured(NULL, W2_NAME, Kind::Fencegate, &o, cpu));
+        // The same on the proofed route, on fresh scopes too: every request carries a
+        // new token, so the proxy verifies a signature per request, and the load
+        // generator signs each proof as it sends it.
+        let w2_proofs = Arc::new(Prover::new(key.clone(), format!("proofed/w2r{round}-s")));
+        let (o, cpu) = b
+            .load_proved(
+                fg.proxy,
+                &format!("/proofed/w2r{round}-s"),
+                Plan::Churn {
+                    scopes: SCOPES,
+                    start: 0,
+                },
+                Expect::Accepted,
+                Some(&w2_proofs),
+                &fenced,
+            )
+            .await;
+        w2p_signed += w2_proofs.signed();
+        w2p.push(measured(NULL, W2P_NAME, Kind::Fencegate, &o, cpu));
         if let Some(pg) = &pg {
             let res = pg.bench(CONNS as u32, 2, secs, true)?;
             let mut r = Row::new(PG, PG_NAME, Kind::Postgres);
@@ -829,18 +947,34 @@ async fn run(args: &Args) -> Result<bool, Error> {
     let (w3_refuser, _) = rounds(w3.over(&refuser_s, |a, b| a.rps / b.rps), "");
     let (w2_own, w2_own_each) = rounds(w2.over(&w1, |a, b| a.rps / b.rps), "");
     let (w2_pg, w2_pg_each) = rounds(w2.over(&pg_s, |a, b| a.rps / b.rps), "");
+    let (w1p_cpu, _) = rounds(w1p.over(&w1, |a, b| a.proxy_us / b.proxy_us), "");
+    let (w1p_rps, w1p_rps_each) = rounds(w1p.over(&w1, |a, b| a.rps / b.rps), "");
+    let (w2p_cpu, _) = rounds(w2p.over(&w2, |a, b| a.proxy_us / b.proxy_us), "");
+    let (w2p_rps, w2p_rps_each) = rounds(w2p.over(&w2, |a, b| a.rps / b.rps), "");
+    let ratio3 = |v: f64| format!("{v:.3}");
+    let each3 = |a: &Series, b: &Series| -> String {
+        a.over(b, |a, b| a.proxy_us / b.proxy_us)
+            .into_iter()
+            .map(ratio3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     if args.rounds > 1 {
         b.notes.push(format!(
             "Per-round ratios, rounds 1 to {} (the table shows their medians): \
              bare hyper / nginx {floor_each}; W1 / nginx {w1_each}; \
              W1 p99 − nginx p99 {w1_p99_each}; W3 / nginx {w3_each}; bare 409 server / nginx {refuser_each}; \
-             W2 / own W1 {w2_own_each}; W2 / PostgreSQL {}",
+             W2 / own W1 {w2_own_each}; W2 / PostgreSQL {}; \
+             W1 with proofs / W1: proxy CPU per request {}, req/s {w1p_rps_each}; \
+             W2 with proofs / W2: proxy CPU per request {}, req/s {w2p_rps_each}",
             args.rounds,
             if pg_s.is_empty() {
                 "not run".into()
             } else {
                 w2_pg_each.clone()
-            }
+            },
+            each3(&w1p, &w1),
+            each3(&w2p, &w2),
         ));
     }
 
@@ -855,6 +989,14 @@ async fn run(args: &Args) -> Result<bool, Error> {
     w1_row.ratio = format!("{w1_ratio:.2}× nginx; p99 {w1_p99:+.2} ms; {w1_floor:.2}× bare hyper");
     w1_row.verdict = Verdict::from(w1_ratio >= 1.0 && w1_p99 <= 1.0);
     b.push(w1_row);
+    let mut w1p_row = w1p.median_row();
+    w1p_row.target = "≤ 1.03× W1's proxy CPU per request".into();
+    w1p_row.ratio = format!(
+        "{}× W1's proxy CPU per request; {w1p_rps:.2}× W1 req/s",
+        ratio3(w1p_cpu)
+    );
+    w1p_row.verdict = Verdict::from(w1p_cpu <= 1.03);
+    b.push(w1p_row);
     let mut w2_row = w2.median_row();
     w2_row.target = "≥ 0.7× own W1; ≥ 1.5× PostgreSQL".into();
     if pg_s.is_empty() {
@@ -869,6 +1011,28 @@ async fn run(args: &Args) -> Result<bool, Error> {
         w2_row.verdict = Verdict::from(w2_own >= 0.7 && w2_pg >= 1.5);
     }
     b.push(w2_row);
+    let mut w2p_row = w2p.median_row();
+    w2p_row.target = "— (its cost is reported)".into();
+    w2p_row.ratio = format!(
+        "{}× W2's proxy CPU per request; {w2p_rps:.2}× W2 req/s",
+        ratio3(w2p_cpu)
+    );
+    b.push(w2p_row);
+    b.notes.push(format!(
+        "Token proofs: the route `/proofed/{{report}}/{{*rest}}` (scope `proofed/{{report}}`, the null \
+         backend) has `proof = \"required\"` and `[fencing] proof_keys` holds a key made with \
+         `fencegate::proof::keygen` for this run. W1 with proofs sends proofs signed before any run \
+         (1,000 scopes, token 1: {w1_table_ms:.0} ms), so the load generator only copies a 147-byte \
+         header. W2 with proofs signs every request's proof on the fly in the load generator (ring \
+         Ed25519, {sign_us:.1} µs per signature, timed over {SIGN_SAMPLE} in this process; {w2p_signed} \
+         signed over all rounds): its load generator CPU per request is higher than W2's by about that, \
+         on the cores the proxy uses, so its req/s ratio understates; the comparison is of proxy CPU per \
+         request. Before W1 and before W1 with proofs every W1 scope is touched once, not measured, so \
+         both measure hot gates (gates idle 30 s are swept between rounds). Ratios: median of the \
+         per-round ratios; W1 with proofs / W1 proxy CPU per request {}, W2 with proofs / W2 {}",
+        ratio3(w1p_cpu),
+        ratio3(w2p_cpu)
+    ));
     let mut w3_row = w3.median_row();
     w3_row.target = "≥ 1.5× nginx proxy_pass req/s".into();
     w3_row.ratio = format!("{w3_ratio:.2}× nginx; {w3_refuser:.2}× bare 409 server");
@@ -1012,6 +1176,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
                 token: 1,
             },
             expect: Expect::Accepted,
+            proof: None,
         },
         &Watch::of(fg.pid(), null.pid()),
     )
@@ -1123,7 +1288,8 @@ async fn run(args: &Args) -> Result<bool, Error> {
     ));
     let few_dir = scratch.path().join("w4-few-marks");
     std::fs::create_dir_all(&few_dir)?;
-    let mut few = Fencegate::start(&few_dir, null.port(), dav.port(), args.workers).await?;
+    let mut few =
+        Fencegate::start(&few_dir, null.port(), dav.port(), args.workers, &proof_pub).await?;
     b.prime_with(
         few.proxy,
         "/reports/w4-s",
@@ -1131,6 +1297,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
             scopes: subset.clone(),
             token: 1,
         },
+        None,
     )
     .await;
     few.stop();
@@ -1236,6 +1403,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
             token: 0,
         },
         expect: Expect::Stale,
+        proof: None,
     })
     .await;
     if o.errors() > 0 || o.total == 0 {
@@ -1318,7 +1486,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
          latency per request from send to the last body byte, percentiles by nearest rank over every measured request. \
          Requests in the warm-up are checked but not measured.\n\
          - Rounds: the null-backend workloads and their baselines run in {} round(s), each measuring direct, bare hyper, \
-         nginx proxy_pass, W1, W3, the bare 409 server, W2 and PostgreSQL in a row; a ratio is the median of its per-round ratios and a \
+         nginx proxy_pass, W1, W1 with proofs, W3, the bare 409 server, W2, W2 with proofs and PostgreSQL in a row; a ratio is the median of its per-round ratios and a \
          row shows its workload's median round (errors: every round's). WebDAV and W4 run once, but for W4's W1 after the fill (up to 3 alternating rounds, see W4 below).\n",
         client::BODY.len(),
         args.rounds
@@ -1328,10 +1496,17 @@ async fn run(args: &Args) -> Result<bool, Error> {
          every advance is on disk before it is forwarded: a batch of advances is one record appended to the \
          store's journal and one `fdatasync`, applied to redb in checkpoints). \
          Routes `/reports/{report}/{*rest}` → null backend (scope `report/{report}`) and \
-         `/dav/reports/{report}/{*rest}` → WebDAV (scope `dav/{report}`).\n\
+         `/dav/reports/{report}/{*rest}` → WebDAV (scope `dav/{report}`), and \
+         `/proofed/{report}/{*rest}` → null backend (scope `proofed/{report}`) with `proof = \"required\"` and \
+         `[fencing] proof_keys` holding the `.pub` of a key made with `fencegate::proof::keygen` in the run's temp dir.\n\
          - W1: every scope's mark is set once before the run (not measured), then each request picks a random scope of \
          1,000 and sends the same token (the equal-token path). W2: connection `c` owns the scopes `i ≡ c (mod 64)` and \
-         sends each a strictly higher token every time (a durable advance per request, never stale). W3: every scope \
+         sends each a strictly higher token every time (a durable advance per request, never stale). \
+         W1 with proofs and W2 with proofs: the same on the proofed route, each request with the `Fencing-Proof` of its \
+         scope and token (W1's 1,000 signed before any run; W2's signed by the load generator as it sends them, on fresh \
+         scopes each round), measured right after W1 and W2; their target compares proxy CPU per request (the load \
+         generator's cost differs), as the median of the per-round ratios. Before W1 and W1 with proofs every W1 scope is \
+         touched once (not measured), so both measure hot gates. W3: every scope \
          is raised to 1000000 through the admin API, then every request sends token 1 (409, no disk, no upstream). \
          W4: W1 over the 1,000 W1 scopes (its rate before the fill), then a fresh scope per request until \
          every one was touched once (token 1), then a clean restart; then W1 over 10,000 of them chosen at random, \

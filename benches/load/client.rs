@@ -5,13 +5,16 @@
 //! and by a per-request timeout; a broken connection is re-opened a bounded number of
 //! times and every failure is counted, never retried silently.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, header};
+use fencegate::proof::SigningKey;
+use fencegate::token::Token;
+use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
@@ -65,6 +68,60 @@ impl Expect {
     }
 }
 
+/// The `Fencing-Proof` of each request, for a route with `proof = "required"`.
+#[derive(Debug)]
+pub struct Prover {
+    key: Arc<SigningKey>,
+    /// The scope of scope index `i` is `{scope}{i}` (what the route derives from the path).
+    scope: String,
+    /// Proofs made before the run, by (scope index, token): looked up, not signed.
+    table: HashMap<(u32, u64), HeaderValue>,
+    /// Proofs signed during runs (not in the table).
+    signed: AtomicU64,
+}
+
+impl Prover {
+    pub fn new(key: Arc<SigningKey>, scope: impl Into<String>) -> Prover {
+        Prover {
+            key,
+            scope: scope.into(),
+            table: HashMap::new(),
+            signed: AtomicU64::new(0),
+        }
+    }
+
+    /// Signs the proofs of `token` on each of `scopes` now, so that a run only looks
+    /// them up (and the load generator's cost stays that of a header copy).
+    pub fn precompute(mut self, scopes: &[u32], token: u64) -> Prover {
+        for &i in scopes {
+            let v = self.sign(i, token);
+            self.table.insert((i, token), v);
+        }
+        self
+    }
+
+    fn sign(&self, scope: u32, token: u64) -> HeaderValue {
+        let proof = self
+            .key
+            .prove(&format!("{}{scope}", self.scope), Token::new(0, token));
+        HeaderValue::try_from(proof).expect("a proof is ASCII hex and dots")
+    }
+
+    /// The proof for (scope index, token): from the table, or signed now.
+    pub fn proof(&self, scope: u32, token: u64) -> HeaderValue {
+        if let Some(v) = self.table.get(&(scope, token)) {
+            return v.clone();
+        }
+        self.signed.fetch_add(1, Ordering::Relaxed);
+        self.sign(scope, token)
+    }
+
+    /// How many proofs were signed during runs (not found in the table).
+    pub fn signed(&self) -> u64 {
+        self.signed.load(Ordering::Relaxed)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Spec {
     pub addr: SocketAddr,
@@ -77,6 +134,8 @@ pub struct Spec {
     pub duration: Duration,
     pub plan: Plan,
     pub expect: Expect,
+    /// Sends a `Fencing-Proof` with every request (a route with `proof = "required"`).
+    pub proof: Option<Arc<Prover>>,
 }
 
 /// What one measurement produced.
@@ -288,14 +347,17 @@ async fn ready(sender: &mut Sender) -> bool {
     )
 }
 
-fn put(prefix: &str, scope: u32, token: u64) -> Request<Full<Bytes>> {
-    Request::builder()
+fn put(prefix: &str, scope: u32, token: u64, proof: Option<&Prover>) -> Request<Full<Bytes>> {
+    let mut req = Request::builder()
         .method(Method::PUT)
         .uri(format!("{prefix}{scope}/obj"))
         .header(header::HOST, "127.0.0.1")
         .header(header::CONTENT_LENGTH, BODY.len())
-        .header("fencing-token", token)
-        .body(Full::new(Bytes::from_static(BODY)))
+        .header("fencing-token", token);
+    if let Some(p) = proof {
+        req = req.header("fencing-proof", p.proof(scope, token));
+    }
+    req.body(Full::new(Bytes::from_static(BODY)))
         .expect("a valid request")
 }
 
@@ -346,8 +408,10 @@ async fn run_conn(
             break;
         };
         sent += 1;
+        // Built (and a proof signed, if it must be) before the clock starts.
+        let req = put(&spec.prefix, scope, token, spec.proof.as_deref());
         let started = Instant::now();
-        match exchange(s, put(&spec.prefix, scope, token)).await {
+        match exchange(s, req).await {
             Ok(answer) => {
                 let done = Instant::now();
                 r.total += 1;

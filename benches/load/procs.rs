@@ -232,17 +232,21 @@ pub struct Fencegate {
     upstreams: (u16, u16),
     /// `server.workers`: the proxy listener's threads.
     workers: usize,
+    /// The verification key (`.pub`) of the `proof = "required"` route.
+    proof_key: PathBuf,
     proc: Option<Guard>,
 }
 
 impl Fencegate {
     /// Writes a config for `dir` (store on disk, `settle = "0s"`) with a route to each
-    /// backend, and starts the server.
+    /// backend and a second route to the null backend that requires proofs made with
+    /// the key whose `.pub` is `proof_key`, and starts the server.
     pub async fn start(
         dir: &Path,
         null_port: u16,
         dav_port: u16,
         workers: usize,
+        proof_key: &Path,
     ) -> io::Result<Fencegate> {
         let mut fg = Fencegate {
             bin: PathBuf::from(env!("CARGO_BIN_EXE_fencegate")),
@@ -253,6 +257,7 @@ impl Fencegate {
             store: dir.join("marks.redb"),
             upstreams: (null_port, dav_port),
             workers,
+            proof_key: proof_key.to_path_buf(),
             proc: None,
         };
         fg.spawn_on_fresh_ports().await?;
@@ -285,6 +290,7 @@ path = "{store}"
 header = "Fencing-Token"
 drain_timeout = "5s"
 settle = "0s"
+proof_keys = ["{proof_key}"]
 
 [[upstream]]
 name = "null"
@@ -307,8 +313,16 @@ name = "dav-reports"
 path = "/dav/reports/{{report}}/{{*rest}}"
 scope = "dav/{{report}}"
 upstream = "webdav"
+
+[[route]]
+name = "proofed"
+path = "/proofed/{{report}}/{{*rest}}"
+scope = "proofed/{{report}}"
+upstream = "null"
+proof = "required"
 "#,
                 store = self.store.display(),
+                proof_key = self.proof_key.display(),
                 workers = self.workers,
             ),
         )?;
