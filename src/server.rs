@@ -254,6 +254,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             &app.store,
             authority_tls,
             stop_rx.clone(),
+            app.metrics.authority.clone(),
         )
         .await?;
         authority_addr = Some(addr);
