@@ -211,7 +211,11 @@ impl AuthorityMetrics {
     }
 
     pub fn renewal(&self, renewed: bool) {
-        let c = if renewed { &self.renewed } else { &self.renew_lost };
+        let c = if renewed {
+            &self.renewed
+        } else {
+            &self.renew_lost
+        };
         c.fetch_add(1, Relaxed);
     }
 
@@ -293,7 +297,8 @@ impl AuthorityMetrics {
         );
         self.age_released
             .render_series(out, name, "end=\"released\",");
-        self.age_expired.render_series(out, name, "end=\"expired\",");
+        self.age_expired
+            .render_series(out, name, "end=\"expired\",");
         let (epoch, counter) = self
             .last_token
             .lock()

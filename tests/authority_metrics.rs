@@ -238,7 +238,10 @@ async fn an_expiry_without_release_is_counted() {
         0.0
     );
     // `b` waited for the expiry: its acquire took at least the rest of `a`'s lease.
-    assert!(value(&m, "fencegate_authority_acquire_seconds_sum") >= 0.2, "{m}");
+    assert!(
+        value(&m, "fencegate_authority_acquire_seconds_sum") >= 0.2,
+        "{m}"
+    );
     running.shutdown().await;
 }
 
@@ -293,4 +296,3 @@ async fn no_authority_no_authority_series() {
     assert!(!m.contains("fencegate_authority"), "{m}");
     running.shutdown().await;
 }
-

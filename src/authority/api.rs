@@ -160,7 +160,9 @@ pub(super) async fn handle(
             };
             m.acquire(result, started.elapsed());
         }
-        Call::Renew | Call::Release if status == StatusCode::OK || status == StatusCode::CONFLICT => {
+        Call::Renew | Call::Release
+            if status == StatusCode::OK || status == StatusCode::CONFLICT =>
+        {
             let ok = status == StatusCode::OK;
             if matches!(call, Call::Renew) {
                 m.renewal(ok);

@@ -15,8 +15,8 @@
 //! from a snapshot counts revisions from the snapshot again: after a bump, every later
 //! token still outranks every earlier one.
 
-use std::future::Future;
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

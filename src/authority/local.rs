@@ -774,7 +774,10 @@ mod tests {
             .with_metrics(metrics.clone());
         grant(local.acquire(&req("s", "a", 10, 0), no_stop()).await);
         let t = grant(local.acquire(&req("t", "a", 10, 0), no_stop()).await);
-        assert_eq!(local.release("t", &t.lease_id, t.token, None), Outcome::Released);
+        assert_eq!(
+            local.release("t", &t.lease_id, t.token, None),
+            Outcome::Released
+        );
         local.sweep();
         assert_eq!(metrics.expiries(), 0);
         tokio::time::advance(Duration::from_secs(11)).await;
