@@ -353,11 +353,47 @@ pub fn result_index(result: &str) -> usize {
     RESULTS.iter().position(|r| *r == result).unwrap_or(0)
 }
 
-/// Request counts of one route, by result. Routes hold their row, so counting is one
-/// atomic add; rows are kept by name, so counts survive a config reload.
+/// The `method` label values of `fencegate_route_operations_total`: a bounded set, every
+/// other method is `other`.
+pub const METHODS: [&str; 8] = [
+    "GET", "HEAD", "PUT", "POST", "DELETE", "PATCH", "OPTIONS", "other",
+];
+
+/// A request's method as an index into [`METHODS`]: standard methods compare as enum
+/// values (no string hashing, no allocation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Op(u8);
+
+impl Op {
+    pub fn of(method: &http::Method) -> Op {
+        use http::Method;
+        let i = if *method == Method::GET {
+            0
+        } else if *method == Method::HEAD {
+            1
+        } else if *method == Method::PUT {
+            2
+        } else if *method == Method::POST {
+            3
+        } else if *method == Method::DELETE {
+            4
+        } else if *method == Method::PATCH {
+            5
+        } else if *method == Method::OPTIONS {
+            6
+        } else {
+            7
+        };
+        Op(i)
+    }
+}
+
+/// Request counts of one route, by method and result. Routes hold their row, so counting
+/// is one atomic add (at an index: the method's row, the result's column); rows are kept
+/// by name, so counts survive a config reload.
 #[derive(Debug)]
 pub struct RouteRow {
-    shards: Box<[Padded<[AtomicU64; RESULTS.len()]>]>,
+    shards: Box<[Padded<[[AtomicU64; RESULTS.len()]; METHODS.len()]>]>,
 }
 
 impl RouteRow {
@@ -367,13 +403,24 @@ impl RouteRow {
         }
     }
 
-    pub fn count(&self, result: &str) {
-        self.shards[shard()].0[result_index(result)].fetch_add(1, Relaxed);
+    pub fn count(&self, op: Op, result: &str) {
+        self.shards[shard()].0[usize::from(op.0)][result_index(result)].fetch_add(1, Relaxed);
     }
 
+    /// Requests that ended in `result`, every method.
     pub fn get(&self, result: &str) -> u64 {
         let i = result_index(result);
-        self.shards.iter().map(|s| s.0[i].load(Relaxed)).sum()
+        self.shards
+            .iter()
+            .flat_map(|s| s.0.iter().map(move |m| m[i].load(Relaxed)))
+            .sum()
+    }
+
+    fn get_op(&self, method: usize, result: usize) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.0[method][result].load(Relaxed))
+            .sum()
     }
 }
 
@@ -443,8 +490,8 @@ impl Metrics {
     }
 
     /// Counts a request that matched no route.
-    pub fn count_unrouted(&self, result: &str) {
-        self.none.count(result);
+    pub fn count_unrouted(&self, op: Op, result: &str) {
+        self.none.count(op, result);
     }
 
     pub fn render(&self, store: &StoreStats, extra: &[(&str, &str, f64)]) -> String {
@@ -461,6 +508,24 @@ impl Metrics {
                         out,
                         "fencegate_requests_total{{route=\"{route}\",result=\"{result}\"}} {v}"
                     );
+                }
+            }
+        }
+        out.push_str(
+            "# HELP fencegate_route_operations_total Requests by route, method (GET HEAD PUT POST DELETE PATCH OPTIONS, else other) and result.\n",
+        );
+        out.push_str("# TYPE fencegate_route_operations_total counter\n");
+        for (route, row) in &rows {
+            let route = label_value(route);
+            for (m, method) in METHODS.iter().enumerate() {
+                for (r, result) in RESULTS.iter().enumerate() {
+                    let v = row.get_op(m, r);
+                    if v > 0 {
+                        let _ = writeln!(
+                            out,
+                            "fencegate_route_operations_total{{route=\"{route}\",method=\"{method}\",result=\"{result}\"}} {v}"
+                        );
+                    }
                 }
             }
         }
@@ -544,7 +609,8 @@ mod tests {
     #[test]
     fn route_names_are_escaped_as_label_values() {
         let m = Metrics::new(["a\"b\\c\nfencegate_forged 1".to_string()]);
-        m.row("a\"b\\c\nfencegate_forged 1").count("accepted");
+        m.row("a\"b\\c\nfencegate_forged 1")
+            .count(Op::of(&http::Method::PUT), "accepted");
         let text = m.render(&StoreStats::default(), &[]);
         assert!(
             text.contains(
