@@ -171,3 +171,52 @@ max_ttl = "30s"
     assert_eq!(value(&m, "fencegate_authority_epoch"), 0.0);
     running.shutdown().await;
 }
+
+/// A lease nobody renews or releases again: the authority's sweep (every 10 s) asks etcd
+/// about its leases past their deadline, and counts the expiry without any call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_counts_an_etcd_expiry_nobody_asked_about() {
+    let cluster = EtcdCluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[authority]
+listen = "127.0.0.1:0"
+backend = "etcd"
+etcd_endpoints = ["{}"]
+max_ttl = "30s"
+"#,
+        cluster.endpoints()[0]
+    );
+    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
+    let c = Client::new(running.authority_addr.unwrap());
+    let admin = Client::new(running.admin_addr);
+    acquire(&c, "left", "a", 1000).await;
+    // Bounded: the lease's second, then at most one sweep interval (10 s) and slack.
+    let started = Instant::now();
+    loop {
+        let m = admin.get("/metrics").await.body;
+        if value(&m, "fencegate_authority_expiries_total") == 1.0 {
+            assert_eq!(
+                value(
+                    &m,
+                    "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
+                ),
+                1.0
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the sweep never counted the expiry:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    running.shutdown().await;
+}

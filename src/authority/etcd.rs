@@ -363,7 +363,8 @@ impl Etcd {
                         t.deadline = Instant::now() + left;
                     }
                 }
-                None => {}
+                // etcd does not answer: the rest waits for the next tick.
+                None => return,
             }
         }
     }

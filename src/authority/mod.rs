@@ -451,7 +451,12 @@ pub async fn serve(
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tokio::select! {
-                _ = tick.tick() => sweeper.sweep().await,
+                _ = tick.tick() => {}
+                _ = sweep_stop.changed() => return,
+            }
+            // A sweep may ask etcd: shutdown does not wait for it.
+            tokio::select! {
+                _ = sweeper.sweep() => {}
                 _ = sweep_stop.changed() => return,
             }
         }
