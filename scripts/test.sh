@@ -6,8 +6,9 @@
 #
 # Needs Debian 12 (or another apt-based system) with Rust. The end-to-end tests run real
 # servers on loopback: nginx as the legacy backend, a 3-member etcd cluster for the lease
-# authority's etcd backend (whose client needs protoc to build). Whatever is missing is
-# installed with apt (as root, or through sudo).
+# authority's etcd backend (whose client needs protoc to build), and promtool (Debian's
+# `prometheus` package) checks and unit-tests the alert rules in deploy/prometheus before
+# any test runs. Whatever is missing is installed with apt (as root, or through sudo).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -17,6 +18,7 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then
@@ -32,6 +34,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+
+# The alert rules: valid, and each alert fires on the series its unit tests say and on no
+# other (tests/deploy.rs checks that every metric they use is one fencegate exports).
+echo "==> promtool check rules, promtool test rules (deploy/prometheus)"
+promtool check rules deploy/prometheus/fencegate.rules.yml
+(cd deploy/prometheus && promtool test rules fencegate.rules.test.yml)
 
 echo "==> cargo test --all-targets --features etcd $*"
 log="$(mktemp)"

@@ -231,6 +231,7 @@ impl Idempotency {
         tls: bool,
     ) -> Response<Body> {
         let route_idx = plan.route;
+        let op = plan.op;
         let client_version = req.version();
         let route = &table.config.routes[route_idx];
         let settings = &table.config.idempotency;
@@ -241,7 +242,7 @@ impl Idempotency {
             if let Some(g) = plan.guard.as_mut() {
                 g.not_forwarded();
             }
-            fwd.refuse(&table, route_idx, outcome)
+            fwd.refuse(&table, route_idx, op, outcome)
         };
         let mut keys = req.headers().get_all("idempotency-key").iter();
         let key = match (keys.next(), keys.next()) {
@@ -380,7 +381,7 @@ impl Idempotency {
                 if let Some(g) = plan.guard.as_mut() {
                     g.not_forwarded();
                 }
-                fwd.refuse(&table, route_idx, outcome)
+                fwd.refuse(&table, route_idx, op, outcome)
             };
             let mut replace_if = None;
             loop {
@@ -440,7 +441,7 @@ impl Idempotency {
                         if let Some(g) = plan.guard.as_mut() {
                             g.complete();
                         }
-                        table.count(route_idx, "duplicate");
+                        table.count(route_idx, op, "duplicate");
                         return replay(status, headers, body_stored, stored_body);
                     }
                     State::Released => true,

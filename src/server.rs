@@ -254,6 +254,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             &app.store,
             authority_tls,
             stop_rx.clone(),
+            app.metrics.authority.clone(),
         )
         .await?;
         authority_addr = Some(addr);
@@ -337,7 +338,11 @@ where
 /// The answer to an HTTP/1 request whose head has a flaw hyper hides (see
 /// [`crate::h1_scan`]): 400, and the connection closes after it (what follows the head
 /// is not read as this request's body, nor as another request). Nothing is forwarded.
-fn refuse_flaw(flaw: Flaw, counts: Option<&Metrics>) -> hyper::Response<Body> {
+fn refuse_flaw(
+    flaw: Flaw,
+    method: &http::Method,
+    counts: Option<&Metrics>,
+) -> hyper::Response<Body> {
     let outcome = match flaw {
         Flaw::Fragment => crate::proxy::Outcome::InvalidPath {
             detail: "the request target has a #fragment (a client sends none; it would be cut off before routing)".into(),
@@ -347,7 +352,7 @@ fn refuse_flaw(flaw: Flaw, counts: Option<&Metrics>) -> hyper::Response<Body> {
         },
     };
     if let Some(metrics) = counts {
-        metrics.count_unrouted(outcome.result());
+        metrics.count_unrouted(crate::metrics::Op::of(method), outcome.result());
     }
     let mut resp = outcome.into_response();
     resp.headers_mut().insert(
@@ -895,7 +900,7 @@ async fn serve<F, Fut>(
                     counted.next_request_flaw(),
                 )
             };
-            let refused = flaw.map(|flaw| refuse_flaw(flaw, counts.as_deref()));
+            let refused = flaw.map(|flaw| refuse_flaw(flaw, req.method(), counts.as_deref()));
             async move {
                 let resp = match refused {
                     None => handler(req, peer).await,

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 
 use super::{AcquireRequest, AuthorityConfig, Client, Engine, LockStatus, MAX_WAIT, Outcome};
+use crate::metrics::AuthorityMetrics;
 use crate::proof::SigningKey;
 use crate::proxy::Body;
 use crate::token::Token;
@@ -31,14 +32,17 @@ pub(super) struct Policy {
     pub clients: Vec<Client>,
     /// Signs a proof into every `acquired` answer.
     pub signing_key: Option<Arc<SigningKey>>,
+    /// Answers are counted here, whichever backend decided.
+    pub metrics: Arc<AuthorityMetrics>,
 }
 
 impl Policy {
-    pub fn of(config: &AuthorityConfig) -> Policy {
+    pub fn of(config: &AuthorityConfig, metrics: Arc<AuthorityMetrics>) -> Policy {
         Policy {
             max_ttl: config.max_ttl,
             clients: config.clients.clone(),
             signing_key: config.signing_key.clone(),
+            metrics,
         }
     }
 
@@ -124,7 +128,61 @@ struct RawLease {
 /// A refusal of the request itself: 400 problem+json.
 struct BadRequest(String);
 
+/// Serves one call and counts its answer: acquisitions by result and their time (waits
+/// included), renewals and releases by result. Counted by the answer's status, which
+/// [`answer`] and the refusals make the same for every backend.
 pub(super) async fn handle(
+    engine: &Engine,
+    policy: &Policy,
+    body_timeout: Duration,
+    req: Request<Incoming>,
+    stop: watch::Receiver<bool>,
+) -> Response<Body> {
+    let started = tokio::time::Instant::now();
+    let call = match req.uri().path() {
+        "/v1/locks/acquire" => Call::Acquire,
+        "/v1/locks/renew" => Call::Renew,
+        "/v1/locks/release" => Call::Release,
+        _ => Call::Other,
+    };
+    let response = serve_call(engine, policy, body_timeout, req, stop).await;
+    let status = response.status();
+    let m = &policy.metrics;
+    match call {
+        Call::Acquire => {
+            let result = match status {
+                StatusCode::OK => "acquired",
+                StatusCode::CONFLICT => "busy",
+                StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+                StatusCode::FORBIDDEN => "forbidden",
+                StatusCode::UNAUTHORIZED => "unauthenticated",
+                _ => "invalid",
+            };
+            m.acquire(result, started.elapsed());
+        }
+        Call::Renew | Call::Release
+            if status == StatusCode::OK || status == StatusCode::CONFLICT =>
+        {
+            let ok = status == StatusCode::OK;
+            if matches!(call, Call::Renew) {
+                m.renewal(ok);
+            } else {
+                m.release(ok);
+            }
+        }
+        _ => {}
+    }
+    response
+}
+
+enum Call {
+    Acquire,
+    Renew,
+    Release,
+    Other,
+}
+
+async fn serve_call(
     engine: &Engine,
     policy: &Policy,
     body_timeout: Duration,
@@ -203,6 +261,9 @@ pub(super) async fn handle(
                         return refused;
                     }
                     let outcome = engine.acquire(&a, stop).await;
+                    if let Outcome::Acquired(g) = &outcome {
+                        policy.metrics.granted(g.token.epoch, g.token.counter);
+                    }
                     tracing::debug!(scope = %a.scope, holder = %a.holder, ?outcome, "acquire");
                     Ok(outcome)
                 }

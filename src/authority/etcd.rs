@@ -15,8 +15,10 @@
 //! from a snapshot counts revisions from the snapshot again: after a bump, every later
 //! token still outranks every earlier one.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{
@@ -27,6 +29,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{AcquireRequest, AuthorityConfig, Grant, LockStatus, Outcome};
+use crate::metrics::AuthorityMetrics;
 use crate::token::Token;
 
 const LOCKS: &str = "/fencegate/locks/";
@@ -51,7 +54,26 @@ pub struct EtcdError(String);
 pub struct Etcd {
     members: Members,
     lock_delay: Duration,
+    metrics: Arc<AuthorityMetrics>,
+    /// The leases this process granted and has not seen end: etcd expires a lease
+    /// without telling anyone, so an expiry is counted when this process sees the lease
+    /// gone (a renew or release that finds it so, or the sweep, which asks etcd about the
+    /// ones past their deadline). Bounded by [`MAX_TRACKED`].
+    tracked: Mutex<HashMap<i64, Tracked>>,
 }
+
+/// A lease granted here, by this process's clock.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    granted: Instant,
+    deadline: Instant,
+}
+
+/// Most leases tracked for the expiry count; past it, new grants are not tracked (their
+/// end is not counted) rather than memory growing.
+const MAX_TRACKED: usize = 100_000;
+/// Most leases the sweep asks etcd about per tick.
+const SWEEP_BATCH: usize = 256;
 
 /// One client per member, used one at a time. A client balanced over every member keeps
 /// sending requests to a member that is gone (a refused connection leaves it with the
@@ -263,7 +285,88 @@ impl Etcd {
         Ok(Etcd {
             members: Members::connect(endpoints).await?,
             lock_delay: config.lock_delay,
+            metrics: Arc::default(),
+            tracked: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Counts into `metrics` (the server's) instead of a private set.
+    pub fn with_metrics(mut self, metrics: Arc<AuthorityMetrics>) -> Etcd {
+        self.metrics = metrics;
+        self
+    }
+
+    fn tracked(&self) -> MutexGuard<'_, HashMap<i64, Tracked>> {
+        self.tracked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Is the etcd lease gone (expired or revoked)? `None`: etcd did not say.
+    async fn lease_gone(&self, lease: i64) -> Option<bool> {
+        match self
+            .members
+            .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await
+        {
+            Ok(r) => Some(r.ttl() <= 0),
+            Err(e) if lease_not_found(&e) => Some(true),
+            Err(_) => None,
+        }
+    }
+
+    /// A renew or release of `lease` answered `lost`: if it is a lease granted here whose
+    /// etcd lease is gone, it ended by expiry (a release would have been seen here).
+    async fn lost(&self, lease: i64) {
+        if !self.tracked().contains_key(&lease) {
+            return;
+        }
+        if self.lease_gone(lease).await == Some(true) {
+            self.ended_by_expiry(lease);
+        }
+    }
+
+    fn ended_by_expiry(&self, lease: i64) {
+        let Some(t) = self.tracked().remove(&lease) else {
+            return;
+        };
+        let end = t.deadline.min(Instant::now());
+        self.metrics
+            .ended_by_expiry(end.saturating_duration_since(t.granted));
+    }
+
+    /// Every tick: reads the epoch (the gauge), and asks etcd about the tracked leases
+    /// past their deadline: gone ones expired; live ones were renewed through another
+    /// authority instance and get etcd's remaining time as their deadline.
+    pub async fn sweep(&self) {
+        let epoch = self
+            .members
+            .call(|mut c| async move { c.get(EPOCH, None).await })
+            .await;
+        if let Ok(r) = epoch
+            && let Ok(e) = Epoch::of(r.kvs().first())
+        {
+            self.metrics.set_epoch(e.value);
+        }
+        let now = Instant::now();
+        let due: Vec<i64> = self
+            .tracked()
+            .iter()
+            .filter(|(_, t)| t.deadline <= now)
+            .map(|(lease, _)| *lease)
+            .take(SWEEP_BATCH)
+            .collect();
+        for lease in due {
+            match self.lease_gone(lease).await {
+                Some(true) => self.ended_by_expiry(lease),
+                Some(false) => {
+                    let left = self.remaining(lease).await.unwrap_or(RETRY);
+                    if let Some(t) = self.tracked().get_mut(&lease) {
+                        t.deadline = Instant::now() + left;
+                    }
+                }
+                // etcd does not answer: the rest waits for the next tick.
+                None => return,
+            }
+        }
     }
 
     /// Acquires, waiting up to `req.wait` for a busy scope (but not past `stop`). Each try
@@ -363,7 +466,10 @@ impl Etcd {
                 holder: None,
                 lease: 0,
             }),
-            (None, false) => Look::Free(epoch),
+            (None, false) => {
+                self.metrics.set_epoch(epoch.value);
+                Look::Free(epoch)
+            }
         })
     }
 
@@ -496,6 +602,18 @@ impl Etcd {
                 self.revoke(&[lease, delay_lease]).await;
                 return unavailable("transaction answer without a revision");
             };
+            let granted = Instant::now();
+            let mut tracked = self.tracked();
+            if tracked.len() < MAX_TRACKED {
+                tracked.insert(
+                    lease,
+                    Tracked {
+                        granted,
+                        deadline: granted + req.ttl,
+                    },
+                );
+            }
+            drop(tracked);
             return Outcome::Acquired(Grant {
                 scope: req.scope.clone(),
                 lease_id: format!("{lease:x}"),
@@ -603,6 +721,27 @@ impl Etcd {
         let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
             return Outcome::Lost;
         };
+        let outcome = self.renew_lease(scope, lease, token, ttl, holder).await;
+        match &outcome {
+            Outcome::Renewed { ttl } => {
+                if let Some(t) = self.tracked().get_mut(&lease) {
+                    t.deadline = Instant::now() + *ttl;
+                }
+            }
+            Outcome::Lost => self.lost(lease).await,
+            _ => {}
+        }
+        outcome
+    }
+
+    async fn renew_lease(
+        &self,
+        scope: &str,
+        lease: i64,
+        token: Token,
+        ttl: Duration,
+        holder: Option<&str>,
+    ) -> Outcome {
         // Only the exact (lease_id, token) renews: a request naming the lease with another
         // token or scope must not keep the lease alive, so the key is looked at first.
         // The holder is part of the key's value, written once with it: (lease, token)
@@ -655,6 +794,27 @@ impl Etcd {
         let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
             return Outcome::Lost;
         };
+        let outcome = self.release_lease(scope, lease, token, holder).await;
+        match &outcome {
+            Outcome::Released => {
+                let t = self.tracked().remove(&lease);
+                if let Some(t) = t {
+                    self.metrics.ended_by_release(t.granted.elapsed());
+                }
+            }
+            Outcome::Lost => self.lost(lease).await,
+            _ => {}
+        }
+        outcome
+    }
+
+    async fn release_lease(
+        &self,
+        scope: &str,
+        lease: i64,
+        token: Token,
+        holder: Option<&str>,
+    ) -> Outcome {
         let Ok(revision) = i64::try_from(token.counter) else {
             return Outcome::Lost;
         };

@@ -18,6 +18,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{AcquireRequest, AuthorityConfig, Grant, LockStatus, Outcome};
+use crate::metrics::AuthorityMetrics;
 use crate::token::Token;
 
 /// scope → (epoch, counter) of the last token issued, and the run (`boot`) that issued it.
@@ -65,6 +66,8 @@ struct Lease {
     holder: String,
     lease_id: String,
     token: Token,
+    /// When it was granted: its age at its end is counted.
+    granted: Instant,
     deadline: Instant,
 }
 
@@ -104,6 +107,8 @@ pub struct Local {
     changed: Notify,
     lease_seq: AtomicU64,
     lease_salt: u64,
+    /// Expiries and lease ages are counted here, where the clock and the sweep are.
+    metrics: Arc<AuthorityMetrics>,
 }
 
 impl Local {
@@ -142,7 +147,22 @@ impl Local {
             lease_salt: std::collections::hash_map::RandomState::new()
                 .build_hasher()
                 .finish(),
+            metrics: Arc::default(),
         })
+    }
+
+    /// Counts into `metrics` (the server's) instead of a private set.
+    pub fn with_metrics(mut self, metrics: Arc<AuthorityMetrics>) -> Local {
+        metrics.set_epoch(self.epoch);
+        self.metrics = metrics;
+        self
+    }
+
+    /// A lease that ended by expiry, without a release: counted once, when its slot
+    /// leaves `Held`.
+    fn expired(&self, lease: &Lease) {
+        self.metrics
+            .ended_by_expiry(lease.deadline.saturating_duration_since(lease.granted));
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
@@ -238,13 +258,15 @@ impl Local {
         let mut slots = self.slots();
         let outcome = match issued {
             Ok(token) => {
+                let granted = Instant::now();
                 let lease = Lease {
                     holder: req.holder.clone(),
                     lease_id: self.new_lease_id(),
                     token,
                     // From after the commit: the authority's view of the lease ends no
                     // earlier than any view the holder can have (it measures from sending).
-                    deadline: Instant::now() + req.ttl,
+                    granted,
+                    deadline: granted + req.ttl,
                 };
                 let grant = Grant {
                     scope: req.scope.clone(),
@@ -287,6 +309,7 @@ impl Local {
                 retry_after: lease.deadline - now,
             }),
             Slot::Held(lease) => {
+                self.expired(&lease);
                 let until = lease.deadline + self.lock_delay;
                 if until > now {
                     slots.insert(scope.to_string(), Slot::Delayed { until });
@@ -354,8 +377,10 @@ impl Local {
                     && lease.deadline > now
                     && holder.is_none_or(|h| h == lease.holder) =>
             {
+                let age = now.saturating_duration_since(lease.granted);
                 slots.remove(scope);
                 drop(slots);
+                self.metrics.ended_by_release(age);
                 self.changed.notify_waiters();
                 Outcome::Released
             }
@@ -380,13 +405,20 @@ impl Local {
         })
     }
 
-    /// Drops slots that no longer hold anything, so memory follows the live leases only.
+    /// Drops slots that no longer hold anything, so memory follows the live leases only;
+    /// counts the expiries that no acquire has looked at yet.
     pub fn sweep(&self) {
         let now = Instant::now();
         let lock_delay = self.lock_delay;
         self.slots().retain(|_, slot| match slot {
             Slot::Pending { .. } => true,
-            Slot::Held(l) => l.deadline + lock_delay > now,
+            Slot::Held(l) if l.deadline > now => true,
+            Slot::Held(l) => {
+                self.expired(l);
+                let until = l.deadline + lock_delay;
+                *slot = Slot::Delayed { until };
+                until > now
+            }
             Slot::Delayed { until } => *until > now,
         });
     }
@@ -730,6 +762,36 @@ mod tests {
         let b = grant(local.acquire(&req("s", "b", 10, 30), no_stop()).await);
         assert_eq!(Instant::now() - start, Duration::from_secs(4));
         assert_eq!(b.token, Token::new(0, 2));
+    }
+
+    /// An expiry nobody looks at is counted by the sweep, once; a release is not an expiry.
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_counts_an_expiry_once() {
+        let metrics = Arc::new(AuthorityMetrics::default());
+        let local = Local::open(memory_db(), &config(60, 5))
+            .await
+            .unwrap()
+            .with_metrics(metrics.clone());
+        grant(local.acquire(&req("s", "a", 10, 0), no_stop()).await);
+        let t = grant(local.acquire(&req("t", "a", 10, 0), no_stop()).await);
+        assert_eq!(
+            local.release("t", &t.lease_id, t.token, None),
+            Outcome::Released
+        );
+        local.sweep();
+        assert_eq!(metrics.expiries(), 0);
+        tokio::time::advance(Duration::from_secs(11)).await;
+        local.sweep();
+        assert_eq!(metrics.expiries(), 1);
+        // Within lock_delay the scope stays busy; neither a look nor a sweep counts again.
+        assert!(matches!(
+            local.acquire(&req("s", "b", 10, 0), no_stop()).await,
+            Outcome::Busy { holder: None, .. }
+        ));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        local.sweep();
+        grant(local.acquire(&req("s", "b", 10, 0), no_stop()).await);
+        assert_eq!(metrics.expiries(), 1);
     }
 
     #[tokio::test(start_paused = true)]

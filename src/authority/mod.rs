@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod local;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -15,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, ConfigError};
 use crate::fence::MarkStore;
+use crate::metrics::AuthorityMetrics;
 use crate::server::StartError;
 use crate::token::Token;
 
@@ -388,27 +390,32 @@ impl Engine {
         }
     }
 
-    /// Periodic housekeeping (dropping expired leases from memory).
-    fn sweep(&self) {
+    /// Periodic housekeeping (dropping expired leases from memory), and the expiries
+    /// that no call has seen yet counted.
+    async fn sweep(&self) {
         match self {
             Engine::Local(l) => l.sweep(),
             #[cfg(feature = "etcd")]
-            Engine::Etcd(_) => {}
+            Engine::Etcd(e) => e.sweep().await,
         }
     }
 }
 
-/// Opens the configured backend.
-pub async fn engine(config: &AuthorityConfig, store: &MarkStore) -> Result<Engine, StartError> {
+/// Opens the configured backend, counting into `metrics`.
+pub async fn engine(
+    config: &AuthorityConfig,
+    store: &MarkStore,
+    metrics: Arc<AuthorityMetrics>,
+) -> Result<Engine, StartError> {
     match &config.backend {
         Backend::Local => local::Local::open(store.database(), config)
             .await
-            .map(Engine::Local)
+            .map(|l| Engine::Local(l.with_metrics(metrics)))
             .map_err(|e| StartError::Authority(e.to_string())),
         #[cfg(feature = "etcd")]
         Backend::Etcd { endpoints } => etcd::Etcd::connect(endpoints, config)
             .await
-            .map(|e| Engine::Etcd(Box::new(e)))
+            .map(|e| Engine::Etcd(Box::new(e.with_metrics(metrics))))
             .map_err(|e| StartError::Authority(e.to_string())),
         #[cfg(not(feature = "etcd"))]
         Backend::Etcd { .. } => Err(StartError::Authority(
@@ -417,15 +424,17 @@ pub async fn engine(config: &AuthorityConfig, store: &MarkStore) -> Result<Engin
     }
 }
 
-/// Binds the authority listener and serves it until `stop` turns true.
+/// Binds the authority listener and serves it until `stop` turns true; counts into
+/// `metrics` (rendered on the admin listener's `/metrics` from then on).
 pub async fn serve(
     config: &AuthorityConfig,
     server: &crate::config::ServerConfig,
     store: &MarkStore,
     tls: Option<std::sync::Arc<crate::tls::Listener>>,
     stop: watch::Receiver<bool>,
+    metrics: Arc<AuthorityMetrics>,
 ) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
-    let engine = std::sync::Arc::new(engine(config, store).await?);
+    let engine = std::sync::Arc::new(engine(config, store, metrics.clone()).await?);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -442,13 +451,19 @@ pub async fn serve(
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tokio::select! {
-                _ = tick.tick() => sweeper.sweep(),
+                _ = tick.tick() => {}
+                _ = sweep_stop.changed() => return,
+            }
+            // A sweep may ask etcd: shutdown does not wait for it.
+            tokio::select! {
+                _ = sweeper.sweep() => {}
                 _ = sweep_stop.changed() => return,
             }
         }
     });
     tracing::info!(%addr, backend = ?config.backend, "lease authority listening");
-    let policy = std::sync::Arc::new(api::Policy::of(config));
+    metrics.enable();
+    let policy = std::sync::Arc::new(api::Policy::of(config, metrics));
     // A request body must arrive within the head's bound once its head has.
     let body_timeout = server.header_read_timeout;
     // Served by the proxy's listener code, with `[server]`'s bounds (connection limits

@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use crate::config::{Config, ProofMode};
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
 use crate::idempotency::{self, Idempotency};
-use crate::metrics::{Metrics, RouteRow};
+use crate::metrics::{Metrics, Op, RouteRow};
 use crate::route;
 use crate::token::Token;
 pub use problem::{FENCING_RESULT, Outcome};
@@ -153,9 +153,9 @@ pub struct Table {
 }
 
 impl Table {
-    /// Counts one request of route `route` under `result`.
-    pub fn count(&self, route: usize, result: &str) {
-        self.rows[route].count(result);
+    /// Counts one request of route `route` and method `op` under `result`.
+    pub fn count(&self, route: usize, op: Op, result: &str) {
+        self.rows[route].count(op, result);
     }
 }
 
@@ -172,6 +172,8 @@ pub struct Proxy {
 /// Where a request stands after the checks: forward it, fenced or not.
 pub(crate) struct Plan {
     pub(crate) route: usize,
+    /// The request's method, as counted.
+    pub(crate) op: Op,
     /// `Some` for fenced requests: the generation they hold at the gate.
     pub(crate) guard: Option<InflightGuard>,
     pub(crate) scope: Option<String>,
@@ -237,9 +239,10 @@ impl Proxy {
             let plan = match self.check(&table.config, &req).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
+                    let op = Op::of(req.method());
                     match route {
-                        Some(i) => table.rows[i].count(outcome.result()),
-                        None => self.metrics.count_unrouted(outcome.result()),
+                        Some(i) => table.rows[i].count(op, outcome.result()),
+                        None => self.metrics.count_unrouted(op, outcome.result()),
                     }
                     let mut resp = outcome.into_response();
                     // Refused before its body was read: hyper closes the connection after
@@ -301,6 +304,7 @@ impl Proxy {
         };
         Ok(Plan {
             route: idx,
+            op: Op::of(req.method()),
             guard: Some(admission.guard),
             scope: Some(scope),
             token: Some(token),
@@ -365,6 +369,7 @@ impl Proxy {
         let unfenced = || {
             Classified::Unfenced(Plan {
                 route: idx,
+                op: Op::of(req.method()),
                 guard: None,
                 scope: None,
                 token: None,
@@ -526,6 +531,7 @@ impl Forwarder {
         async move {
             let Plan {
                 route,
+                op,
                 mut guard,
                 scope,
                 ..
@@ -538,7 +544,7 @@ impl Forwarder {
             let upstream = &config.upstreams[upstream_index];
             let tls_client = table.clients[upstream_index].as_ref();
             let fail = |outcome: Outcome| {
-                row.count(outcome.result());
+                row.count(op, outcome.result());
                 outcome.into_response()
             };
             let trusted = config
@@ -650,7 +656,7 @@ impl Forwarder {
                     if let Some(g) = guard.as_mut() {
                         g.complete();
                     }
-                    row.count(if fenced { "accepted" } else { "unfenced" });
+                    row.count(op, if fenced { "accepted" } else { "unfenced" });
                     // A body that stops moving for the upstream's timeout lets go of its generation.
                     let mut resp =
                         forward::client_response(resp, guard, upstream.timeout, client_version);
@@ -700,8 +706,14 @@ impl Forwarder {
     }
 
     /// Counts a refusal made after routing (the idempotency stage uses it).
-    pub(crate) fn refuse(&self, table: &Table, route: usize, outcome: Outcome) -> Response<Body> {
-        table.rows[route].count(outcome.result());
+    pub(crate) fn refuse(
+        &self,
+        table: &Table,
+        route: usize,
+        op: Op,
+        outcome: Outcome,
+    ) -> Response<Body> {
+        table.rows[route].count(op, outcome.result());
         outcome.into_response()
     }
 }
