@@ -399,3 +399,39 @@ async fn stale_refusals_warned_with_the_log_off_at_a_bounded_rate() {
     }
     drop(served);
 }
+
+#[test]
+fn log_section_is_validated_with_its_key_path() {
+    let upstream: std::net::SocketAddr = ([127, 0, 0, 1], 9).into();
+    let dir = Path::new("/etc/fencegate");
+    let parse = |log: &str| {
+        Config::parse(
+            &format!("{}\n{log}", config_text(upstream, "10s", "0s", "10s")),
+            dir,
+        )
+    };
+    let errors = |log: &str| match parse(log) {
+        Ok(_) => panic!("{log:?} accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(errors("[log]\naccess = \"\"").starts_with("log.access: "));
+    assert!(errors("[log]\nformat = \"json\"").starts_with("log: unknown field `format`"));
+    assert!(errors("[log]\naccess = 1").starts_with("log: "));
+    use fencegate::access_log::Sink;
+    assert_eq!(parse("").unwrap().log.access, Sink::Off);
+    assert_eq!(
+        parse("[log]\naccess = \"off\"").unwrap().log.access,
+        Sink::Off
+    );
+    assert_eq!(
+        parse("[log]\naccess = \"stdout\"").unwrap().log.access,
+        Sink::Stdout
+    );
+    assert_eq!(
+        parse("[log]\naccess = \"logs/access.log\"")
+            .unwrap()
+            .log
+            .access,
+        Sink::File(dir.join("logs/access.log"))
+    );
+}
