@@ -368,19 +368,22 @@ impl RefusalWarnings {
     /// Logs `r` at warn unless this second's share is used up.
     pub fn warn(&self, r: &Refused<'_>) {
         let now = Instant::now();
-        let admitted = {
+        // Decided under the lock, logged after it: no request waits on another's write.
+        let (admitted, left_out) = {
             let Ok(mut w) = self.window.lock() else {
                 return;
             };
-            roll(&mut w, now);
-            if w.logged < REFUSALS_PER_SECOND {
+            let left_out = roll(&mut w, now);
+            let admitted = if w.logged < REFUSALS_PER_SECOND {
                 w.logged += 1;
                 true
             } else {
                 w.suppressed += 1;
                 false
-            }
+            };
+            (admitted, left_out)
         };
+        say_suppressed(left_out);
         if admitted {
             let highest = r.highest.map(|t| t.to_string());
             tracing::warn!(
@@ -398,28 +401,35 @@ impl RefusalWarnings {
 
     /// Says how many warnings the last full second left out; called every second.
     pub fn flush(&self) {
-        if let Ok(mut w) = self.window.lock() {
-            roll(&mut w, Instant::now());
-        }
+        let left_out = match self.window.lock() {
+            Ok(mut w) => roll(&mut w, Instant::now()),
+            Err(_) => 0,
+        };
+        say_suppressed(left_out);
     }
 }
 
-fn roll(w: &mut Window, now: Instant) {
-    if now.duration_since(w.start) < Duration::from_secs(1) {
-        return;
-    }
-    if w.suppressed > 0 {
+fn say_suppressed(n: u64) {
+    if n > 0 {
         tracing::warn!(
-            suppressed = w.suppressed,
-            "{} more refusal warnings suppressed (at most {REFUSALS_PER_SECOND} a second)",
-            w.suppressed
+            suppressed = n,
+            "{n} more refusal warnings suppressed (at most {REFUSALS_PER_SECOND} a second)"
         );
     }
+}
+
+/// Starts a new window once a second has passed; answers how many the old one left out.
+fn roll(w: &mut Window, now: Instant) -> u64 {
+    if now.duration_since(w.start) < Duration::from_secs(1) {
+        return 0;
+    }
+    let left_out = w.suppressed;
     *w = Window {
         start: now,
         logged: 0,
         suppressed: 0,
     };
+    left_out
 }
 
 #[cfg(test)]
