@@ -435,3 +435,53 @@ fn log_section_is_validated_with_its_key_path() {
         Sink::File(dir.join("logs/access.log"))
     );
 }
+
+#[tokio::test]
+async fn invalid_proofs_warned_with_the_log_off() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    fencegate::proof::keygen(&dir.path().join("fence")).unwrap();
+    let (config, p, _) = write_config(dir.path(), double.addr);
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("[fencing]\n", "[fencing]\nproof_keys = [\"fence.pub\"]\n");
+    std::fs::write(
+        &config,
+        format!(
+            "{text}\n[[route]]\nname = \"proved\"\npath = \"/proved/{{k}}\"\nscope = \"proved/{{k}}\"\nupstream = \"u\"\nproof = \"required\"\n"
+        ),
+    )
+    .unwrap();
+    let served = serve(&config);
+    let client = Client::new(([127, 0, 0, 1], p).into());
+    let r = client
+        .send(
+            "PUT",
+            "/proved/x",
+            &[("fencing-token", "3"), ("fencing-proof", "v1.nokey.bad")],
+            "",
+        )
+        .await;
+    assert_eq!((r.status, r.result()), (403, "invalid_proof"));
+    let made = r
+        .headers
+        .get("x-request-id")
+        .map(|v| v.to_str().unwrap().to_string())
+        .expect("a request id made for the refusal");
+    let lines = served.until(|l| l.iter().any(|l| l.contains("result=\"invalid_proof\"")));
+    let line = lines
+        .iter()
+        .find(|l| l.contains("result=\"invalid_proof\""))
+        .unwrap();
+    for field in [
+        "WARN",
+        "scope=\"proved/x\"",
+        "token=3",
+        "highest=\"none\"",
+        "route=\"proved\"",
+        &format!("request_id=\"{made}\""),
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    drop(served);
+}
