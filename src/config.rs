@@ -941,6 +941,13 @@ impl Config {
                     .unwrap_or_default(),
             ));
         }
+        match &self.log.access {
+            crate::access_log::Sink::Off => {}
+            crate::access_log::Sink::Stdout => out.push_str("access log stdout\n"),
+            crate::access_log::Sink::File(p) => {
+                out.push_str(&format!("access log {}\n", p.display()))
+            }
+        }
         for u in &self.upstreams {
             out.push_str(&format!(
                 "upstream {:<12} {} (timeout {:?}){}\n",
