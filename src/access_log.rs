@@ -26,6 +26,9 @@ pub enum Sink {
 /// than hold a request back.
 const QUEUE: usize = 8192;
 
+/// How long the writer waits for a line before it looks at reopen and flush requests.
+const IDLE: Duration = Duration::from_millis(200);
+
 /// How often the writer says how many lines it dropped (when it dropped any).
 const DROP_REPORT: Duration = Duration::from_secs(10);
 
@@ -41,6 +44,10 @@ pub struct AccessLog {
 struct Shared {
     dropped: AtomicU64,
     reopen: AtomicBool,
+    /// [`AccessLog::flush`]'s requests, and the last one the writer found its queue
+    /// empty after: every line queued before that request is written.
+    flush_asked: AtomicU64,
+    flush_done: AtomicU64,
 }
 
 impl AccessLog {
@@ -51,6 +58,8 @@ impl AccessLog {
             shared: Arc::new(Shared {
                 dropped: AtomicU64::new(0),
                 reopen: AtomicBool::new(false),
+                flush_asked: AtomicU64::new(0),
+                flush_done: AtomicU64::new(0),
             }),
             ids: RequestIds::new(),
         }
@@ -94,6 +103,23 @@ impl AccessLog {
     /// logrotate renamed the old one).
     pub fn reopen(&self) {
         self.shared.reopen.store(true, Ordering::Release);
+    }
+
+    /// Waits (at most `bound`) until every line queued so far is written: at shutdown,
+    /// so that the last requests' lines are not lost with the process.
+    pub async fn flush(&self, bound: Duration) {
+        if self.queue.is_none() {
+            return;
+        }
+        let asked = self.shared.flush_asked.fetch_add(1, Ordering::AcqRel) + 1;
+        let end = tokio::time::Instant::now() + bound;
+        while self.shared.flush_done.load(Ordering::Acquire) < asked {
+            if tokio::time::Instant::now() >= end {
+                tracing::warn!("shutdown: the access log's last lines were not written in time");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The request's `X-Request-Id` if it is sane (one header, 1 to
@@ -167,9 +193,15 @@ fn write_lines(rx: Receiver<String>, mut out: Out, shared: &Shared) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut reported = Instant::now();
     loop {
-        let first = match rx.recv_timeout(Duration::from_secs(1)) {
+        // Read before waiting: a wait that finds nothing has seen every line queued
+        // before this flush request.
+        let asked = shared.flush_asked.load(Ordering::Acquire);
+        let first = match rx.recv_timeout(IDLE) {
             Ok(line) => Some(line),
-            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Timeout) => {
+                shared.flush_done.store(asked, Ordering::Release);
+                None
+            }
             Err(RecvTimeoutError::Disconnected) => break,
         };
         if shared.reopen.swap(false, Ordering::AcqRel)

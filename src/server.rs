@@ -103,6 +103,8 @@ impl Running {
         if !left.is_empty() {
             tracing::warn!(tasks = ?left, "shutdown: still running at the time limit; left behind");
         }
+        // The requests have ended: their access-log lines are written before the process is.
+        app.proxy.access_log().flush(Duration::from_secs(5)).await;
         // A close waits for every commit queued before it, and so for the disk. Left
         // behind, the commit under way may or may not land; each one committed before is
         // on disk, and the next start opens the file as after a crash.

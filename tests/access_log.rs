@@ -485,3 +485,83 @@ async fn invalid_proofs_warned_with_the_log_off() {
     }
     drop(served);
 }
+
+/// The log on a FIFO that the test reads only when it chooses: a disk that holds the
+/// writer back. 400 lines are more than the pipe holds (64 KiB), so the last ones are still
+/// queued in fencegate when it is told to stop.
+#[tokio::test]
+async fn lines_of_the_last_requests_are_written_before_exit() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, _) = write_config(dir.path(), double.addr);
+    let path = dir.path().join("access.fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[log]\naccess = \"{}\"\n", path.display()),
+    )
+    .unwrap();
+    let (go, read) = std::sync::mpsc::channel::<()>();
+    let fifo = path.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        // Opening waits for fencegate's open for writing, and lets it go on.
+        let mut f = std::fs::File::open(&fifo).unwrap();
+        let _ = read.recv();
+        let mut all = String::new();
+        f.read_to_string(&mut all).unwrap();
+        all
+    });
+    let mut served = serve(&config);
+    let client = Arc::new(Client::new(([127, 0, 0, 1], p).into()));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..400 {
+        let client = client.clone();
+        set.spawn(async move {
+            client
+                .put(&format!("/reports/r{i}/x"), "1", "")
+                .await
+                .status
+        });
+    }
+    while let Some(status) = set.join_next().await {
+        assert_eq!(status.unwrap(), 200);
+    }
+    let ok = Command::new("kill")
+        .args(["-TERM", &served.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success());
+    // A process that does not wait for its log exits now, its last lines unwritten; one
+    // that waits is still there after a second (its wait is bounded at 5 s).
+    let exited_early = tokio::time::timeout(Duration::from_secs(1), async {
+        while served.child.try_wait().unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .is_ok();
+    go.send(()).unwrap();
+    let written = reader.join().unwrap();
+    let end = Instant::now() + BOUND;
+    let status = loop {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < end, "fencegate did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        written.lines().count(),
+        400,
+        "exited before its log was written: {exited_early}"
+    );
+}
