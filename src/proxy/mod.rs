@@ -173,6 +173,33 @@ pub struct Proxy {
     refusals: crate::access_log::RefusalWarnings,
 }
 
+pin_project_lite::pin_project! {
+    /// [`Proxy::handle`]'s future: the request served, with or without its access-log line.
+    #[project = HandledProj]
+    enum Handled<P, L> {
+        Plain { #[pin] fut: P },
+        Logged { #[pin] fut: L },
+    }
+}
+
+impl<P, L> Future for Handled<P, L>
+where
+    P: Future<Output = Response<Body>>,
+    L: Future<Output = Response<Body>>,
+{
+    type Output = Response<Body>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Response<Body>> {
+        match self.project() {
+            HandledProj::Plain { fut } => fut.poll(cx),
+            HandledProj::Logged { fut } => fut.poll(cx),
+        }
+    }
+}
+
 /// What the access log records of a request beyond its head and response.
 #[derive(Default)]
 struct Note {
@@ -265,13 +292,16 @@ impl Proxy {
         peer: SocketAddr,
         tls: bool,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
-        async move {
-            if self.access.is_on() {
-                // Boxed: the logged path's state stays out of the unlogged request's future.
-                return Box::pin(self.handle_logged(req, peer, tls)).await;
+        // Not an `async` block around either: it would hold the request a second time.
+        if self.access.is_on() {
+            // Boxed: the logged path's state stays out of the unlogged request's future.
+            Handled::Logged {
+                fut: Box::pin(self.handle_logged(req, peer, tls)),
             }
-            self.serve(self.table.load_full(), req, peer, tls, None)
-                .await
+        } else {
+            Handled::Plain {
+                fut: self.serve(self.table.load_full(), req, peer, tls, None),
+            }
         }
     }
 
@@ -324,70 +354,79 @@ impl Proxy {
         resp
     }
 
-    async fn serve(
-        &self,
+    /// The request's way through, noting for the access log when `note` is given. (A
+    /// plain function returning its future, as [`Proxy::handle`].)
+    #[allow(clippy::manual_async_fn)]
+    fn serve<'a>(
+        &'a self,
         table: Arc<Table>,
         req: Request<Incoming>,
         peer: SocketAddr,
         tls: bool,
-        mut note: Option<&mut Note>,
-    ) -> Response<Body> {
-        let plan = match self.check(&table.config, &req).await {
-            Ok(plan) => plan,
-            Err((route, outcome)) => {
-                match route {
-                    Some(i) => table.rows[i].count(outcome.result()),
-                    None => self.metrics.count_unrouted(outcome.result()),
+        mut note: Option<&'a mut Note>,
+    ) -> impl Future<Output = Response<Body>> + Send + 'a {
+        async move {
+            let plan = match self.check(&table.config, &req).await {
+                Ok(plan) => plan,
+                Err((route, outcome)) => {
+                    match route {
+                        Some(i) => table.rows[i].count(outcome.result()),
+                        None => self.metrics.count_unrouted(outcome.result()),
+                    }
+                    let warned = matches!(
+                        outcome,
+                        Outcome::Stale { .. } | Outcome::InvalidProof { .. }
+                    );
+                    let id = if warned || note.is_some() {
+                        self.noted_refusal(&table, &req, peer, route, &outcome, note.as_deref_mut())
+                    } else {
+                        None
+                    };
+                    let mut resp = outcome.into_response();
+                    if let Some(id) = id {
+                        resp.headers_mut()
+                            .insert(crate::access_log::X_REQUEST_ID, id);
+                    }
+                    // Refused before its body was read: hyper closes the connection after
+                    // the answer, which says so, or a keep-alive client would send its next
+                    // request into the close.
+                    if req.version() < http::Version::HTTP_2
+                        && !hyper::body::Body::is_end_stream(req.body())
+                    {
+                        resp.headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    return resp;
                 }
-                let warned = matches!(
-                    outcome,
-                    Outcome::Stale { .. } | Outcome::InvalidProof { .. }
-                );
-                let id = if warned || note.is_some() {
-                    self.noted_refusal(&table, &req, peer, route, &outcome, note.as_deref_mut())
-                } else {
-                    None
-                };
-                let mut resp = outcome.into_response();
-                if let Some(id) = id {
-                    resp.headers_mut()
-                        .insert(crate::access_log::X_REQUEST_ID, id);
-                }
-                // Refused before its body was read: hyper closes the connection after
-                // the answer, which says so, or a keep-alive client would send its next
-                // request into the close.
-                if req.version() < http::Version::HTTP_2
-                    && !hyper::body::Body::is_end_stream(req.body())
-                {
-                    resp.headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                return resp;
+            };
+            if let Some(n) = note.as_deref_mut() {
+                n.route = Some(plan.route);
+                n.scope.clone_from(&plan.scope);
+                n.token = plan.token;
             }
-        };
-        if let Some(n) = note.as_deref_mut() {
-            n.route = Some(plan.route);
-            n.scope.clone_from(&plan.scope);
-            n.token = plan.token;
+            let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
+            let route = &table.config.routes[plan.route];
+            let sent = note.is_some().then(Instant::now);
+            let resp = if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
+                // Boxed: its future is larger than the rest of this one's, and would make every
+                // request's future (moved whole as hyper sets it up) that large.
+                Box::pin(self.idempotency.handle(
+                    &self.forwarder,
+                    table.clone(),
+                    req,
+                    plan,
+                    peer,
+                    tls,
+                ))
+                .await
+            } else {
+                self.forwarder.forward(&table, req, plan, peer, tls).await
+            };
+            if let (Some(n), Some(sent)) = (note, sent) {
+                n.upstream = Some(sent.elapsed());
+            }
+            resp
         }
-        let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
-        let route = &table.config.routes[plan.route];
-        let sent = note.is_some().then(Instant::now);
-        let resp = if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
-            // Boxed: its future is larger than the rest of this one's, and would make every
-            // request's future (moved whole as hyper sets it up) that large.
-            Box::pin(
-                self.idempotency
-                    .handle(&self.forwarder, table.clone(), req, plan, peer, tls),
-            )
-            .await
-        } else {
-            self.forwarder.forward(&table, req, plan, peer, tls).await
-        };
-        if let (Some(n), Some(sent)) = (note, sent) {
-            n.upstream = Some(sent.elapsed());
-        }
-        resp
     }
 
     /// A refusal made before forwarding, for the access log's note and (`stale_fence`,
