@@ -59,6 +59,21 @@ pub struct Config {
     pub idempotency: IdempotencyConfig,
     /// The optional lease authority (SPEC §8).
     pub authority: Option<crate::authority::AuthorityConfig>,
+    /// The access log (`[log]`).
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LogConfig {
+    /// `access = "off" | "stdout" | "<file>"`: one JSON line per proxy request. A relative
+    /// file is resolved against the config file's directory.
+    pub access: crate::access_log::Sink,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    access: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -457,6 +472,7 @@ impl Config {
                     | "upstream"
                     | "route"
                     | "authority"
+                    | "log"
             ) {
                 errors.push(key.clone(), "unknown section");
             }
@@ -469,6 +485,21 @@ impl Config {
         let store: Option<RawStore> = section(table.remove("store"), "store", &mut errors);
         let fencing: RawFencing =
             section(table.remove("fencing"), "fencing", &mut errors).unwrap_or_default();
+        let raw_log: RawLog = section(table.remove("log"), "log", &mut errors).unwrap_or_default();
+        let log = LogConfig {
+            access: match raw_log.access.as_deref() {
+                None | Some("off") => crate::access_log::Sink::Off,
+                Some("stdout") => crate::access_log::Sink::Stdout,
+                Some("") => {
+                    errors.push(
+                        "log.access",
+                        "must be \"off\", \"stdout\" or a file path, not empty",
+                    );
+                    crate::access_log::Sink::Off
+                }
+                Some(path) => crate::access_log::Sink::File(base.join(path)),
+            },
+        };
 
         let trusted_proxies = server
             .trusted_proxies
@@ -830,6 +861,7 @@ impl Config {
                 routes,
                 idempotency,
                 authority,
+                log,
             })
         } else {
             Err(ConfigErrors(errors.0))
@@ -908,6 +940,13 @@ impl Config {
                     .map(|k| format!(" · signs proofs with key {}", k.id()))
                     .unwrap_or_default(),
             ));
+        }
+        match &self.log.access {
+            crate::access_log::Sink::Off => {}
+            crate::access_log::Sink::Stdout => out.push_str("access log stdout\n"),
+            crate::access_log::Sink::File(p) => {
+                out.push_str(&format!("access log {}\n", p.display()))
+            }
         }
         for u in &self.upstreams {
             out.push_str(&format!(

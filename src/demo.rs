@@ -242,6 +242,8 @@ path = "/reports/{{report}}/{{*rest}}"
 scope = "report/{{report}}"
 upstream = "legacy"
 proof = "required"
+[log]
+access = "access.log"
 "#
     )
 }
@@ -293,6 +295,7 @@ pub async fn play(out: &mut dyn Write) -> Result<Outcome, Error> {
             proxy: format!("http://{}", running.proxy_addr),
             direct: format!("http://{store_addr}"),
             admin: format!("http://{}", running.admin_addr),
+            access_log: dir.path().join("access.log"),
         };
         writeln!(
             out,
@@ -351,6 +354,8 @@ struct Stage {
     proxy: String,
     direct: String,
     admin: String,
+    /// The proxy's access log (`[log] access`), for the line of A's refusal.
+    access_log: std::path::PathBuf,
 }
 
 impl Stage {
@@ -485,9 +490,27 @@ impl Stage {
     /// What recorded the refusal. Answers the metric's lines.
     async fn records(&self, out: &mut dyn Write) -> Result<Vec<String>, Error> {
         writeln!(out, "\nWhat recorded A's refusal:")?;
-        // The access log's line for A's refused publish goes here once fencegate has an
-        // access log (issue 24); until then the demo says so.
-        say(out, "access log: none yet (fencegate has no access log)")?;
+        // The log's writer thread writes the line soon after the response: a bounded wait.
+        let mut refused = None;
+        for _ in 0..200 {
+            let text = std::fs::read_to_string(&self.access_log).unwrap_or_default();
+            refused = text
+                .lines()
+                .find(|l| l.contains("\"result\":\"stale_fence\""))
+                .map(str::to_string);
+            if refused.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        say(out, &format!("access log ({}):", self.access_log.display()))?;
+        say(
+            out,
+            &format!(
+                "  {}",
+                refused.as_deref().unwrap_or("(no stale_fence line)")
+            ),
+        )?;
         let url = format!("{}/metrics", self.admin);
         let (status, _, text) = self.http.send(Method::GET, &url, &[], "").await?;
         if status != StatusCode::OK {

@@ -28,6 +28,7 @@
 //!   legacy store
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod authority;
 pub mod cli;

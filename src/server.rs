@@ -52,6 +52,11 @@ pub enum StartError {
     },
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error("log.access: cannot open {path}: {source}")]
+    AccessLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// A started server. Dropping it does not stop it; call [`Running::shutdown`].
@@ -98,6 +103,8 @@ impl Running {
         if !left.is_empty() {
             tracing::warn!(tasks = ?left, "shutdown: still running at the time limit; left behind");
         }
+        // The requests have ended: their access-log lines are written before the process is.
+        app.proxy.access_log().flush(Duration::from_secs(5)).await;
         // A close waits for every commit queued before it, and so for the disk. Left
         // behind, the commit under way may or may not land; each one committed before is
         // on disk, and the next start opens the file as after a crash.
@@ -193,8 +200,18 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             addr: config.admin.listen,
             source,
         })?;
+    let access_log = crate::access_log::AccessLog::open(&config.log.access).map_err(|source| {
+        StartError::AccessLog {
+            path: match &config.log.access {
+                crate::access_log::Sink::File(p) => p.display().to_string(),
+                _ => "stdout".into(),
+            },
+            source,
+        }
+    })?;
     let app = Arc::new(App {
-        proxy: Proxy::new(config.clone(), gates.clone(), metrics.clone()),
+        proxy: Proxy::new(config.clone(), gates.clone(), metrics.clone())
+            .with_access_log(access_log),
         config: config.clone(),
         store,
         gates: gates.clone(),
@@ -203,6 +220,19 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     });
     let (stop, stop_rx) = watch::channel(false);
     let grace = config.server.shutdown_timeout;
+    // Each second, the count of refusal warnings the last second left out (if any).
+    let warnings = Arc::downgrade(&app);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match warnings.upgrade() {
+                Some(app) => app.proxy.refusal_warnings().flush(),
+                None => return,
+            }
+        }
+    });
 
     let https = tls.is_some();
     let proxy_app = app.clone();
@@ -979,6 +1009,9 @@ async fn serve<F, Fut>(
 /// logged and ignored. The listener's certificate, key and client CA files are re-read
 /// (from the paths in force); a bad file is refused and the running certificate kept.
 pub fn reload(running: &Running, path: &std::path::Path) {
+    // logrotate renamed the access log: the next line goes to a new file at its path,
+    // whether or not the config file reloads.
+    running.app.proxy.access_log().reopen();
     let metrics = &running.app.metrics;
     let new = match Config::load(path) {
         Ok(c) => c,
@@ -1014,6 +1047,7 @@ pub fn reload(running: &Running, path: &std::path::Path) {
             "authority",
             format!("{:?}", old.authority) != format!("{:?}", new.authority),
         ),
+        ("log", old.log.access != new.log.access),
     ];
     for (section, changed) in fixed {
         if changed {
@@ -1029,6 +1063,7 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     merged.store = old.store.clone();
     merged.fencing = old.fencing.clone();
     merged.authority = old.authority.clone();
+    merged.log = old.log.clone();
     // The listeners' TLS files are re-read from the paths they started with: new
     // handshakes use them, open connections keep what they negotiated.
     for tls in &running.tls {

@@ -167,6 +167,50 @@ pub struct Proxy {
     /// its own when its client goes away.
     forwarder: Forwarder,
     idempotency: Idempotency,
+    /// `[log] access`; off unless [`Proxy::with_access_log`] set it.
+    access: crate::access_log::AccessLog,
+    /// Warnings for stale and unproven tokens, logged whether the access log is on or not.
+    refusals: crate::access_log::RefusalWarnings,
+}
+
+pin_project_lite::pin_project! {
+    /// [`Proxy::handle`]'s future: the request served, with or without its access-log line.
+    #[project = HandledProj]
+    enum Handled<P, L> {
+        Plain { #[pin] fut: P },
+        Logged { #[pin] fut: L },
+    }
+}
+
+impl<P, L> Future for Handled<P, L>
+where
+    P: Future<Output = Response<Body>>,
+    L: Future<Output = Response<Body>>,
+{
+    type Output = Response<Body>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Response<Body>> {
+        match self.project() {
+            HandledProj::Plain { fut } => fut.poll(cx),
+            HandledProj::Logged { fut } => fut.poll(cx),
+        }
+    }
+}
+
+/// What the access log records of a request beyond its head and response.
+#[derive(Default)]
+struct Note {
+    id: Option<HeaderValue>,
+    route: Option<usize>,
+    scope: Option<String>,
+    token: Option<Token>,
+    highest: Option<Token>,
+    /// From admission to the response head: the upstream exchange, with reading a small
+    /// request body whole before it.
+    upstream: Option<Duration>,
 }
 
 /// Where a request stands after the checks: forward it, fenced or not.
@@ -193,7 +237,23 @@ impl Proxy {
             },
             metrics,
             idempotency,
+            access: crate::access_log::AccessLog::off(),
+            refusals: crate::access_log::RefusalWarnings::default(),
         }
+    }
+
+    /// The access log to write to (opened by the caller, which reports a bad file).
+    pub fn with_access_log(mut self, log: crate::access_log::AccessLog) -> Proxy {
+        self.access = log;
+        self
+    }
+
+    pub fn access_log(&self) -> &crate::access_log::AccessLog {
+        &self.access
+    }
+
+    pub fn refusal_warnings(&self) -> &crate::access_log::RefusalWarnings {
+        &self.refusals
     }
 
     fn table(config: Arc<Config>, metrics: &Metrics) -> Table {
@@ -234,8 +294,80 @@ impl Proxy {
         peer: SocketAddr,
         tls: bool,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
+        // Not an `async` block around either: it would hold the request a second time.
+        if self.access.is_on() {
+            // Boxed: the logged path's state stays out of the unlogged request's future.
+            Handled::Logged {
+                fut: Box::pin(self.handle_logged(req, peer, tls)),
+            }
+        } else {
+            Handled::Plain {
+                fut: self.serve(self.table.load_full(), req, peer, tls, None),
+            }
+        }
+    }
+
+    /// [`Proxy::handle`] with the access log on: the request id is kept or made, passed
+    /// upstream and returned, and the request's line is queued when its response head is
+    /// ready (so `duration_ms` is time to the response head, and `bytes` the body's length
+    /// when known then).
+    async fn handle_logged(
+        &self,
+        mut req: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Response<Body> {
+        let started = Instant::now();
+        let time = std::time::SystemTime::now();
+        let id = self.access.request_id(req.headers());
+        req.headers_mut()
+            .insert(crate::access_log::X_REQUEST_ID, id.clone());
+        let method = req.method().clone();
+        let table = self.table.load_full();
+        let mut note = Note {
+            id: Some(id.clone()),
+            ..Note::default()
+        };
+        let mut resp = self
+            .serve(table.clone(), req, peer, tls, Some(&mut note))
+            .await;
+        resp.headers_mut()
+            .insert(crate::access_log::X_REQUEST_ID, id.clone());
+        let result = match resp.headers().get(FENCING_RESULT) {
+            Some(v) => v.to_str().unwrap_or("-"),
+            None => "unfenced",
+        };
+        let entry = crate::access_log::Entry {
+            time,
+            request_id: id.as_bytes(),
+            peer,
+            method: method.as_str(),
+            route: note.route.map(|i| table.config.routes[i].name.as_str()),
+            scope: note.scope.as_deref(),
+            token: note.token,
+            highest: note.highest,
+            result,
+            status: resp.status().as_u16(),
+            bytes: http_body::Body::size_hint(resp.body()).exact(),
+            duration: started.elapsed(),
+            upstream: note.upstream,
+        };
+        self.access.write(entry.line());
+        resp
+    }
+
+    /// The request's way through, noting for the access log when `note` is given. (A
+    /// plain function returning its future, as [`Proxy::handle`].)
+    #[allow(clippy::manual_async_fn)]
+    fn serve<'a>(
+        &'a self,
+        table: Arc<Table>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        tls: bool,
+        mut note: Option<&'a mut Note>,
+    ) -> impl Future<Output = Response<Body>> + Send + 'a {
         async move {
-            let table = self.table.load_full();
             let plan = match self.check(&table.config, &req).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
@@ -244,7 +376,20 @@ impl Proxy {
                         Some(i) => table.rows[i].count(op, outcome.result()),
                         None => self.metrics.count_unrouted(op, outcome.result()),
                     }
+                    let warned = matches!(
+                        outcome,
+                        Outcome::Stale { .. } | Outcome::InvalidProof { .. }
+                    );
+                    let id = if warned || note.is_some() {
+                        self.noted_refusal(&table, &req, peer, route, &outcome, note.as_deref_mut())
+                    } else {
+                        None
+                    };
                     let mut resp = outcome.into_response();
+                    if let Some(id) = id {
+                        resp.headers_mut()
+                            .insert(crate::access_log::X_REQUEST_ID, id);
+                    }
                     // Refused before its body was read: hyper closes the connection after
                     // the answer, which says so, or a keep-alive client would send its next
                     // request into the close.
@@ -257,12 +402,18 @@ impl Proxy {
                     return resp;
                 }
             };
+            if let Some(n) = note.as_deref_mut() {
+                n.route = Some(plan.route);
+                n.scope.clone_from(&plan.scope);
+                n.token = plan.token;
+            }
             let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
             let route = &table.config.routes[plan.route];
-            if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
+            let sent = note.is_some().then(Instant::now);
+            let resp = if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
                 // Boxed: its future is larger than the rest of this one's, and would make every
                 // request's future (moved whole as hyper sets it up) that large.
-                return Box::pin(self.idempotency.handle(
+                Box::pin(self.idempotency.handle(
                     &self.forwarder,
                     table.clone(),
                     req,
@@ -270,9 +421,61 @@ impl Proxy {
                     peer,
                     tls,
                 ))
-                .await;
+                .await
+            } else {
+                self.forwarder.forward(&table, req, plan, peer, tls).await
+            };
+            if let (Some(n), Some(sent)) = (note, sent) {
+                n.upstream = Some(sent.elapsed());
             }
-            self.forwarder.forward(&table, req, plan, peer, tls).await
+            resp
+        }
+    }
+
+    /// A refusal made before forwarding, for the access log's note and (`stale_fence`,
+    /// `invalid_proof`) the rate-limited warning. Returns the request id when one was
+    /// made here, for the response.
+    fn noted_refusal(
+        &self,
+        table: &Table,
+        req: &Request<Incoming>,
+        peer: SocketAddr,
+        route: Option<usize>,
+        outcome: &Outcome,
+        note: Option<&mut Note>,
+    ) -> Option<HeaderValue> {
+        let (scope, token, highest) = outcome.fields();
+        let made;
+        let id = match note.as_ref().and_then(|n| n.id.as_ref()) {
+            Some(id) => id,
+            None => {
+                made = self.access.request_id(req.headers());
+                &made
+            }
+        };
+        if let (Some(scope), Some(token), Outcome::Stale { .. } | Outcome::InvalidProof { .. }) =
+            (scope, token, outcome)
+        {
+            self.refusals.warn(&crate::access_log::Refused {
+                result: outcome.result(),
+                scope,
+                token: *token,
+                highest,
+                peer,
+                route: route.map_or("-", |i| table.config.routes[i].name.as_str()),
+                request_id: id.to_str().unwrap_or("-"),
+            });
+        }
+        let id = id.clone();
+        match note {
+            Some(n) => {
+                n.route = route;
+                n.scope = scope.cloned();
+                n.token = token.copied();
+                n.highest = highest;
+                None
+            }
+            None => Some(id),
         }
     }
 

@@ -184,8 +184,9 @@ impl Outcome {
         }
     }
 
-    pub fn into_response(self) -> Response<Body> {
-        let fields = match &self {
+    /// The scope, token and highest accepted token the outcome names.
+    pub fn fields(&self) -> (Option<&String>, Option<&Token>, Option<Token>) {
+        match self {
             Outcome::Stale {
                 scope,
                 token,
@@ -209,7 +210,11 @@ impl Outcome {
                 (scope.as_ref(), None, None)
             }
             _ => (None, None, None),
-        };
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let fields = self.fields();
         // Written directly into one buffer, not through a JSON value or `fmt`: a stale
         // storm is answered at the rate this runs.
         let result = self.result();
