@@ -66,6 +66,7 @@ pub(crate) struct RawListenerTls {
     cert: String,
     key: String,
     client_ca: Option<String>,
+    resumption: Option<bool>,
 }
 
 /// Where the listener's TLS material lives (resolved against the config file's directory).
@@ -80,6 +81,10 @@ pub struct ListenerFiles {
     /// PEM bundle of CAs whose client certificates are accepted. When set, a client without
     /// such a certificate fails the handshake: only known clients reach the proxy at all.
     pub client_ca: Option<PathBuf>,
+    /// Session resumption (TLS 1.3 tickets, TLS 1.2 tickets and session ids), on unless
+    /// `resumption = false`: a client that comes back skips the full handshake's
+    /// signature and key exchange, as nginx's tickets let it.
+    pub resumption: bool,
     /// The table these came from (`server.tls`, `admin.tls`, `authority.tls`): the key path
     /// of its errors.
     pub key_path: &'static str,
@@ -90,6 +95,9 @@ impl fmt::Display for ListenerFiles {
         write!(f, "tls cert {}", self.cert.display())?;
         if let Some(ca) = &self.client_ca {
             write!(f, ", client certificates from {}", ca.display())?;
+        }
+        if !self.resumption {
+            write!(f, ", no session resumption")?;
         }
         Ok(())
     }
@@ -107,6 +115,7 @@ pub(crate) fn listener_files(
         cert: base.join(raw.cert),
         key: base.join(raw.key),
         client_ca: raw.client_ca.map(|ca| base.join(ca)),
+        resumption: raw.resumption.unwrap_or(true),
         key_path,
     };
     match server_config(&files) {
@@ -207,8 +216,22 @@ fn server_config(files: &ListenerFiles) -> Result<ServerConfig, TlsError> {
     })?;
     // h2 first: clients that speak it get it; the auto server builder serves either.
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if files.resumption {
+        // Stateless tickets (keys made at random and rotated every 6 hours, per process and
+        // per load of the files), and a bounded cache for clients that resume by id.
+        config.ticketer = rustls::crypto::ring::Ticketer::new()
+            .map_err(|e| TlsError::one(files.key_path, e.to_string()))?;
+        config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSIONS);
+    } else {
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
+    }
     Ok(config)
 }
+
+/// Sessions kept for resumption by id (TLS 1.2 clients without tickets); a few hundred
+/// bytes each.
+const SESSIONS: usize = 4096;
 
 fn client_verifier(ca: &Path) -> Result<Arc<dyn ClientCertVerifier>, String> {
     let roots = read_roots(ca)?;

@@ -919,3 +919,108 @@ async fn the_admin_and_authority_ports_take_a_tls_table_too() {
         assert!(errors.to_string().contains(key), "{key}: {errors}");
     }
 }
+
+/// A client config like [`client_tls`] (no identity, HTTP/1.1) for the given versions only.
+fn client_tls_versions(
+    ca: &Ca,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<ClientConfig> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(versions)
+        .unwrap()
+        .with_root_certificates(ca.roots())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// How a client's second connection (after a request on its first, which carries the
+/// session tickets) is made: resumed or full.
+async fn second_handshake(addr: SocketAddr, config: Arc<ClientConfig>) -> rustls::HandshakeKind {
+    let stream = connect(addr, config.clone()).await.expect("TLS handshake");
+    assert_eq!(
+        stream.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::Full)
+    );
+    let mut conn = h1(stream).await.unwrap();
+    let (status, _) = conn.send(put("/reports/r/x", "5")).await.unwrap();
+    assert_eq!(status.as_u16(), 200);
+    drop(conn);
+    let stream = connect(addr, config).await.expect("TLS handshake");
+    let kind = stream.get_ref().1.handshake_kind().expect("handshake done");
+    let mut conn = h1(stream).await.unwrap();
+    let (status, _) = conn.send(put("/reports/r/y", "5")).await.unwrap();
+    assert_eq!(status.as_u16(), 200, "a resumed session serves requests");
+    kind
+}
+
+/// A client that comes back resumes its session (TLS 1.3 and TLS 1.2 tickets), unless the
+/// table says `resumption = false`.
+#[tokio::test]
+async fn a_returning_client_resumes_its_session_unless_turned_off() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test ca");
+    ca.server("proxy", &["localhost", "127.0.0.1"])
+        .write(dir.path(), "server");
+    for (table, want) in [
+        (
+            r#"tls = { cert = "server.pem", key = "server.key" }"#,
+            rustls::HandshakeKind::Resumed,
+        ),
+        (
+            r#"tls = { cert = "server.pem", key = "server.key", resumption = false }"#,
+            rustls::HandshakeKind::Full,
+        ),
+    ] {
+        let text = tls_config_text(double.addr, table);
+        let running = support::start(Config::parse(&text, dir.path()).unwrap()).await;
+        for versions in [
+            &[&rustls::version::TLS13][..],
+            &[&rustls::version::TLS12][..],
+        ] {
+            let config = client_tls_versions(&ca, versions);
+            let kind = second_handshake(running.proxy_addr, config).await;
+            assert_eq!(kind, want, "{table} {versions:?}");
+        }
+        running.shutdown().await;
+    }
+}
+
+/// Tickets keep nothing on the server: more clients than a session cache holds (rustls's
+/// default cache keeps 256) all resume.
+#[tokio::test]
+async fn tickets_resume_more_clients_than_a_session_cache_holds() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test ca");
+    ca.server("proxy", &["localhost", "127.0.0.1"])
+        .write(dir.path(), "server");
+    let text = tls_config_text(
+        double.addr,
+        r#"tls = { cert = "server.pem", key = "server.key" }"#,
+    );
+    let running = support::start(Config::parse(&text, dir.path()).unwrap()).await;
+    let clients: Vec<_> = (0..300)
+        .map(|_| client_tls_versions(&ca, &[&rustls::version::TLS13]))
+        .collect();
+    for config in &clients {
+        let stream = connect(running.proxy_addr, config.clone())
+            .await
+            .expect("TLS");
+        let mut conn = h1(stream).await.unwrap();
+        let (status, _) = conn.send(put("/reports/r/x", "5")).await.unwrap();
+        assert_eq!(status.as_u16(), 200);
+    }
+    let mut resumed = 0;
+    for config in &clients {
+        let stream = connect(running.proxy_addr, config.clone())
+            .await
+            .expect("TLS");
+        if stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+            resumed += 1;
+        }
+    }
+    assert_eq!(resumed, clients.len());
+    running.shutdown().await;
+}
