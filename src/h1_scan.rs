@@ -26,10 +26,14 @@ pub(crate) enum Flaw {
     Fragment,
     /// Both `Content-Length` and `Transfer-Encoding`.
     LengthAndEncoding,
+    /// The scan lost track of the connection's framing before this head (a length or a
+    /// chunk it does not read as hyper does): what the head holds is unchecked, so the
+    /// request is refused and the connection closed rather than trusted.
+    Unfollowed,
 }
 
-/// Longest chunk-size line followed (hyper's own bound on chunk extensions is lower).
-const MAX_CHUNK_LINE: usize = 4096;
+/// Longest chunk-size line followed (hyper's bound on chunk extensions, 16 KiB).
+const MAX_CHUNK_LINE: usize = 16 << 10;
 
 /// Where the scan is in the connection's bytes.
 #[derive(Debug, PartialEq, Eq)]
@@ -88,17 +92,17 @@ impl Scan {
                     let Some(nl) = data.iter().position(|&b| b == b'\n') else {
                         self.head.extend_from_slice(data);
                         if self.head.len() > MAX_CHUNK_LINE {
-                            self.at = At::Off;
+                            self.lose();
                         }
                         return;
                     };
                     self.head.extend_from_slice(&data[..nl]);
                     data = &data[nl + 1..];
-                    self.at = match chunk_size(&self.head) {
-                        Some(0) => At::Trailers(false),
-                        Some(n) => At::ChunkData(n),
-                        None => At::Off,
-                    };
+                    match chunk_size(&self.head) {
+                        Some(0) => self.at = At::Trailers(false),
+                        Some(n) => self.at = At::ChunkData(n),
+                        None => self.lose(),
+                    }
                     self.head.clear();
                 }
                 At::ChunkData(left) => {
@@ -114,9 +118,9 @@ impl Scan {
                         data = &data[nl + 1..];
                         self.at = At::ChunkSize;
                     }
-                    Some(_) => self.at = At::Off,
+                    Some(_) => self.lose(),
                     None if data.len() <= 1 => return,
-                    None => self.at = At::Off,
+                    None => self.lose(),
                 },
                 At::Trailers(content) => {
                     let Some(nl) = data.iter().position(|&b| b == b'\n') else {
@@ -188,9 +192,19 @@ impl Scan {
 
     fn stop<'a>(&mut self) -> &'a [u8] {
         self.streams.head_begun(false);
-        self.at = At::Off;
+        // hyper refuses a head this long (431) as a rule; if it takes it after all, its
+        // request is refused as unchecked.
+        self.lose();
         self.head = Vec::new();
         &[]
+    }
+
+    /// Stops the scan where hyper may go on: the next head (the one after a body not
+    /// followed, or the one too long to follow) is refused as [`Flaw::Unfollowed`]. Where
+    /// hyper refuses and closes itself, no such request comes.
+    fn lose(&mut self) {
+        self.streams.flaw(self.heads, Flaw::Unfollowed);
+        self.at = At::Off;
     }
 
     /// Parses a head at the start of `bytes`: its length once whole (`None`: not yet),
@@ -265,16 +279,16 @@ impl Scan {
             self.streams.flaw(number, flaw);
             return self.off();
         }
-        self.at = match (encoding, length) {
-            (Some(te), _) if last_coding_is_chunked(te) => At::ChunkSize,
-            (Some(_), _) => At::Off,
+        match (encoding, length) {
+            (Some(te), _) if last_coding_is_chunked(te) => self.at = At::ChunkSize,
+            (Some(_), _) => self.lose(),
             (None, Some(cl)) => match decimal(cl) {
-                Some(0) => At::Head,
-                Some(n) => At::Length(n),
-                None => At::Off,
+                Some(0) => self.at = At::Head,
+                Some(n) => self.at = At::Length(n),
+                None => self.lose(),
             },
-            (None, None) => At::Head,
-        };
+            (None, None) => self.at = At::Head,
+        }
         Some(Ok(at))
     }
 
@@ -364,12 +378,17 @@ fn is_name(got: &[u8], name: &[u8]) -> bool {
 }
 
 /// A Content-Length value: decimal digits only (hyper refuses anything else).
+/// A `Content-Length` as hyper reads it: digits only, leading zeros allowed, at most
+/// 2^64 − 1.
 fn decimal(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 {
+    if v.is_empty() {
         return None;
     }
     v.iter().try_fold(0u64, |n, &b| {
-        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
     })
 }
 
@@ -381,13 +400,16 @@ fn last_coding_is_chunked(te: &[u8]) -> bool {
 
 /// The size of a chunk-size line (its `\r`, extensions and whitespace after the digits
 /// ignored).
+/// Leading zeros allowed, as hyper reads it.
 fn chunk_size(line: &[u8]) -> Option<u64> {
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 16 {
+    if digits == 0 {
         return None;
     }
-    let s = std::str::from_utf8(&line[..digits]).ok()?;
-    u64::from_str_radix(s, 16).ok()
+    line[..digits].iter().try_fold(0u64, |n, &b| {
+        let d = (b as char).to_digit(16)?;
+        n.checked_mul(16)?.checked_add(u64::from(d))
+    })
 }
 
 #[cfg(test)]
@@ -509,17 +531,32 @@ mod tests {
             s.feed(b"GET /x#y HTTP/1.1\r\n\r\n");
             assert_eq!(streams.take_flaw(1), Some(Flaw::Fragment));
         }
+        // A head hyper refuses (and then closes): nothing after it is a request.
+        let (mut s, streams) = scan();
+        s.feed(b"GET/ HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(s.at, At::Off);
+        s.feed(b"GET /x#y HTTP/1.1\r\n\r\n");
+        assert_eq!(streams.take_flaw(1), None);
+        // A body not followed: the next head is refused unchecked, whatever it holds
+        // (fail closed: hyper may take what the scan could not).
         for head in [
-            &b"GET/ HTTP/1.1\r\nHost: a\r\n\r\n"[..],
-            b"PUT / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
+            &b"PUT / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"[..],
             b"PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n",
+            b"PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999999\r\n\r\n",
         ] {
             let (mut s, streams) = scan();
             s.feed(head);
             assert_eq!(s.at, At::Off, "{:?}", String::from_utf8_lossy(head));
-            s.feed(b"GET /x#y HTTP/1.1\r\n\r\n");
-            assert_eq!(streams.take_flaw(1), None);
+            s.feed(b"GET /x HTTP/1.1\r\n\r\n");
+            assert_eq!(streams.take_flaw(1), Some(Flaw::Unfollowed));
         }
+        // Lengths and chunk sizes with leading zeros are read as hyper reads them.
+        let (mut s, streams) = scan();
+        s.feed(b"PUT / HTTP/1.1\r\nContent-Length: 000000000000000000001\r\n\r\nx");
+        s.feed(b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n00000000000000000001\r\ny\r\n0\r\n\r\n");
+        s.feed(b"DELETE /dav/c/#x HTTP/1.1\r\n\r\n");
+        assert_eq!(streams.take_flaw(1), None);
+        assert_eq!(streams.take_flaw(2), Some(Flaw::Fragment));
         // A head past the limit, a byte at a time: the scan stops, its buffer bounded.
         let (mut s, _) = scan();
         s.feed(b"GET / HTTP/1.1\r\n");

@@ -380,6 +380,9 @@ fn refuse_flaw(
         Flaw::LengthAndEncoding => crate::proxy::Outcome::InvalidRequest {
             detail: "both Content-Length and Transfer-Encoding".into(),
         },
+        Flaw::Unfollowed => crate::proxy::Outcome::InvalidRequest {
+            detail: "the framing of an earlier request on this connection could not be followed (a length, a chunk or a head beyond what is checked); open a new connection".into(),
+        },
     };
     if let Some(metrics) = counts {
         metrics.count_unrouted(crate::metrics::Op::of(method), outcome.result());

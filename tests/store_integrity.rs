@@ -377,3 +377,29 @@ async fn a_store_file_older_than_its_journal_is_refused() {
     assert_eq!(store.floor(), 4);
     store.close().await;
 }
+
+/// A crash during the very first start, after the store file recorded its bookkeeping and
+/// before the journal's first header reached the disk: a blank journal then lost nothing,
+/// and the next start must not take it for damage.
+#[tokio::test]
+async fn a_crash_before_the_first_journal_header_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.redb");
+    // Dropped without a clean close: the store file says "not closed cleanly".
+    drop(MarkStore::open(&path).unwrap());
+    let journal = fencegate::fence::marks::journal_path(&path);
+    std::fs::File::create(&journal).unwrap();
+    // The dropped store's writer thread lets go of the file as it ends (bounded wait).
+    let mut opened = MarkStore::open(&path);
+    for _ in 0..250 {
+        match &opened {
+            Err(e) if e.to_string().contains("already open") => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                opened = MarkStore::open(&path);
+            }
+            _ => break,
+        }
+    }
+    let store = opened.unwrap_or_else(|e| panic!("{e}"));
+    store.close().await;
+}

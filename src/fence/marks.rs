@@ -638,10 +638,12 @@ pub fn recover_store(path: &Path, at_least: u64) -> Result<Recovered, StoreError
     marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let scopes = marks.len();
     let failed = |e: redb::Error| open_err(e.to_string());
-    // One commit: the salvaged marks, the floor, and a journal that starts over (empty,
-    // as after a clean close).
-    raise_marks(&db, &mut marks, Some((0, true))).map_err(failed)?;
+    // The floor first: a crash before the marks' commit leaves the store as damaged as it
+    // was (and recover runs again), never marked clean without its floor.
     raise_floor_to(&db, new_floor).map_err(failed)?;
+    // Then the salvaged marks, and a journal that starts over (empty, as after a clean
+    // close).
+    raise_marks(&db, &mut marks, Some((0, true))).map_err(failed)?;
     drop(db);
     let journal_kept = if journal.exists() {
         let secs = std::time::SystemTime::now()
@@ -731,7 +733,9 @@ fn recover(db: &Database, file: impl StorageBackend, name: &str) -> Result<Journ
     let generation = journal.generation();
     // No bookkeeping yet: a store from before it was kept, or a new one.
     if let Some(applied) = applied {
-        if generation == 0 && !clean {
+        // Generation 0 applied: the first reset (which writes the first header) may have
+        // been cut short, so a blank journal lost nothing. From 1 on a header existed.
+        if generation == 0 && !clean && applied >= 1 {
             return Err(corrupt(
                 0,
                 format!(
