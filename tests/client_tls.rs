@@ -46,11 +46,9 @@ impl Ca {
     }
 }
 
-#[tokio::test]
-async fn fenced_requests_go_over_https_with_a_private_ca_and_a_client_certificate() {
-    let double = Double::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// A private CA (`ca.pem`) and, signed by it, `server.pem`/`.key` for localhost and
+/// `client.pem`/`.key` for client authentication, written into `d`.
+fn write_pki(d: &Path) {
     let ca = Ca::new("test ca");
     ca.leaf(
         d,
@@ -65,6 +63,14 @@ async fn fenced_requests_go_over_https_with_a_private_ca_and_a_client_certificat
         ExtendedKeyUsagePurpose::ClientAuth,
     );
     std::fs::write(d.join("ca.pem"), ca.issuer.pem()).unwrap();
+}
+
+#[tokio::test]
+async fn fenced_requests_go_over_https_with_a_private_ca_and_a_client_certificate() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_pki(d);
     let anchor = "trusted_proxies = [\"127.0.0.1\"]\n";
     let text = config_text(double.addr, "10s", "0s", "10s").replace(
         anchor,
@@ -131,20 +137,7 @@ async fn a_lease_is_taken_over_https_and_its_proof_travels_through_the_fence() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let ca = Ca::new("test ca");
-    ca.leaf(
-        d,
-        "server",
-        "localhost",
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    ca.leaf(
-        d,
-        "client",
-        "client.test",
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
-    std::fs::write(d.join("ca.pem"), ca.issuer.pem()).unwrap();
+    write_pki(d);
     std::fs::write(d.join("w.token"), "w-secret\n").unwrap();
     fencegate::proof::keygen(&d.join("fence")).unwrap();
     let tls = "tls = { cert = \"server.pem\", key = \"server.key\", client_ca = \"ca.pem\" }\n";
