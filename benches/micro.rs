@@ -23,9 +23,10 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use fencegate::config::{Config, EqualPolicy};
-use fencegate::fence::{Gates, MarkStore, decide};
+use fencegate::fence::{Gates, decide};
 use fencegate::metrics::Metrics;
 use fencegate::route;
+use fencegate::store::MarkStore;
 use fencegate::token::Token;
 
 /// A route table shaped like a real edge deployment: unfenced health and static routes,

@@ -80,7 +80,7 @@ async fn publish(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let (store, _objects) = fencegate::demo::legacy_store().await?;
+    let (store, _objects) = fencegate::cli::demo::legacy_store().await?;
     let dir = std::env::temp_dir().join(format!("fencegate-publisher-{}", std::process::id()));
     let config = fencegate::config::Config::parse(
         &format!(
@@ -108,7 +108,7 @@ upstream = "objects"
         ),
         &dir,
     )?;
-    let running = fencegate::server::start(config, None).await?;
+    let running = fencegate::app::start(config, None).await?;
     let authority_addr = running.authority_addr.ok_or("no authority")?;
     let authority = AuthorityClient::new(&format!("http://{authority_addr}"))?;
     let http = FencedHttp::new(&format!("http://{}", running.proxy_addr))?;

@@ -8,9 +8,14 @@ use hyper::body::Incoming;
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 
-use crate::fence::Refusal;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::fence::{Gates, Refusal};
+use crate::metrics::Metrics;
 use crate::proxy::Body;
-use crate::server::App;
+use crate::proxy::Proxy;
+use crate::store::MarkStore;
 use crate::token::Token;
 
 const MAX_BODY: usize = 64 * 1024;
@@ -49,13 +54,26 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The running instance, as the admin API answers from it and acts on it (the wiring
+/// builds it and shares it with every listener).
+pub struct State {
+    pub config: Arc<Config>,
+    pub store: MarkStore,
+    pub gates: Arc<Gates>,
+    pub metrics: Arc<Metrics>,
+    pub proxy: Proxy,
+    /// Online backups running now, at most [`crate::admin::MAX_BACKUPS`]: each holds a
+    /// read transaction and a blocking thread for as long as its client reads.
+    pub backups: Arc<tokio::sync::Semaphore>,
+}
+
 /// The admin API is for operators' tools, not for web pages. A page the operator visits
 /// can send requests to a loopback listener (a POST with a body a browser calls text is
 /// sent without asking first) and, by rebinding a name of its own to 127.0.0.1, read the
 /// answers. Browsers mark such requests with `Origin`, refused here; and without a token
 /// (so on loopback only), a `Host` that names neither an address nor `localhost` (a
 /// rebound name) is refused too.
-fn not_from_a_browser(app: &App, req: &Request<Incoming>) -> Result<(), String> {
+fn not_from_a_browser(app: &State, req: &Request<Incoming>) -> Result<(), String> {
     if req.headers().contains_key(header::ORIGIN) {
         return Err("the admin API does not answer requests from web pages (Origin)".into());
     }
@@ -81,7 +99,7 @@ fn not_from_a_browser(app: &App, req: &Request<Incoming>) -> Result<(), String> 
     }
 }
 
-fn authorized(app: &App, req: &Request<Incoming>) -> bool {
+fn authorized(app: &State, req: &Request<Incoming>) -> bool {
     let Some(want) = &app.config.admin.token else {
         return true;
     };
@@ -138,7 +156,7 @@ fn mark_json(scope: &str, mark: Option<Token>) -> serde_json::Value {
     })
 }
 
-pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     // Probes answer HEAD as GET (hyper sends no body for HEAD) and need no token.
@@ -212,7 +230,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 .and_then(|_| app.store.list(&prefix, after.as_deref(), limit));
             match listed {
                 Ok(marks) => {
-                    let next = (!crate::fence::marks::listed_all(&marks, limit))
+                    let next = (!crate::store::marks::listed_all(&marks, limit))
                         .then(|| marks.last().map(|m| m.0.clone()))
                         .flatten();
                     let scopes: Vec<_> =
@@ -301,11 +319,11 @@ const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Applies the mark journal to redb (bounded by [`CHECKPOINT_WAIT`]); answers a snapshot
 /// taken right after.
-async fn checkpoint(app: &App) -> Result<crate::fence::Snapshot, crate::fence::StoreError> {
+async fn checkpoint(app: &State) -> Result<crate::store::Snapshot, crate::store::StoreError> {
     tokio::time::timeout(CHECKPOINT_WAIT, app.store.checkpoint())
         .await
         .unwrap_or_else(|_| {
-            Err(crate::fence::StoreError::Read(
+            Err(crate::store::StoreError::Read(
                 "the mark journal was not applied in time (the disk is not answering)".into(),
             ))
         })
@@ -330,7 +348,7 @@ enum Piece {
 /// could not be handed on (the client stalled or went away). [`Piece::End`] is sent only
 /// after every mark and the footer were; a stop before that sends nothing more.
 fn produce_backup(
-    snapshot: Result<crate::fence::Snapshot, crate::fence::StoreError>,
+    snapshot: Result<crate::store::Snapshot, crate::store::StoreError>,
     mut send: impl FnMut(Piece) -> bool,
 ) {
     let mut text = String::new();
@@ -366,7 +384,7 @@ fn produce_backup(
 /// consistent snapshot), streamed in pieces so that memory does not grow with the number
 /// of scopes. A failure before the first piece is a 503; one later aborts the body, so
 /// the client sees a truncated transfer, never a short backup that looks whole.
-async fn backup(app: &App) -> Response<Body> {
+async fn backup(app: &State) -> Response<Body> {
     let Ok(running) = app.backups.clone().try_acquire_owned() else {
         let mut r = problem(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -504,9 +522,9 @@ mod tests {
         assert_eq!(whole.ok().as_deref(), Some(&b"head\nmore\n"[..]));
     }
 
-    async fn store_of(marks: u64) -> crate::fence::MarkStore {
+    async fn store_of(marks: u64) -> crate::store::MarkStore {
         let store =
-            crate::fence::MarkStore::open_with_backend(redb::backends::InMemoryBackend::new())
+            crate::store::MarkStore::open_with_backend(redb::backends::InMemoryBackend::new())
                 .expect("store");
         let advances: Vec<_> = (0..marks)
             .map(|i| {

@@ -18,9 +18,10 @@ use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::fence::{InflightGuard, MarkStore};
+use crate::fence::InflightGuard;
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Forwarder, Outcome, Plan, Table};
-use crate::timer::ReadTimedOut;
+use crate::rt::timer::ReadTimedOut;
+use crate::store::MarkStore;
 
 /// Route option `idempotency`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,7 +306,7 @@ impl Idempotency {
         if declared.is_some_and(|len| !room.cover(&self.budget, len)) {
             return no_room(&mut plan);
         }
-        let read = crate::timer::timeout_from(
+        let read = crate::rt::timer::timeout_from(
             std::time::Instant::now(),
             timeout,
             read_up_to(body, limit, &self.budget, &mut room),
@@ -375,7 +376,7 @@ impl Idempotency {
         let boot = self.boot;
         let cap = settings.max_response_body;
         let budget = self.budget.clone();
-        let task = crate::drain::spawn_detached(async move {
+        let task = crate::rt::drain::spawn_detached(async move {
             let refuse = |plan: &mut Plan, outcome: Outcome| {
                 // Nothing was forwarded under this admission.
                 if let Some(g) = plan.guard.as_mut() {
@@ -390,7 +391,7 @@ impl Idempotency {
                     let replace_if = replace_if.take();
                     Box::pin(async move { store.claim(key, mine, replace_if, now).await })
                 };
-                let claimed = match crate::timer::timeout_at(claim_by, &mut claim).await {
+                let claimed = match crate::rt::timer::timeout_at(claim_by, &mut claim).await {
                     Ok(claimed) => claimed,
                     // The disk is not answering: 503 `unavailable`, and nothing is forwarded,
                     // as for a mark. The claim may still land; then it is released, so
@@ -408,7 +409,7 @@ impl Idempotency {
                         );
                         // Counted by the worker's drain: shutdown waits for it (within
                         // its grace), so a landed claim is not left in flight.
-                        crate::drain::spawn_detached(async move {
+                        crate::rt::drain::spawn_detached(async move {
                             if let Ok(None) = claim.await {
                                 let _ = store.put_record(key, released).await;
                             }
@@ -491,7 +492,7 @@ impl Idempotency {
                     // Stored only while the budget has room; beyond it the rest is streamed
                     // and the record keeps no body, as past `cap`.
                     let mut room = Room::default();
-                    let read = crate::timer::timeout_from(
+                    let read = crate::rt::timer::timeout_from(
                         started,
                         timeout,
                         read_up_to(body, cap, &budget, &mut room),
@@ -607,7 +608,7 @@ async fn put_within(
     value: Vec<u8>,
     wait: Duration,
 ) -> Result<(), String> {
-    match crate::timer::timeout_from(
+    match crate::rt::timer::timeout_from(
         std::time::Instant::now(),
         wait,
         store.put_record(key, value),

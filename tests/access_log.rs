@@ -35,7 +35,7 @@ async fn lines(path: &Path, n: usize) -> Vec<serde_json::Value> {
     .unwrap_or_else(|_| panic!("{} never held {n} lines: {:?}", path.display(), read()))
 }
 
-async fn start_logged(upstream: std::net::SocketAddr, dir: &Path) -> fencegate::server::Running {
+async fn start_logged(upstream: std::net::SocketAddr, dir: &Path) -> fencegate::app::Running {
     let text = format!(
         "{}\n[log]\naccess = \"access.log\"\n",
         config_text(upstream, "10s", "0s", "10s")

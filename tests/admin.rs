@@ -148,7 +148,7 @@ async fn a_large_backup_streams_whole() {
 /// would make a restore stale marks the backup holds; an older one, miss a raise).
 #[tokio::test]
 async fn a_backup_snapshot_holds_the_floor_and_the_marks_of_one_moment() {
-    use fencegate::fence::MarkStore;
+    use fencegate::store::MarkStore;
     use fencegate::token::Token;
     use std::sync::Arc;
 
@@ -165,7 +165,7 @@ async fn a_backup_snapshot_holds_the_floor_and_the_marks_of_one_moment() {
         .advance(Arc::from("b"), Token::new(1, 1))
         .await
         .expect("advance");
-    let read = |snapshot: fencegate::fence::Snapshot| {
+    let read = |snapshot: fencegate::store::Snapshot| {
         let mut marks = Vec::new();
         snapshot
             .for_each(|scope, token| {

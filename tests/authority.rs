@@ -31,7 +31,7 @@ lock_delay = "{lock_delay}"
     )
 }
 
-async fn start_authority(dir: &Path, max_ttl: &str) -> (fencegate::server::Running, SocketAddr) {
+async fn start_authority(dir: &Path, max_ttl: &str) -> (fencegate::app::Running, SocketAddr) {
     let config = Config::parse(&authority_text(max_ttl, "0s", 0, 0, 0), dir).expect("config");
     let running = support::start(config).await;
     let addr = running.authority_addr.expect("authority address");
@@ -502,7 +502,7 @@ async fn bump_epoch_after_a_restore_outranks_every_earlier_token() {
     run.proc.child.wait().unwrap();
     // The old copy: the store file and its journal, as the stopped server left them (a
     // store file alone, older than the journal beside it, is refused at start-up).
-    let journal = |p: &std::path::Path| fencegate::fence::marks::journal_path(p);
+    let journal = |p: &std::path::Path| fencegate::store::marks::journal_path(p);
     std::fs::copy(&store, &backup).unwrap();
     std::fs::copy(journal(&store), journal(&backup)).unwrap();
 

@@ -5,8 +5,8 @@ mod support;
 
 use std::path::Path;
 
+use fencegate::app::Running;
 use fencegate::config::Config;
-use fencegate::server::Running;
 use support::Client;
 
 fn config_text(clients: &str) -> String {

@@ -162,14 +162,14 @@ async fn serve(mut s: TcpStream, closed: mpsc::UnboundedSender<()>) {
     }
 }
 
-async fn setup() -> (Upstream, fencegate::server::Running, tempfile::TempDir) {
+async fn setup() -> (Upstream, fencegate::app::Running, tempfile::TempDir) {
     setup_with(|text| text).await
 }
 
 /// [`setup`], its config text changed by `edit` first.
 async fn setup_with(
     edit: impl FnOnce(String) -> String,
-) -> (Upstream, fencegate::server::Running, tempfile::TempDir) {
+) -> (Upstream, fencegate::app::Running, tempfile::TempDir) {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let text = edit(support::config_text(upstream.addr, "5s", "0s", "300ms"));
@@ -236,7 +236,7 @@ async fn read_response(s: &mut TcpStream, got: &mut Vec<u8>, length: usize) -> b
 
 /// Sends `request` on a new connection; answers everything the proxy sends until it
 /// closes the connection.
-async fn answer(running: &fencegate::server::Running, request: &str) -> Vec<u8> {
+async fn answer(running: &fencegate::app::Running, request: &str) -> Vec<u8> {
     let mut s = TcpStream::connect(running.proxy_addr)
         .await
         .expect("connect");

@@ -82,7 +82,7 @@ fn check_story(text: &str) -> (Token, Token) {
 #[tokio::test]
 async fn the_demo_plays_on_the_authority_and_fences_out_the_paused_writer() {
     let mut out = Vec::new();
-    let outcome = tokio::time::timeout(BOUND, fencegate::demo::play(&mut out))
+    let outcome = tokio::time::timeout(BOUND, fencegate::cli::demo::play(&mut out))
         .await
         .expect("the demo finishes")
         .expect("the demo runs");

@@ -6,10 +6,13 @@ use std::time::Duration;
 #[tokio::test]
 async fn the_demo_shows_the_access_log_line_of_the_refusal() {
     let mut out = Vec::new();
-    let outcome = tokio::time::timeout(Duration::from_secs(60), fencegate::demo::play(&mut out))
-        .await
-        .expect("the demo finishes")
-        .expect("the demo runs");
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        fencegate::cli::demo::play(&mut out),
+    )
+    .await
+    .expect("the demo finishes")
+    .expect("the demo runs");
     let text = String::from_utf8(out).unwrap();
     let records = text
         .split("What recorded A's refusal:")

@@ -22,7 +22,7 @@ async fn authority(
     endpoints: &[String],
     dir: &std::path::Path,
     lock_delay: &str,
-) -> fencegate::server::Running {
+) -> fencegate::app::Running {
     support::start(authority_config(endpoints, dir, lock_delay)).await
 }
 

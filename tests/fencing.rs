@@ -165,7 +165,7 @@ async fn keep_alive_survives_an_upstream_that_ignores_the_body() {
 
 /// Waits (bounded) until `n` requests wait at gates: the proof that a request is being
 /// held back by the fence rather than merely slow.
-async fn until_waiting(proxy: &fencegate::server::Running, n: usize) {
+async fn until_waiting(proxy: &fencegate::app::Running, n: usize) {
     tokio::time::timeout(BOUND, async {
         while proxy.app.gates.waiting() != n {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -369,19 +369,19 @@ async fn sigterm_finishes_in_flight_requests() {
 async fn start_on_store(
     upstream: std::net::SocketAddr,
     dir: &Path,
-    store: fencegate::fence::MarkStore,
-) -> fencegate::server::Running {
+    store: fencegate::store::MarkStore,
+) -> fencegate::app::Running {
     let text = support::config_text(upstream, "10s", "0s", "10s")
         .replace("shutdown_timeout = \"10s\"", "shutdown_timeout = \"100ms\"");
     let config = fencegate::config::Config::parse(&text, dir).expect("config");
-    fencegate::server::start(config, Some(store))
+    fencegate::app::start(config, Some(store))
         .await
         .expect("start proxy")
 }
 
 /// Runs `proxy.shutdown()` on a thread of its own and waits for it within [`BOUND`], so
 /// that a shutdown blocked in the disk fails the test instead of hanging it.
-async fn shut_down_within_bound(proxy: fencegate::server::Running) {
+async fn shut_down_within_bound(proxy: fencegate::app::Running) {
     let (done, returned) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -415,7 +415,7 @@ async fn shutdown_returns_while_a_commit_hangs() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let disk = support::disk::Disk::new();
-    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
+    let store = fencegate::store::MarkStore::open_with_backend(disk.clone()).expect("store");
     let proxy = start_on_store(double.addr, dir.path(), store).await;
     disk.hold();
     let client = Client::new(proxy.proxy_addr);
@@ -435,7 +435,7 @@ async fn shutdown_returns_while_a_collection_hangs() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let disk = support::disk::Disk::new();
-    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
+    let store = fencegate::store::MarkStore::open_with_backend(disk.clone()).expect("store");
     // An expired record (expiry, an empty JSON record), for the first collection to delete.
     let mut expired = 1u64.to_be_bytes().to_vec();
     expired.extend_from_slice(&[0, 0, 0, 2, b'{', b'}']);
@@ -457,7 +457,7 @@ async fn shutdown_returns_while_the_disk_hangs_with_nothing_to_commit() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let disk = support::disk::Disk::new();
-    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
+    let store = fencegate::store::MarkStore::open_with_backend(disk.clone()).expect("store");
     let proxy = start_on_store(double.addr, dir.path(), store).await;
     let client = Client::new(proxy.proxy_addr);
     assert_eq!(client.put("/reports/july/x", "1", "a").await.status, 200);
@@ -706,7 +706,7 @@ async fn an_online_backup_without_its_end_line_is_refused() {
     let (config, _, admin) = write_config(dir.path(), ([127, 0, 0, 1], 9).into());
     let store_path = dir.path().join("marks.redb");
     // Held here, so the command asks the admin API, which this test answers.
-    let store = fencegate::fence::MarkStore::open(&store_path).expect("store");
+    let store = fencegate::store::MarkStore::open(&store_path).expect("store");
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", admin))
         .await
         .expect("bind the admin port");

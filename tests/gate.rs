@@ -8,8 +8,9 @@ use std::time::Duration;
 mod support;
 
 use fencegate::config::EqualPolicy::{Accept, Reject};
-use fencegate::fence::{Gates, MarkStore, Refusal};
+use fencegate::fence::{Gates, Refusal};
 use fencegate::metrics::Metrics;
+use fencegate::store::MarkStore;
 use fencegate::token::Token;
 use support::disk::Disk;
 use tokio::time::Instant;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use fencegate::fence::MarkStore;
+use fencegate::store::MarkStore;
 use support::disk::Disk;
 use support::{Client, Double, spawn, write_config};
 
@@ -78,7 +78,7 @@ async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
     let dir = tempfile::tempdir().unwrap();
     let disk = Disk::new();
     let store = MarkStore::open_with_backend(disk.clone()).unwrap();
-    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+    let proxy = fencegate::app::start(support::config(double.addr, dir.path()), Some(store))
         .await
         .unwrap();
     let client = Client::new(proxy.proxy_addr);
@@ -255,7 +255,7 @@ async fn a_dead_writer_fails_the_store_closed() {
     let dir = tempfile::tempdir().unwrap();
     let disk = Disk::new();
     let store = MarkStore::open_with_backend(disk.clone()).unwrap();
-    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+    let proxy = fencegate::app::start(support::config(double.addr, dir.path()), Some(store))
         .await
         .unwrap();
     let client = Client::new(proxy.proxy_addr);
@@ -365,7 +365,7 @@ async fn a_hung_idempotency_claim_answers_unavailable_and_is_released() {
     let dir = tempfile::tempdir().unwrap();
     let disk = Disk::new();
     let store = MarkStore::open_with_backend(disk.clone()).unwrap();
-    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+    let proxy = fencegate::app::start(support::config(double.addr, dir.path()), Some(store))
         .await
         .unwrap();
     let client = Client::new(proxy.proxy_addr);
@@ -552,7 +552,7 @@ async fn a_failed_checkpoint_fails_closed_and_loses_nothing() {
     assert!(marks.iter().all(|(_, t)| t.counter == 9), "{marks:?}");
 
     // Past PENDING_SCOPES scopes waiting, a checkpoint follows without being asked.
-    let n = fencegate::fence::journal::PENDING_SCOPES + 100;
+    let n = fencegate::store::journal::PENDING_SCOPES + 100;
     for chunk in 0..n.div_ceil(4096) {
         let ok = advance_all(&store, &format!("p{chunk}-"), 4096, 1).await;
         assert!(ok.iter().all(|ok| *ok));

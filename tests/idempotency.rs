@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use fencegate::fence::MarkStore;
+use fencegate::store::MarkStore;
 use support::{BOUND, Client, Double, spawn, write_config};
 
 const KEY: (&str, &str) = ("idempotency-key", "\"order-1\"");
@@ -225,7 +225,7 @@ async fn shutdown_waits_for_an_exchange_whose_client_has_gone() {
 
     // After a restart on the same store, the retry is answered from the record.
     let store = MarkStore::open_with_backend(disk.clone()).expect("reopen the store");
-    let proxy = fencegate::server::start(support::config(double.addr, dir.path()), Some(store))
+    let proxy = fencegate::app::start(support::config(double.addr, dir.path()), Some(store))
         .await
         .expect("restart");
     let client = Client::new(proxy.proxy_addr);

@@ -14,7 +14,7 @@ async fn proxy_with(
     dir: &std::path::Path,
     server: &str,
     route: &str,
-) -> fencegate::server::Running {
+) -> fencegate::app::Running {
     let text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace("trusted_proxies = [\"127.0.0.1\"]", server)
         .replace(

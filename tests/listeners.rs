@@ -28,7 +28,7 @@ async fn start(
     dir: &std::path::Path,
     server: &str,
     authority: bool,
-) -> fencegate::server::Running {
+) -> fencegate::app::Running {
     let mut text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace("trusted_proxies = [\"127.0.0.1\"]", server);
     if authority {

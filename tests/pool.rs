@@ -298,7 +298,7 @@ upstream = "u"
 
 async fn setup() -> (
     Upstream,
-    fencegate::server::Running,
+    fencegate::app::Running,
     support::Client,
     tempfile::TempDir,
 ) {

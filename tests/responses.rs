@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use fencegate::server::Running;
+use fencegate::app::Running;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HyperClient;

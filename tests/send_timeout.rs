@@ -47,7 +47,7 @@ async fn big_upstream() -> (SocketAddr, oneshot::Receiver<usize>) {
     (addr, rx)
 }
 
-async fn proxy_for(upstream: SocketAddr, dir: &std::path::Path) -> fencegate::server::Running {
+async fn proxy_for(upstream: SocketAddr, dir: &std::path::Path) -> fencegate::app::Running {
     let text = support::config_text(upstream, "10s", "0s", "30s").replace(
         "shutdown_timeout = \"10s\"",
         "shutdown_timeout = \"10s\"\nsend_timeout = \"1s\"",

@@ -8,7 +8,7 @@ mod support;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fencegate::fence::MarkStore;
+use fencegate::store::MarkStore;
 use fencegate::token::Token;
 use support::power::{Power, PowerDisk, SURVIVORS, Survivors};
 
@@ -335,7 +335,7 @@ async fn a_damaged_store_file_refuses_to_start() {
 /// raises the floor above every epoch seen (a copy of both files together opens as it was).
 #[tokio::test]
 async fn a_store_file_older_than_its_journal_is_refused() {
-    use fencegate::fence::marks::{journal_path, recover_store};
+    use fencegate::store::marks::{journal_path, recover_store};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("marks.redb");
     let old = dir.path().join("old.redb");
@@ -387,7 +387,7 @@ async fn a_crash_before_the_first_journal_header_is_not_damage() {
     let path = dir.path().join("marks.redb");
     // Dropped without a clean close: the store file says "not closed cleanly".
     drop(MarkStore::open(&path).unwrap());
-    let journal = fencegate::fence::marks::journal_path(&path);
+    let journal = fencegate::store::marks::journal_path(&path);
     std::fs::File::create(&journal).unwrap();
     // The dropped store's writer thread lets go of the file as it ends (bounded wait).
     let mut opened = MarkStore::open(&path);

@@ -420,7 +420,7 @@ impl http_body::Body for Stalled {
 }
 
 /// A proxy (plain HTTP in front) whose one upstream is `https://{addr}` with `tls`.
-async fn proxy_to_https(dir: &Path, addr: SocketAddr, tls: &str) -> fencegate::server::Running {
+async fn proxy_to_https(dir: &Path, addr: SocketAddr, tls: &str) -> fencegate::app::Running {
     proxy_to_https_within(dir, addr, tls, "10s").await
 }
 
@@ -430,7 +430,7 @@ async fn proxy_to_https_within(
     addr: SocketAddr,
     tls: &str,
     timeout: &str,
-) -> fencegate::server::Running {
+) -> fencegate::app::Running {
     let text = config_text(addr, "10s", "0s", timeout).replace(
         &format!("url = \"http://{addr}\"\n"),
         &format!("url = \"https://{addr}\"\n{tls}\n"),
@@ -720,7 +720,7 @@ async fn reload_swaps_the_certificate_for_new_connections_only() {
     assert_eq!(old.send(put("/reports/r/x", "1")).await.unwrap().0, 200);
 
     b.write(dir.path(), "server");
-    fencegate::server::reload(&running, &path);
+    fencegate::app::reload(&running, &path);
     let metrics = &running.app.metrics;
     assert_eq!(metrics.reload_failures.load(Ordering::Relaxed), 0);
 
@@ -737,7 +737,7 @@ async fn reload_swaps_the_certificate_for_new_connections_only() {
 
     // A broken certificate file is refused; the running certificate stays.
     std::fs::write(dir.path().join("server.pem"), "not a certificate").unwrap();
-    fencegate::server::reload(&running, &path);
+    fencegate::app::reload(&running, &path);
     assert_eq!(metrics.reload_failures.load(Ordering::Relaxed), 1);
     let stream = connect(addr, tls).await.unwrap();
     assert_eq!(presented(&stream), b.der);
@@ -882,7 +882,7 @@ async fn the_admin_and_authority_ports_take_a_tls_table_too() {
     }
     // Reload: both ports present the new certificate to new connections.
     b.write(dir.path(), "server");
-    fencegate::server::reload(&running, &path);
+    fencegate::app::reload(&running, &path);
     assert_eq!(
         running.app.metrics.reload_failures.load(Ordering::Relaxed),
         0

@@ -6,7 +6,7 @@ mod support;
 
 use std::path::Path;
 
-use fencegate::server::Running;
+use fencegate::app::Running;
 use support::{Client, Double};
 
 const MAX: &str = "18446744073709551615:18446744073709551615";

@@ -116,7 +116,7 @@ pub fn start(upstream: Option<SocketAddr>, workers: usize) -> io::Result<Bare> {
             .spawn(move || {
                 runtime.block_on(async move {
                     // The pools' body read deadlines, as on a fencegate worker.
-                    tokio::spawn(fencegate::timer::drive());
+                    tokio::spawn(fencegate::rt::timer::drive());
                     let pool = (
                         Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5)),
                         H1Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5)),

@@ -135,10 +135,10 @@ upstream = "dav"
 pub async fn start_fencegate(
     backend: SocketAddr,
     dir: &Path,
-) -> Result<fencegate::server::Running, String> {
+) -> Result<fencegate::app::Running, String> {
     let config = fencegate::config::Config::parse(&fencegate_config(backend), dir)
         .map_err(|e| e.to_string())?;
-    fencegate::server::start(config, None)
+    fencegate::app::start(config, None)
         .await
         .map_err(|e| e.to_string())
 }

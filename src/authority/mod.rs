@@ -15,9 +15,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, ConfigError};
-use crate::fence::MarkStore;
 use crate::metrics::AuthorityMetrics;
-use crate::server::StartError;
+use crate::store::MarkStore;
 use crate::token::Token;
 
 #[derive(Debug, Clone)]
@@ -401,24 +400,37 @@ impl Engine {
     }
 }
 
+/// Why the authority could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Its backend could not be opened or reached.
+    #[error("{0}")]
+    Engine(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
 /// Opens the configured backend, counting into `metrics`.
 pub async fn engine(
     config: &AuthorityConfig,
     store: &MarkStore,
     metrics: Arc<AuthorityMetrics>,
-) -> Result<Engine, StartError> {
+) -> Result<Engine, ServeError> {
     match &config.backend {
         Backend::Local => local::Local::open(store.database(), config)
             .await
             .map(|l| Engine::Local(l.with_metrics(metrics)))
-            .map_err(|e| StartError::Authority(e.to_string())),
+            .map_err(|e| ServeError::Engine(e.to_string())),
         #[cfg(feature = "etcd")]
         Backend::Etcd { endpoints } => etcd::Etcd::connect(endpoints, config)
             .await
             .map(|e| Engine::Etcd(Box::new(e.with_metrics(metrics))))
-            .map_err(|e| StartError::Authority(e.to_string())),
+            .map_err(|e| ServeError::Engine(e.to_string())),
         #[cfg(not(feature = "etcd"))]
-        Backend::Etcd { .. } => Err(StartError::Authority(
+        Backend::Etcd { .. } => Err(ServeError::Engine(
             "backend = \"etcd\" needs a build with `--features etcd`".into(),
         )),
     }
@@ -426,22 +438,23 @@ pub async fn engine(
 
 /// Binds the authority listener and serves it until `stop` turns true; counts into
 /// `metrics` (rendered on the admin listener's `/metrics` from then on).
-pub async fn serve(
+pub(crate) async fn serve(
     config: &AuthorityConfig,
     server: &crate::config::ServerConfig,
     store: &MarkStore,
     tls: Option<std::sync::Arc<crate::tls::Listener>>,
     stop: watch::Receiver<bool>,
     metrics: Arc<AuthorityMetrics>,
-) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+    hooks: crate::listen::Hooks,
+) -> Result<(SocketAddr, JoinHandle<()>), ServeError> {
     let engine = std::sync::Arc::new(engine(config, store, metrics.clone()).await?);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| StartError::Bind {
+        .map_err(|source| ServeError::Bind {
             addr: config.listen,
             source,
         })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
         addr: config.listen,
         source,
     })?;
@@ -470,11 +483,11 @@ pub async fn serve(
     // of its own). A waiting acquire watches `stop` and answers at once on it.
     let handler_stop = stop.clone();
     let listening =
-        crate::server::spawn_listener(listener, server, tls, stop, move |req, _peer| {
+        crate::listen::spawn_listener(listener, server, tls, stop, hooks, move |req, _peer| {
             let engine = engine.clone();
             let policy = policy.clone();
             let stop = handler_stop.clone();
-            crate::server::closing_if_unread(req, move |req| async move {
+            crate::listen::closing_if_unread(req, move |req| async move {
                 api::handle(&engine, &policy, body_timeout, req, stop).await
             })
         });

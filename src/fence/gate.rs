@@ -16,9 +16,9 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::config::EqualPolicy;
-use crate::fence::marks::{MarkStore, StoreError, writer_stopped};
 use crate::fence::policy::{Decision, decide};
 use crate::metrics::Metrics;
+use crate::store::marks::{MarkStore, StoreError, writer_stopped};
 use crate::token::Token;
 
 const SHARDS: usize = 64;
@@ -833,7 +833,7 @@ impl Gates {
         };
         // On a worker, a slot in its deadline wheel rather than a tokio timer entry: the
         // deadline is seconds away and almost never reached.
-        match crate::timer::timeout_at(deadline.into_std(), pending.wait()).await {
+        match crate::rt::timer::timeout_at(deadline.into_std(), pending.wait()).await {
             Ok(result) => result.map_err(|_| Refusal::Unavailable),
             Err(_) => Err(Refusal::Unavailable),
         }

@@ -1,11 +1,9 @@
-//! The fence: the decision table (policy), the durable marks (marks) and the per-scope
-//! generation gate (gate) that orders generations at the backend.
+//! The fence: the decision table ([`policy`]) and the per-scope generation gate ([`gate`])
+//! that orders generations at the backend. The durable marks it decides against are the
+//! [`crate::store`]'s.
 
 pub mod gate;
-pub mod journal;
-pub mod marks;
 pub mod policy;
 
 pub use gate::{Admission, Gates, InflightGuard, Proof, Refusal};
-pub use marks::{MarkStore, Snapshot, StoreError};
 pub use policy::{Decision, decide};

@@ -26,7 +26,7 @@ use crate::fence::InflightGuard;
 use crate::proxy::h1::{self, H1Body, H1Pool};
 use crate::proxy::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
-use crate::timer::{Deadline, ReadTimeout};
+use crate::rt::timer::{Deadline, ReadTimeout};
 use crate::tls::UpstreamTls;
 
 pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;

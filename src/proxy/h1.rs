@@ -41,7 +41,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::proxy::BoxError;
-use crate::timer::ReadTimeout;
+use crate::rt::timer::ReadTimeout;
 
 /// Largest response head read.
 const MAX_HEAD: usize = 64 * 1024;

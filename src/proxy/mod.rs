@@ -19,7 +19,6 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::BodyExt;
-use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
 use crate::config::{Config, ProofMode};
@@ -30,8 +29,7 @@ use crate::route;
 use crate::token::Token;
 pub use problem::{FENCING_RESULT, Outcome};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type Body = BoxBody<Bytes, BoxError>;
+pub use crate::body::{Body, BoxError};
 
 /// Request bodies of known length up to this size are read whole before forwarding.
 const WHOLE_BODY: u64 = 64 * 1024;
@@ -784,9 +782,12 @@ impl Forwarder {
                     Some(len)
                         if whole && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) =>
                     {
-                        let read =
-                            crate::timer::timeout_from(started, upstream.timeout, read_whole(body))
-                                .await;
+                        let read = crate::rt::timer::timeout_from(
+                            started,
+                            upstream.timeout,
+                            read_whole(body),
+                        )
+                        .await;
                         match read {
                             Ok(Ok(bytes)) => Ok(bytes),
                             Ok(Err(_)) | Err(_) => {
@@ -824,7 +825,7 @@ impl Forwarder {
             let result = match (body, tls_client) {
                 // A plain-HTTP upstream and a body in hand: the lean exchange.
                 (Ok(bytes), None) => {
-                    crate::timer::timeout_from(
+                    crate::rt::timer::timeout_from(
                         started,
                         upstream.timeout,
                         forward::send_whole(upstream, &parts, &added, &bytes, connect_by),
@@ -843,7 +844,7 @@ impl Forwarder {
                     too_large = Some(tripped);
                     // Boxed: hyper's client exchange makes a large future, which would make
                     // every request's future (moved whole on its way to hyper) that large.
-                    crate::timer::timeout_from(
+                    crate::rt::timer::timeout_from(
                         started,
                         upstream.timeout,
                         Box::pin(forward::send(upstream, tls_client, out, connect_by)),

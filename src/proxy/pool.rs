@@ -28,7 +28,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::proxy::{Body, BoxError};
-use crate::timer::ReadTimeout;
+use crate::rt::timer::ReadTimeout;
 
 type Conn = http1::Connection<TokioIo<TcpStream>, Body>;
 
@@ -280,7 +280,7 @@ pub(crate) async fn connect_tcp(
         .map_or(until, |t| t.min(until));
     // On the worker's deadline wheel, as the exchange's own deadline is: at `until` both
     // expire in one pass, and this one, polled first, says the request was never sent.
-    let stream = crate::timer::timeout_at(until, TcpStream::connect((host, port)))
+    let stream = crate::rt::timer::timeout_at(until, TcpStream::connect((host, port)))
         .await
         .map_err(|_| format!("connect to {authority} timed out"))?
         .map_err(|e| format!("connect to {authority}: {e}"))?;

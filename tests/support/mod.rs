@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use fencegate::app::Running;
 use fencegate::config::Config;
-use fencegate::server::Running;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -273,15 +273,15 @@ pub fn config(upstream: SocketAddr, dir: &Path) -> Config {
 /// [`disk::Disk`] the test controls (it can fail or hold the store's writes).
 pub async fn start_on_disk(upstream: SocketAddr, dir: &Path) -> (Running, disk::Disk) {
     let disk = disk::Disk::new();
-    let store = fencegate::fence::MarkStore::open_with_backend(disk.clone()).expect("store");
-    let proxy = fencegate::server::start(config(upstream, dir), Some(store))
+    let store = fencegate::store::MarkStore::open_with_backend(disk.clone()).expect("store");
+    let proxy = fencegate::app::start(config(upstream, dir), Some(store))
         .await
         .expect("start proxy");
     (proxy, disk)
 }
 
 pub async fn start(config: Config) -> Running {
-    fencegate::server::start(config, None)
+    fencegate::app::start(config, None)
         .await
         .expect("start proxy")
 }

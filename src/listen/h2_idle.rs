@@ -4,7 +4,7 @@
 //! (`header_read_timeout`). hyper's HTTP/2 server has no such bound: a client that opens
 //! a connection and no stream, answering keep-alive pings, holds its connection slot for
 //! good. Here the connection's first bytes tell whether it speaks HTTP/2 ([`Streams`] is
-//! told by [`crate::first_bytes::FirstBytes`]), the service counts its open requests (a
+//! told by [`crate::listen::first_bytes::FirstBytes`]), the service counts its open requests (a
 //! request is open until its response body is done), and [`IdleConn`] starts a graceful
 //! shutdown (GOAWAY, then close) once an HTTP/2 connection has had no open request for
 //! the idle limit.
@@ -31,7 +31,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -39,165 +39,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 
-use crate::drain::Drainable;
-use crate::timer::Deadline;
+use super::conn::{StreamOpen, Streams};
+use crate::rt::drain::Drainable;
+use crate::rt::timer::Deadline;
 
 /// How long a closing HTTP/2 connection with no open stream may wait for its client
 /// (the answer to the GOAWAY's PING) before it is dropped.
 pub const CLOSE_WITHIN: Duration = Duration::from_secs(2);
-
-/// One connection's open requests, and whether it speaks HTTP/2.
-#[derive(Default)]
-pub struct Streams {
-    open: AtomicUsize,
-    h2: AtomicBool,
-    /// The connection's task, woken when the last open request ends.
-    waker: Mutex<Option<Waker>>,
-    /// How long a response body may wait for hyper to take more (`None`: no limit).
-    send_timeout: Option<Duration>,
-    /// Response bodies waiting for hyper to ask for more (a frame handed over, or none asked
-    /// for yet): body id, and since when. At most one entry per open stream.
-    waiting: Mutex<Vec<(u64, Instant)>>,
-    next_id: AtomicU64,
-    /// Asked to close to make room (see [`Streams::evict`]).
-    evict: AtomicBool,
-    /// HTTP/1 request heads with a flaw hyper hides (see [`crate::h1_scan`]), by number,
-    /// and whether there are any; the number of the next HTTP/1 request served.
-    flaws: Mutex<Vec<(u64, crate::h1_scan::Flaw)>>,
-    flawed: AtomicBool,
-    served: AtomicU64,
-    /// An HTTP/1 request head has begun to arrive and is not whole yet (its connection is
-    /// not idle).
-    head: AtomicBool,
-}
-
-impl Streams {
-    pub fn new(send_timeout: Option<Duration>) -> Arc<Streams> {
-        Arc::new(Streams {
-            send_timeout,
-            ..Streams::default()
-        })
-    }
-
-    fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Instant)>> {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Body `id` waits for hyper from now, if it did not already. Answers whether it is the
-    /// only waiter: then the caller wakes the connection's task, which arms the deadline
-    /// for it (bodies are polled in their streams' tasks, not the connection's).
-    fn note(waiting: &mut Vec<(u64, Instant)>, id: u64) -> bool {
-        if waiting.iter().any(|&(i, _)| i == id) {
-            return false;
-        }
-        waiting.push((id, Instant::now()));
-        waiting.len() == 1
-    }
-
-    /// Wakes the connection's task.
-    fn wake_connection(&self) {
-        let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-
-    /// Since when the longest-waiting response body has waited for hyper to take more.
-    fn oldest_waiting(&self) -> Option<Instant> {
-        self.waiting().iter().map(|&(_, since)| since).min()
-    }
-
-    /// The connection began with the HTTP/2 preface.
-    pub fn set_h2(&self) {
-        self.h2.store(true, Ordering::Release);
-    }
-
-    /// Counts a request open until the answer is dropped.
-    pub fn open(self: &Arc<Self>) -> StreamOpen {
-        self.open.fetch_add(1, Ordering::AcqRel);
-        StreamOpen(self.clone())
-    }
-
-    /// Counts an HTTP/1 request while its handler runs (its answer's body is not followed:
-    /// a connection asked to close after that finishes sending it, then closes). Ending,
-    /// it wakes nobody: only an eviction looks at the count.
-    pub fn in_handler(self: &Arc<Self>) -> InHandler {
-        self.open.fetch_add(1, Ordering::AcqRel);
-        InHandler(self.clone())
-    }
-
-    /// Whether the connection has nothing in hand (no open stream or request, no request
-    /// head begun) and is not already asked to close;
-    /// `h2` whether it must speak HTTP/2 (an idle HTTP/2 connection closes at once, an
-    /// HTTP/1 one may still be sending an answer's body).
-    pub(crate) fn evictable(&self, h2: bool) -> bool {
-        self.h2.load(Ordering::Acquire) == h2
-            && self.open.load(Ordering::Acquire) == 0
-            && !self.head.load(Ordering::Acquire)
-            && !self.evict.load(Ordering::Acquire)
-    }
-
-    /// An HTTP/1 request head has begun to arrive (`true`), or is whole or given up.
-    pub(crate) fn head_begun(&self, begun: bool) {
-        self.head.store(begun, Ordering::Release);
-    }
-
-    /// Asks the connection to close now, to make room for another: an HTTP/2 one with no
-    /// open stream sends GOAWAY and is dropped; an HTTP/1 one closes once the answer it
-    /// may be sending is done (at once, waiting for its next request).
-    pub(crate) fn evict(&self) {
-        self.evict.store(true, Ordering::Release);
-        self.wake_connection();
-    }
-}
-
-impl Streams {
-    /// Notes that HTTP/1 request head number `n` has `flaw`.
-    pub(crate) fn flaw(&self, n: u64, flaw: crate::h1_scan::Flaw) {
-        self.flaws
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((n, flaw));
-        self.flawed.store(true, Ordering::Release);
-    }
-
-    /// The flaw of HTTP/1 request head number `n`, if it has one (taken).
-    pub(crate) fn take_flaw(&self, n: u64) -> Option<crate::h1_scan::Flaw> {
-        if !self.flawed.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut flaws = self.flaws.lock().unwrap_or_else(|p| p.into_inner());
-        let at = flaws.iter().position(|&(i, _)| i == n)?;
-        Some(flaws.swap_remove(at).1)
-    }
-
-    /// The flaw of the next HTTP/1 request to be served, if its head has one. Called once
-    /// per request, in order (HTTP/1 requests are served one at a time).
-    pub(crate) fn next_request_flaw(&self) -> Option<crate::h1_scan::Flaw> {
-        let n = self.served.fetch_add(1, Ordering::Relaxed);
-        self.take_flaw(n)
-    }
-}
-
-/// An HTTP/1 request in its handler (see [`Streams::in_handler`]).
-pub struct InHandler(Arc<Streams>);
-
-impl Drop for InHandler {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// An open request of an HTTP/2 connection (see [`Streams::open`]).
-pub struct StreamOpen(Arc<Streams>);
-
-impl Drop for StreamOpen {
-    fn drop(&mut self) {
-        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.wake_connection();
-        }
-    }
-}
 
 /// The waker a response body's source is polled with: when the source has more after a
 /// wait, the body waits for hyper from then on, and hyper is woken.

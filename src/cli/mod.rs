@@ -1,5 +1,7 @@
 //! Commands (SPEC §6). Config is parsed and validated before any runtime starts.
 
+pub mod demo;
+
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,8 +10,8 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
-use crate::fence::MarkStore;
-use crate::fence::marks::MarkReader;
+use crate::store::MarkStore;
+use crate::store::marks::MarkReader;
 use crate::token::Token;
 
 #[derive(Parser, Debug)]
@@ -163,7 +165,7 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
             runtime.shutdown_background();
             code
         }
-        Command::Demo => runtime()?.block_on(crate::demo::run()).map_err(|e| {
+        Command::Demo => runtime()?.block_on(crate::cli::demo::run()).map_err(|e| {
             eprintln!("demo failed: {e}");
             ExitCode::from(1)
         }),
@@ -193,7 +195,7 @@ async fn serve(path: PathBuf, config: Config) -> Result<ExitCode, ExitCode> {
     for w in config.warnings() {
         tracing::warn!("{w}");
     }
-    let running = crate::server::start(config, None).await.map_err(|e| {
+    let running = crate::app::start(config, None).await.map_err(|e| {
         eprintln!("fencegate: {e}");
         ExitCode::from(1)
     })?;
@@ -213,7 +215,7 @@ async fn serve(path: PathBuf, config: Config) -> Result<ExitCode, ExitCode> {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = hup.recv() => crate::server::reload(&running, &path),
+            _ = hup.recv() => crate::app::reload(&running, &path),
         }
     }
     tracing::info!("shutting down: no new connections; finishing in-flight requests");
@@ -237,7 +239,7 @@ enum Source {
 fn source(c: Config) -> Result<Source, ExitCode> {
     match MarkReader::open(&c.store.path) {
         Ok(r) => Ok(Source::File(r)),
-        Err(crate::fence::StoreError::InUse(_)) => Ok(Source::Server(Box::new(c))),
+        Err(crate::store::StoreError::InUse(_)) => Ok(Source::Server(Box::new(c))),
         Err(e) => Err(fail(e)),
     }
 }
@@ -315,7 +317,7 @@ fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
                 // In pages too: a listing stops short at `LIST_BYTES` of scope names.
                 Source::File(reader) => paged(limit, |after, page| {
                     let marks = reader.list(&prefix, after, page).map_err(fail)?;
-                    let next = (!crate::fence::marks::listed_all(&marks, page))
+                    let next = (!crate::store::marks::listed_all(&marks, page))
                         .then(|| marks.last().map(|m| m.0.clone()))
                         .flatten();
                     Ok((marks, next))
@@ -403,7 +405,7 @@ fn backup(config: &Config, out: &Path) -> Result<ExitCode, ExitCode> {
         Ok(r) => r,
         // A running server holds the file: its /v1/backup is one read transaction, a
         // consistent snapshot too.
-        Err(crate::fence::StoreError::InUse(_)) => {
+        Err(crate::store::StoreError::InUse(_)) => {
             let tmp = out.with_extension("partial");
             let file =
                 std::fs::File::create(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
@@ -651,7 +653,7 @@ fn read_backup(mut input: impl BufRead, name: &str) -> Result<(u64, Vec<(String,
     Ok((floor, entries))
 }
 
-/// `fencegate store recover`: see [`crate::fence::marks::recover_store`]. With the local
+/// `fencegate store recover`: see [`crate::store::marks::recover_store`]. With the local
 /// lease authority (whose counters live in the same file), its epoch is bumped first, so
 /// that its new tokens are above every token it issued before and pass the new floor.
 fn recover(config: &Config, at_least: u64) -> Result<ExitCode, ExitCode> {
@@ -667,7 +669,7 @@ fn recover(config: &Config, at_least: u64) -> Result<ExitCode, ExitCode> {
             .max(crate::authority::local::bump_epoch(path).map_err(|e| stopped(e.to_string()))?);
     }
     let done =
-        crate::fence::marks::recover_store(path, floor).map_err(|e| stopped(e.to_string()))?;
+        crate::store::marks::recover_store(path, floor).map_err(|e| stopped(e.to_string()))?;
     if local && done.floor > floor {
         // Marks of a higher epoch than the authority ever issued (tokens from elsewhere):
         // its new tokens must still pass the floor.

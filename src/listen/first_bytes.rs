@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::h1_scan::Scan;
-use crate::h2_idle::Streams;
-use crate::timer::Deadline;
+use super::conn::Streams;
+use super::h1_scan::Scan;
+use crate::rt::timer::Deadline;
 
 /// What a client sends first on an HTTP/2 connection with prior knowledge.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

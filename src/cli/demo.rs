@@ -269,7 +269,7 @@ pub async fn play(out: &mut dyn Write) -> Result<Outcome, Error> {
     let dir = TempDir::new()?;
     let key_id = crate::proof::keygen(&dir.path().join("fence"))?;
     let config = Config::parse(&config_text(store_addr), dir.path()).map_err(|e| e.to_string())?;
-    let running = crate::server::start(config, None).await?;
+    let running = crate::app::start(config, None).await?;
     let played = async {
         let authority_addr = running
             .authority_addr

@@ -4,7 +4,7 @@
 //! (hyper drops the length and reads the body as chunked; nginx refuses such a request, a
 //! smuggling attempt or a broken client).
 //!
-//! [`Scan`] follows the bytes a connection reads, as [`crate::first_bytes::FirstBytes`]
+//! [`Scan`] follows the bytes a connection reads, as [`crate::listen::first_bytes::FirstBytes`]
 //! hands them to hyper: each request head (read in place when it came in one read, the
 //! common case; hyper validates it), then its body by its framing (a length, or chunks),
 //! to the next head. A head with a flaw is noted in the connection's [`Streams`] by its
@@ -17,20 +17,7 @@
 
 use std::sync::Arc;
 
-use crate::h2_idle::Streams;
-
-/// A flaw of a request head that hyper hides from the service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Flaw {
-    /// The target has a `#fragment`, which a client must not send.
-    Fragment,
-    /// Both `Content-Length` and `Transfer-Encoding`.
-    LengthAndEncoding,
-    /// The scan lost track of the connection's framing before this head (a length or a
-    /// chunk it does not read as hyper does): what the head holds is unchecked, so the
-    /// request is refused and the connection closed rather than trusted.
-    Unfollowed,
-}
+use super::conn::{Flaw, Streams};
 
 /// Longest chunk-size line followed (hyper's bound on chunk extensions, 16 KiB).
 const MAX_CHUNK_LINE: usize = 16 << 10;

@@ -19,7 +19,7 @@ use redb::{
 use tokio::sync::oneshot;
 
 use super::journal::{self, Journal, OpenError, Pending};
-use crate::metrics::Histogram;
+use crate::metrics::histogram::Histogram;
 use crate::token::Token;
 
 /// scope → (epoch, counter). Tokens as two integers, never as text.
@@ -161,8 +161,8 @@ impl StoreStats {
 impl Default for StoreStats {
     fn default() -> StoreStats {
         StoreStats {
-            commit_seconds: Histogram::new(crate::metrics::SECONDS),
-            commit_batch_size: Histogram::new(crate::metrics::BATCH),
+            commit_seconds: Histogram::new(crate::metrics::histogram::SECONDS),
+            commit_batch_size: Histogram::new(crate::metrics::histogram::BATCH),
             commit_failures: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
         }

@@ -1,0 +1,536 @@
+//! The wiring: `start` opens the store, builds the fence and the proxy over it, binds the
+//! proxy, admin and authority listeners and starts serving; `reload` is SIGHUP's; `Running`
+//! shuts it all down in order. Only `main` and `cli` import this module. `start` binds
+//! port 0 in tests and hands back the addresses, so tests talk to a real socket.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::admin::State;
+use crate::config::Config;
+use crate::fence::Gates;
+use crate::listen::{ConnLimits, Flaw, Hooks, closing_if_unread, spawn_listener, spawn_workers};
+use crate::metrics::Metrics;
+use crate::proxy::{Body, Proxy};
+use crate::store::MarkStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("lease authority: {0}")]
+    Authority(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("log.access: cannot open {path}: {source}")]
+    AccessLog {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// A started server. Dropping it does not stop it; call [`Running::shutdown`].
+pub struct Running {
+    pub proxy_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    /// Where the lease authority listens, when `[authority]` is configured.
+    pub authority_addr: Option<SocketAddr>,
+    pub app: Arc<State>,
+    /// The listeners' TLS (`server.tls`, `admin.tls`, `authority.tls`, those set); their
+    /// files are re-read on reload.
+    tls: Vec<Arc<crate::tls::Listener>>,
+    stop: watch::Sender<bool>,
+    /// What shutdown waits for, each with what it is, for the log if it is left behind.
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+}
+
+/// How long shutdown goes on after `server.shutdown_timeout`, for the listeners to let go
+/// of what they ended and for the store to commit what is queued and close. A healthy store
+/// closes in milliseconds; one whose disk hangs (an fsync that never returns) never does,
+/// and waiting for it would keep the process from exiting.
+pub const CLOSE_AFTER_GRACE: Duration = Duration::from_secs(2);
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish (bounded by
+    /// `server.shutdown_timeout`), then closes the store. Returns within
+    /// `shutdown_timeout` plus [`CLOSE_AFTER_GRACE`] whatever the disk does: what is
+    /// still running by then is left behind, with a warning.
+    pub async fn shutdown(self) {
+        let Running {
+            app, stop, tasks, ..
+        } = self;
+        let deadline =
+            tokio::time::Instant::now() + app.config.server.shutdown_timeout + CLOSE_AFTER_GRACE;
+        let _ = stop.send(true);
+        // The listeners end what is left of their requests once the grace is over, and
+        // housekeeping stops at once; the deadline is for what does not.
+        let mut left = Vec::new();
+        for (what, task) in tasks {
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                left.push(what);
+            }
+        }
+        if !left.is_empty() {
+            tracing::warn!(tasks = ?left, "shutdown: still running at the time limit; left behind");
+        }
+        // The requests have ended: their access-log lines are written before the process is.
+        app.proxy.access_log().flush(Duration::from_secs(5)).await;
+        // A close waits for every commit queued before it, and so for the disk. Left
+        // behind, the commit under way may or may not land; each one committed before is
+        // on disk, and the next start opens the file as after a crash.
+        if tokio::time::timeout_at(deadline, app.store.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "shutdown: the mark store did not close in time (a commit is waiting for the disk); left behind"
+            );
+            return;
+        }
+        // The store's last handle writes the file's clean-shutdown header, and syncs, as it
+        // drops: on a thread of its own, so that a hung disk cannot hold shutdown there.
+        let (dropped, done) = tokio::sync::oneshot::channel();
+        let closing = std::thread::Builder::new()
+            .name("fencegate-close".into())
+            .spawn(move || {
+                drop(app);
+                let _ = dropped.send(());
+            });
+        match closing {
+            Ok(_) => {
+                if tokio::time::timeout_at(deadline, done).await.is_err() {
+                    tracing::warn!(
+                        "shutdown: the store file's last sync did not finish in time (the disk is not answering); left behind"
+                    );
+                }
+            }
+            // The closure, and the handles in it, were dropped here.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a thread to close the store; closed it here")
+            }
+        }
+    }
+}
+
+/// Opens the store (unless one is given), binds both listeners and starts serving.
+pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, StartError> {
+    // Read before anything is opened or bound, so bad files fail the start cleanly.
+    let load = |files: Option<&crate::tls::ListenerFiles>| -> Result<_, StartError> {
+        Ok(match files {
+            Some(files) => Some(Arc::new(crate::tls::Listener::load(
+                files.clone(),
+                // A handshake is part of getting a request in: the same slowloris bound.
+                config.server.header_read_timeout,
+            )?)),
+            None => None,
+        })
+    };
+    let tls = load(config.server.tls.as_ref())?;
+    let admin_tls = load(config.admin.tls.as_ref())?;
+    let authority_tls = load(config.authority.as_ref().and_then(|a| a.tls.as_ref()))?;
+    let all_tls: Vec<_> = [&tls, &admin_tls, &authority_tls]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    let metrics = Arc::new(Metrics::new(config.routes.iter().map(|r| r.name.clone())));
+    let store = match store {
+        Some(s) => s,
+        None => MarkStore::open(&config.store.path)?,
+    };
+    let config = Arc::new(config);
+    let gates = Arc::new(
+        Gates::new(
+            store.clone(),
+            metrics.clone(),
+            config.fencing.drain_timeout,
+            config.fencing.settle,
+        )
+        .with_limits(
+            config.fencing.max_inflight_per_scope,
+            config.fencing.max_waiters_per_scope,
+        ),
+    );
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })
+    };
+    let proxy_listener = bind(config.server.listen).await?;
+    let admin_listener = bind(config.admin.listen).await?;
+    let proxy_addr = proxy_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            addr: config.server.listen,
+            source,
+        })?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            addr: config.admin.listen,
+            source,
+        })?;
+    let access_log = crate::access_log::AccessLog::open(&config.log.access).map_err(|source| {
+        StartError::AccessLog {
+            path: match &config.log.access {
+                crate::access_log::Sink::File(p) => p.display().to_string(),
+                _ => "stdout".into(),
+            },
+            source,
+        }
+    })?;
+    let app = Arc::new(State {
+        proxy: Proxy::new(config.clone(), gates.clone(), metrics.clone())
+            .with_access_log(access_log),
+        config: config.clone(),
+        store,
+        gates: gates.clone(),
+        metrics,
+        backups: Arc::new(tokio::sync::Semaphore::new(crate::admin::MAX_BACKUPS)),
+    });
+    let (stop, stop_rx) = watch::channel(false);
+    let grace = config.server.shutdown_timeout;
+    // Each second, the count of refusal warnings the last second left out (if any).
+    let warnings = Arc::downgrade(&app);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match warnings.upgrade() {
+                Some(app) => app.proxy.refusal_warnings().flush(),
+                None => return,
+            }
+        }
+    });
+
+    let https = tls.is_some();
+    let proxy_app = app.clone();
+    let limits = ConnLimits::new(
+        config.server.max_connections,
+        config.server.max_connections_per_ip,
+        Some(config.server.send_timeout),
+    );
+    let proxy_tasks = spawn_workers(
+        proxy_listener,
+        config.server.workers,
+        &stop_rx,
+        grace,
+        &config.server,
+        limits,
+        tls.clone(),
+        proxy_hooks(app.metrics.clone()),
+        move |req, peer| {
+            let app = proxy_app.clone();
+            async move { app.proxy.handle(req, peer, https).await }
+        },
+    )
+    .map_err(|source| StartError::Bind {
+        addr: proxy_addr,
+        source,
+    })?;
+    let admin_app = app.clone();
+    let admin_task = spawn_listener(
+        admin_listener,
+        &config.server,
+        admin_tls,
+        stop_rx.clone(),
+        service_hooks(),
+        move |req, _peer| {
+            let app = admin_app.clone();
+            closing_if_unread(req, move |req| async move {
+                crate::admin::handle(&app, req).await
+            })
+        },
+    );
+    let mut tasks: Vec<_> = proxy_tasks
+        .into_iter()
+        .map(|t| ("proxy listener", t))
+        .collect();
+    let mut authority_addr = None;
+    if let Some(auth) = &config.authority {
+        let (addr, task) = crate::authority::serve(
+            auth,
+            &config.server,
+            &app.store,
+            authority_tls,
+            stop_rx.clone(),
+            app.metrics.authority.clone(),
+            service_hooks(),
+        )
+        .await
+        .map_err(|e| match e {
+            crate::authority::ServeError::Engine(e) => StartError::Authority(e),
+            crate::authority::ServeError::Bind { addr, source } => {
+                StartError::Bind { addr, source }
+            }
+        })?;
+        authority_addr = Some(addr);
+        tasks.push(("lease authority", task));
+    }
+    let mut sweep_stop = stop_rx;
+    let housekeeping = app.clone();
+    let sweeper = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        let mut collect = tokio::time::interval(crate::idempotency::COLLECT_EVERY);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => gates.sweep(),
+                _ = collect.tick() => {
+                    // A collection waits for its commits: one stuck at a hung disk must
+                    // not hold shutdown up. (A batch already queued commits, or not, by
+                    // itself; the next start collects what is left.)
+                    let n = tokio::select! {
+                        n = housekeeping.proxy.idempotency().collect() => n,
+                        _ = sweep_stop.changed() => return,
+                    };
+                    if n > 0 {
+                        tracing::debug!(records = n, "expired idempotency records collected");
+                    }
+                }
+                _ = sweep_stop.changed() => return,
+            }
+        }
+    });
+    tracing::info!(%proxy_addr, %admin_addr, "fencegate listening");
+    tasks.extend([("admin listener", admin_task), ("housekeeping", sweeper)]);
+    Ok(Running {
+        proxy_addr,
+        admin_addr,
+        authority_addr,
+        app,
+        tls: all_tls,
+        stop,
+        tasks,
+    })
+}
+
+/// What the proxy's workers ask of it beyond the handler: its own answer to a head with a
+/// flaw hyper hides (counted as unrouted), and per-thread sweeps of idle upstream
+/// connections (they close on time even when no request comes).
+fn proxy_hooks(metrics: Arc<Metrics>) -> Hooks {
+    Hooks {
+        refuse: Arc::new(move |flaw, method| refuse_flaw(flaw, method, Some(&metrics))),
+        per_worker: Some(|| {
+            Box::pin(async {
+                let mut tick = tokio::time::interval(crate::proxy::pool::SWEEP_EVERY);
+                loop {
+                    tick.tick().await;
+                    crate::proxy::forward::sweep_idle();
+                }
+            })
+        }),
+    }
+}
+
+/// The admin and authority listeners': the same answer to a flawed head, counted nowhere.
+pub(crate) fn service_hooks() -> Hooks {
+    Hooks {
+        refuse: Arc::new(|flaw, method| refuse_flaw(flaw, method, None)),
+        per_worker: None,
+    }
+}
+
+/// The answer to an HTTP/1 request whose head has a flaw hyper hides (see
+/// [`crate::listen::h1_scan`]): 400, and the connection closes after it (what follows the head
+/// is not read as this request's body, nor as another request). Nothing is forwarded.
+fn refuse_flaw(
+    flaw: Flaw,
+    method: &http::Method,
+    counts: Option<&Metrics>,
+) -> hyper::Response<Body> {
+    let outcome = match flaw {
+        Flaw::Fragment => crate::proxy::Outcome::InvalidPath {
+            detail: "the request target has a #fragment (a client sends none; it would be cut off before routing)".into(),
+        },
+        Flaw::LengthAndEncoding => crate::proxy::Outcome::InvalidRequest {
+            detail: "both Content-Length and Transfer-Encoding".into(),
+        },
+        Flaw::Unfollowed => crate::proxy::Outcome::InvalidRequest {
+            detail: "the framing of an earlier request on this connection could not be followed (a length, a chunk or a head beyond what is checked); open a new connection".into(),
+        },
+    };
+    if let Some(metrics) = counts {
+        metrics.count_unrouted(crate::metrics::Op::of(method), outcome.result());
+    }
+    outcome.into_response()
+}
+
+/// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new
+/// requests; an invalid file is refused and the old config kept. Settings bound at start
+/// (listeners, store, fencing timings and limits) need a restart; a change to them is
+/// logged and ignored. The listener's certificate, key and client CA files are re-read
+/// (from the paths in force); a bad file is refused and the running certificate kept.
+pub fn reload(running: &Running, path: &std::path::Path) {
+    // logrotate renamed the access log: the next line goes to a new file at its path,
+    // whether or not the config file reloads.
+    running.app.proxy.access_log().reopen();
+    let metrics = &running.app.metrics;
+    let new = match Config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(file = %path.display(), %errors, "config reload refused; keeping the running config");
+            return;
+        }
+    };
+    for w in new.warnings() {
+        tracing::warn!("{w}");
+    }
+    let old = running.app.proxy.config();
+    let fixed = [
+        (
+            "server",
+            format!("{:?}", old.server) != format!("{:?}", new.server),
+        ),
+        (
+            "admin",
+            format!("{:?}", old.admin) != format!("{:?}", new.admin),
+        ),
+        ("store", old.store.path != new.store.path),
+        (
+            "idempotency.max_buffered",
+            old.idempotency.max_buffered != new.idempotency.max_buffered,
+        ),
+        (
+            "fencing",
+            format!("{:?}", old.fencing) != format!("{:?}", new.fencing),
+        ),
+        (
+            "authority",
+            format!("{:?}", old.authority) != format!("{:?}", new.authority),
+        ),
+        ("log", old.log.access != new.log.access),
+    ];
+    for (section, changed) in fixed {
+        if changed {
+            tracing::warn!(
+                section,
+                "changes to this section take effect only after a restart"
+            );
+        }
+    }
+    let mut merged = new;
+    merged.server = old.server.clone();
+    merged.admin = old.admin.clone();
+    merged.store = old.store.clone();
+    merged.fencing = old.fencing.clone();
+    merged.authority = old.authority.clone();
+    merged.log = old.log.clone();
+    // The listeners' TLS files are re-read from the paths they started with: new
+    // handshakes use them, open connections keep what they negotiated.
+    for tls in &running.tls {
+        match tls.reload() {
+            Ok(()) => {
+                tracing::info!(listener = tls.files().key_path, cert = %tls.files().cert.display(), "listener certificate reloaded")
+            }
+            Err(e) => {
+                metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "certificate reload refused; keeping the running certificate");
+            }
+        }
+    }
+    let remapped = remapped_routes(&old.routes, &merged.routes);
+    if !remapped.is_empty() {
+        tracing::warn!(
+            routes = ?remapped,
+            "this reload changes how requests map to scopes: marks stay with their scopes, so a request now mapped to another scope is fenced by that scope's mark (none, for a new scope), not by the old one's; tokens issued for the old scopes do not fence the new ones"
+        );
+    }
+    let routes = merged.routes.len();
+    running.app.proxy.reload(Arc::new(merged));
+    metrics.reloads.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(file = %path.display(), routes, "config reloaded");
+}
+
+/// The routes (by name) whose share in mapping requests to scopes differs between two
+/// tables: their path, host, scope template, fencing or methods, or their place among the
+/// others (the first match wins); routes added or removed count too.
+fn remapped_routes(old: &[crate::config::Route], new: &[crate::config::Route]) -> Vec<String> {
+    let sign = |r: &crate::config::Route| {
+        (
+            r.name.clone(),
+            r.path.to_string(),
+            r.host.clone(),
+            r.scope.to_string(),
+            r.fenced,
+            r.methods.clone(),
+        )
+    };
+    let (old, new): (Vec<_>, Vec<_>) = (
+        old.iter().map(sign).collect(),
+        new.iter().map(sign).collect(),
+    );
+    let mut names: Vec<String> = old
+        .iter()
+        .zip(&new)
+        .filter(|(a, b)| a != b)
+        .flat_map(|(a, b)| [a.0.clone(), b.0.clone()])
+        .chain(old.iter().skip(new.len()).map(|a| a.0.clone()))
+        .chain(new.iter().skip(old.len()).map(|b| b.0.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_that_maps_requests_to_other_scopes_is_told() {
+        let parse = |routes: &str| {
+            let text = format!(
+                "[store]\npath = \"m.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n{routes}"
+            );
+            crate::config::Config::parse(&text, std::path::Path::new("."))
+                .expect("config")
+                .routes
+        };
+        let a = r#"
+[[route]]
+name = "a"
+path = "/a/{k}"
+scope = "a/{k}"
+upstream = "u"
+[[route]]
+name = "b"
+path = "/b/{k}"
+scope = "b/{k}"
+upstream = "u"
+"#;
+        let base = parse(a);
+        assert!(remapped_routes(&base, &parse(a)).is_empty());
+        // Another upstream or body limit maps nothing elsewhere.
+        let limits = a.replacen(
+            "upstream = \"u\"",
+            "upstream = \"u\"\nmax_body = \"1KiB\"",
+            1,
+        );
+        assert!(remapped_routes(&base, &parse(&limits)).is_empty());
+        let scope = a.replace("scope = \"b/{k}\"", "scope = \"bee/{k}\"");
+        assert_eq!(remapped_routes(&base, &parse(&scope)), ["b"]);
+        let unfenced = a.replace("scope = \"b/{k}\"", "fenced = false");
+        assert_eq!(remapped_routes(&base, &parse(&unfenced)), ["b"]);
+        let swapped = format!(
+            "{}{}",
+            &a[a.find("[[route]]\nname = \"b\"").unwrap()..],
+            &a[..a.find("[[route]]\nname = \"b\"").unwrap()]
+        );
+        assert_eq!(remapped_routes(&base, &parse(&swapped)), ["a", "b"]);
+        let fewer = &a[..a.find("[[route]]\nname = \"b\"").unwrap()];
+        assert_eq!(remapped_routes(&base, &parse(fewer)), ["b"]);
+    }
+}
