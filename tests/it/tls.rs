@@ -3,7 +3,7 @@
 //! dropping connections, and `check-config` errors for TLS files. Every certificate is
 //! made here with rcgen; everything runs on loopback.
 
-mod support;
+use crate::support;
 
 use std::io;
 use std::net::SocketAddr;

@@ -5,8 +5,7 @@
 //! The HTTP client is deliberately raw `std::net::TcpStream` with
 //! `Connection: close`, so these tests depend on nothing but std.
 
-#[path = "support/nginx.rs"]
-mod nginx;
+use crate::support::nginx;
 
 use std::fs;
 use std::io::{self, Read, Write};

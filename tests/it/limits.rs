@@ -1,7 +1,7 @@
 //! Documented limits with clear errors: body size per route (413), connections per
 //! client IP, requests in flight and waiters per scope (503 draining).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! duplicates are told apart, unknown outcomes are never silently applied twice, records
 //! survive a crash and expire.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

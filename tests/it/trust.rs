@@ -2,7 +2,7 @@
 //! patterns, the holder as the authenticated client, lease ids shown to their holder
 //! only, and token proofs that a `proof = "required"` route checks.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

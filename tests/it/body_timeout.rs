@@ -5,7 +5,7 @@
 //! Both upstream exchanges are covered: the lean one (a body in memory) and hyper's
 //! client connection (a streamed, chunked request body).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The admin listener (SPEC §7): probes, metrics, the marks API, raise and floor, and the
 //! bearer token.
 
-mod support;
+use crate::support;
 
 use support::{Client, Double};
 

@@ -1,9 +1,9 @@
 //! Shared test support: an in-process upstream double with barriers, a proxy started on
 //! port 0, and HTTP helpers (a pooled client and a raw-bytes client for malformed input).
-#![allow(dead_code)]
 
 pub mod disk;
 pub mod etcd;
+#[path = "../../support/nginx.rs"]
 pub mod nginx;
 pub mod power;
 

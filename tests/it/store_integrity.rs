@@ -3,7 +3,7 @@
 //! unsynced writes the restart finds, the store opens (a crash is never taken for
 //! corruption) and shows every acknowledged mark and floor.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

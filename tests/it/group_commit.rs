@@ -2,7 +2,7 @@
 //! answers every member 503 and forwards nothing; a crash in the middle of batches loses
 //! no acknowledged advance.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

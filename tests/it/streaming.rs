@@ -1,7 +1,7 @@
 //! Bodies are streamed both ways, never buffered: 1 GiB goes up and 1 GiB comes back
 //! through the real binary while its peak RSS stays small.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::pin::Pin;

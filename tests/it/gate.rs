@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-mod support;
+use crate::support;
 
 use fencegate::config::EqualPolicy::{Accept, Reject};
 use fencegate::fence::{Gates, MarkStore, Refusal};

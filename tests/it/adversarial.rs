@@ -2,7 +2,7 @@
 //! slowloris, h2 rapid reset, invalid paths, a flood of new scopes. Each gets a clear
 //! error; nothing unfenced reaches the upstream; memory stays bounded.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! made and passed upstream, the file reopened on SIGHUP; and the rate-limited warnings
 //! for stale refusals, logged with the access log off.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! Needs `--features etcd` and `etcd` on the machine.
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! of silencing an alert. (`promtool check rules` and `promtool test rules` check the
 //! rules themselves; scripts/test.sh runs them.)
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! in-process double), delayed delivery, store failure, crash recovery and graceful
 //! shutdown of the real binary.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! Each refusal is checked for status, `Fencing-Result`, `application/problem+json`, the
 //! problem members, and that nothing reached the upstream.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! and never reused when that would be wrong — closed by the upstream while idle, closed
 //! by `Connection: close`, or left with an unread body by a client that went away.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! The Rust client over https: the proxy's `[server] tls` listener with a private CA and a
 //! required client certificate. Certificates are made here with rcgen, on loopback.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

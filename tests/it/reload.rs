@@ -1,7 +1,7 @@
 //! SIGHUP reloads routes and upstreams atomically; an invalid file is refused and the
 //! running config kept.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

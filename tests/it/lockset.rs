@@ -3,25 +3,25 @@
 //! lose acknowledged updates; through fencegate none are lost and every stale write is
 //! refused with 409. `cargo run --release --example lockset` runs the same workload.
 
-mod support;
+use crate::support;
 
-#[path = "../examples/support/lockset.rs"]
-mod lockset;
+#[path = "../../examples/support/lockset.rs"]
+mod workload;
 
-use lockset::{Mode, Settings};
+use workload::{Mode, Settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockset_loses_acknowledged_updates_without_the_fence_and_none_with_it() {
     let nginx = support::nginx::Nginx::webdav().expect("nginx (run scripts/test.sh)");
     let dir = tempfile::tempdir().unwrap();
-    let fencegate = lockset::start_fencegate(nginx.addr(), dir.path())
+    let fencegate = workload::start_fencegate(nginx.addr(), dir.path())
         .await
         .expect("fencegate");
     let authority = fencegate.authority_addr.expect("authority");
     let settings = Settings::default();
     assert!(settings.workers >= 5);
 
-    let direct = lockset::run(
+    let direct = workload::run(
         Mode::Direct,
         settings.clone(),
         authority,
@@ -37,7 +37,7 @@ async fn lockset_loses_acknowledged_updates_without_the_fence_and_none_with_it()
     );
     assert!(direct.stale_writes > 0);
 
-    let fenced = lockset::run(
+    let fenced = workload::run(
         Mode::Fenced,
         settings,
         authority,

@@ -4,7 +4,7 @@
 //! its answer came from is let go, instead of both being held for as long as the client
 //! likes (one HTTP/2 connection could hold 256 upstream connections so).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -2,7 +2,7 @@
 //! request counted once under its route, its method (a bounded set, else `other`) and its
 //! result, next to `fencegate_requests_total{route,result}` (which keeps its labels).
 
-mod support;
+use crate::support;
 
 use support::{Client, Double};
 

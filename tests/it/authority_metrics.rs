@@ -1,7 +1,7 @@
 //! The lease authority's metrics over real sockets: real calls to a running authority,
 //! then its process's admin `/metrics` scraped and the counts compared.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

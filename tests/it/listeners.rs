@@ -8,7 +8,7 @@
 //! limits (300 ms) and waits for an outcome within a bound well above them and well below
 //! the behaviour it rules out (hyper's 40 s keep-alive, or never).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

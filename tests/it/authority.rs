@@ -1,7 +1,7 @@
 //! The lease authority over real sockets (SPEC §8): the API's answers and refusals,
 //! durable counters across a crash, the restart wait, and `bump-epoch` after a restore.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

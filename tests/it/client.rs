@@ -2,7 +2,7 @@
 //! deadlines, background renewal, loss that is final, and fenced requests with typed
 //! results.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

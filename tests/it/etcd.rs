@@ -5,7 +5,7 @@
 //! Needs `--features etcd` (protoc at build time) and `etcd` on the machine.
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
