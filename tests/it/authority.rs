@@ -38,23 +38,18 @@ async fn start_authority(dir: &Path, max_ttl: &str) -> (fencegate::server::Runni
     (running, addr)
 }
 
-async fn post(c: &Client, path: &str, body: &str) -> support::Resp {
-    c.send("POST", path, &[("content-type", "application/json")], body)
-        .await
-}
-
 #[tokio::test]
 async fn acquire_renew_release_and_status() {
     let dir = tempfile::tempdir().unwrap();
     let (running, addr) = start_authority(dir.path(), "60s").await;
     let c = Client::new(addr);
 
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"report/july","holder":"a","ttl_ms":30000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"report/july","holder":"a","ttl_ms":30000}"#,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let j = r.json();
     assert_eq!(j["result"], "acquired");
@@ -63,12 +58,12 @@ async fn acquire_renew_release_and_status() {
     assert_eq!(j["ttl_ms"], 30000);
     let lease_id = j["lease_id"].as_str().unwrap().to_string();
 
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"report/july","holder":"b","ttl_ms":1000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"report/july","holder":"b","ttl_ms":1000}"#,
+        )
+        .await;
     assert_eq!(r.status, 409);
     assert_eq!(r.headers["content-type"], "application/problem+json");
     let j = r.json();
@@ -92,11 +87,11 @@ async fn acquire_renew_release_and_status() {
     let renew = |id: &str, token: &str| {
         format!(r#"{{"scope":"report/july","lease_id":"{id}","token":"{token}","ttl_ms":20000}}"#)
     };
-    let r = post(&c, "/v1/locks/renew", &renew("nope", "1")).await;
+    let r = c.post_json("/v1/locks/renew", &renew("nope", "1")).await;
     assert_eq!((r.status, r.json()["result"].as_str()), (409, Some("lost")));
-    let r = post(&c, "/v1/locks/renew", &renew(&lease_id, "2")).await;
+    let r = c.post_json("/v1/locks/renew", &renew(&lease_id, "2")).await;
     assert_eq!((r.status, r.json()["result"].as_str()), (409, Some("lost")));
-    let r = post(&c, "/v1/locks/renew", &renew(&lease_id, "1")).await;
+    let r = c.post_json("/v1/locks/renew", &renew(&lease_id, "1")).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(
         r.json(),
@@ -104,27 +99,27 @@ async fn acquire_renew_release_and_status() {
     );
 
     let release = |id: &str| format!(r#"{{"scope":"report/july","lease_id":"{id}","token":"1"}}"#);
-    let r = post(&c, "/v1/locks/release", &release("nope")).await;
+    let r = c.post_json("/v1/locks/release", &release("nope")).await;
     assert_eq!((r.status, r.json()["result"].as_str()), (409, Some("lost")));
     assert_eq!(
         c.get("/v1/locks?scope=report%2Fjuly").await.json()["holder"],
         "a"
     );
-    let r = post(&c, "/v1/locks/release", &release(&lease_id)).await;
+    let r = c.post_json("/v1/locks/release", &release(&lease_id)).await;
     assert_eq!(
         (r.status, r.json()["result"].as_str()),
         (200, Some("released"))
     );
-    let r = post(&c, "/v1/locks/release", &release(&lease_id)).await;
+    let r = c.post_json("/v1/locks/release", &release(&lease_id)).await;
     assert_eq!(r.status, 409);
 
     // Released: the next acquisition is immediate and gets a greater token.
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"report/july","holder":"b","ttl_ms":1000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"report/july","holder":"b","ttl_ms":1000}"#,
+        )
+        .await;
     assert_eq!((r.status, r.json()["token"].as_str()), (200, Some("2")));
     let j = c.get("/v1/locks?scope=nothing-here").await.json();
     assert_eq!(j["holder"], serde_json::Value::Null);
@@ -192,7 +187,7 @@ async fn bad_requests_are_400_problems() {
             r#"{"scope":"s","lease_id":"x","token":"1,2"}"#,
         ),
     ] {
-        let r = post(&c, path, body).await;
+        let r = c.post_json(path, body).await;
         assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
         assert_eq!(r.headers["content-type"], "application/problem+json");
         assert_eq!(r.json()["result"], "invalid_request", "{body}");
@@ -207,12 +202,12 @@ async fn bad_requests_are_400_problems() {
         (405, &"POST".parse::<http::HeaderValue>().unwrap())
     );
     // Nothing was granted by any of them.
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"s","holder":"a","ttl_ms":1000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"s","holder":"a","ttl_ms":1000}"#,
+        )
+        .await;
     assert_eq!(r.json()["token"], "1");
     running.shutdown().await;
 }
@@ -288,12 +283,12 @@ async fn a_body_that_never_arrives_is_cut_off() {
     }
     // A whole body is answered as before.
     let c = Client::new(addr);
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"s","holder":"a","ttl_ms":1000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"s","holder":"a","ttl_ms":1000}"#,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     running.shutdown().await;
 }

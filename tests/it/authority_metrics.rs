@@ -5,56 +5,13 @@ use crate::support;
 
 use std::path::Path;
 
-use fencegate::config::Config;
-use fencegate::server::Running;
 use support::Client;
 
-fn config_text(clients: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[store]
-path = "authority.redb"
-[authority]
-listen = "127.0.0.1:0"
-backend = "local"
-max_ttl = "60s"
-lock_delay = "0s"
-{clients}
-"#
-    )
-}
-
-async fn start(dir: &Path, clients: &str) -> (Running, Client, Client) {
-    let config = Config::parse(&config_text(clients), dir).unwrap_or_else(|e| panic!("{e}"));
-    let running = support::start(config).await;
-    let authority = Client::new(running.authority_addr.expect("authority address"));
-    let admin = Client::new(running.admin_addr);
-    (running, authority, admin)
-}
-
-async fn post(c: &Client, path: &str, body: &str, auth: Option<&str>) -> support::Resp {
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(a) = auth {
-        headers.push(("authorization", a));
-    }
-    c.send("POST", path, &headers, body).await
-}
-
-/// The value of the one series `series` (name and labels, exactly as exposed).
-fn value(text: &str, series: &str) -> f64 {
-    let mut found = text.lines().filter_map(|l| {
-        let (name, v) = l.rsplit_once(' ')?;
-        (name == series).then(|| v.parse::<f64>().expect("a number"))
-    });
-    let v = found
-        .next()
-        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"));
-    assert!(found.next().is_none(), "{series} twice");
-    v
+/// A local-backend authority (max_ttl 60 s, no lock delay) with `clients` (its
+/// `[[authority.client]]` tables, or nothing).
+async fn start(dir: &Path, clients: &str) -> support::Authority {
+    let table = format!("backend = \"local\"\nmax_ttl = \"60s\"\nlock_delay = \"0s\"\n{clients}");
+    support::start_authority(&table, dir).await
 }
 
 async fn scrape(admin: &Client) -> String {
@@ -75,31 +32,35 @@ fn lease(j: &serde_json::Value) -> (String, String) {
 #[tokio::test]
 async fn authority_calls_are_counted_by_result() {
     let dir = tempfile::tempdir().unwrap();
-    let (running, c, admin) = start(dir.path(), "").await;
+    let support::Authority {
+        running,
+        api: c,
+        admin,
+    } = start(dir.path(), "").await;
 
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"s","holder":"a","ttl_ms":30000}"#,
-        None,
-    )
-    .await;
+    let r = c
+        .post_json_as(
+            "/v1/locks/acquire",
+            r#"{"scope":"s","holder":"a","ttl_ms":30000}"#,
+            None,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let (id, token) = lease(&r.json());
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"s","holder":"b","ttl_ms":30000}"#,
-        None,
-    )
-    .await;
+    let r = c
+        .post_json_as(
+            "/v1/locks/acquire",
+            r#"{"scope":"s","holder":"b","ttl_ms":30000}"#,
+            None,
+        )
+        .await;
     assert_eq!(r.status, 409, "{}", r.body);
     for bad in [
         r#"{"scope":"s","holder":"b"}"#,
         r#"{"scope":"s","holder":"b","ttl_ms":999999999}"#,
         "not json",
     ] {
-        let r = post(&c, "/v1/locks/acquire", bad, None).await;
+        let r = c.post_json_as("/v1/locks/acquire", bad, None).await;
         assert_eq!(r.status, 400, "{}", r.body);
     }
     let call = |ttl: bool, id: &str| {
@@ -115,23 +76,23 @@ async fn authority_calls_are_counted_by_result() {
         ("/v1/locks/release", call(false, &id), 409),
         ("/v1/locks/renew", call(true, &id), 409),
     ] {
-        let r = post(&c, path, &body, None).await;
+        let r = c.post_json_as(path, &body, None).await;
         assert_eq!(r.status, status, "{path} {body}: {}", r.body);
     }
     // A second grant of the scope: the last token is its token.
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"s","holder":"b","ttl_ms":30000}"#,
-        None,
-    )
-    .await;
+    let r = c
+        .post_json_as(
+            "/v1/locks/acquire",
+            r#"{"scope":"s","holder":"b","ttl_ms":30000}"#,
+            None,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["token"], "2");
 
     let m = scrape(&admin).await;
     let acq = |result: &str| {
-        value(
+        support::metric_value(
             &m,
             &format!("fencegate_authority_acquisitions_total{{result=\"{result}\"}}"),
         )
@@ -140,39 +101,51 @@ async fn authority_calls_are_counted_by_result() {
     assert_eq!(acq("busy"), 1.0);
     assert_eq!(acq("invalid"), 3.0);
     assert_eq!(acq("unavailable"), 0.0);
-    assert_eq!(value(&m, "fencegate_authority_acquire_seconds_count"), 6.0);
+    assert_eq!(
+        support::metric_value(&m, "fencegate_authority_acquire_seconds_count"),
+        6.0
+    );
     let renewals = |result: &str| {
-        value(
+        support::metric_value(
             &m,
             &format!("fencegate_authority_renewals_total{{result=\"{result}\"}}"),
         )
     };
     assert_eq!((renewals("renewed"), renewals("lost")), (2.0, 2.0));
     let releases = |result: &str| {
-        value(
+        support::metric_value(
             &m,
             &format!("fencegate_authority_releases_total{{result=\"{result}\"}}"),
         )
     };
     assert_eq!((releases("released"), releases("lost")), (1.0, 2.0));
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"released\"}"
         ),
         1.0
     );
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
         ),
         0.0
     );
-    assert_eq!(value(&m, "fencegate_authority_expiries_total"), 0.0);
-    assert_eq!(value(&m, "fencegate_authority_last_token_counter"), 2.0);
-    assert_eq!(value(&m, "fencegate_authority_last_token_epoch"), 0.0);
-    assert_eq!(value(&m, "fencegate_authority_epoch"), 0.0);
+    assert_eq!(
+        support::metric_value(&m, "fencegate_authority_expiries_total"),
+        0.0
+    );
+    assert_eq!(
+        support::metric_value(&m, "fencegate_authority_last_token_counter"),
+        2.0
+    );
+    assert_eq!(
+        support::metric_value(&m, "fencegate_authority_last_token_epoch"),
+        0.0
+    );
+    assert_eq!(support::metric_value(&m, "fencegate_authority_epoch"), 0.0);
     // Bounded labels: neither the scope nor a holder appears.
     assert!(
         !m.lines()
@@ -188,28 +161,36 @@ async fn authority_calls_are_counted_by_result() {
 #[tokio::test]
 async fn an_expiry_without_release_is_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let (running, c, admin) = start(dir.path(), "").await;
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"e","holder":"a","ttl_ms":300}"#,
-        None,
-    )
-    .await;
+    let support::Authority {
+        running,
+        api: c,
+        admin,
+    } = start(dir.path(), "").await;
+    let r = c
+        .post_json_as(
+            "/v1/locks/acquire",
+            r#"{"scope":"e","holder":"a","ttl_ms":300}"#,
+            None,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     // `a` never renews: `b`'s wait ends when the lease expires (the authority's clock).
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"e","holder":"b","ttl_ms":30000,"wait_ms":20000}"#,
-        None,
-    )
-    .await;
+    let r = c
+        .post_json_as(
+            "/v1/locks/acquire",
+            r#"{"scope":"e","holder":"b","ttl_ms":30000,"wait_ms":20000}"#,
+            None,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let m = scrape(&admin).await;
-    assert_eq!(value(&m, "fencegate_authority_expiries_total"), 1.0, "{m}");
     assert_eq!(
-        value(
+        support::metric_value(&m, "fencegate_authority_expiries_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
         ),
@@ -217,21 +198,21 @@ async fn an_expiry_without_release_is_counted() {
     );
     // Its age is its ttl (it ended at its deadline): 0.3 s, in the 0.5 s bucket.
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_bucket{end=\"expired\",le=\"0.1\"}"
         ),
         0.0
     );
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_bucket{end=\"expired\",le=\"0.5\"}"
         ),
         1.0
     );
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"released\"}"
         ),
@@ -239,7 +220,7 @@ async fn an_expiry_without_release_is_counted() {
     );
     // `b` waited for the expiry: its acquire took at least the rest of `a`'s lease.
     assert!(
-        value(&m, "fencegate_authority_acquire_seconds_sum") >= 0.2,
+        support::metric_value(&m, "fencegate_authority_acquire_seconds_sum") >= 0.2,
         "{m}"
     );
     running.shutdown().await;
@@ -257,23 +238,34 @@ name = "a"
 token_file = "a.token"
 scopes = ["mine/*"]
 "#;
-    let (running, c, admin) = start(dir.path(), clients).await;
+    let support::Authority {
+        running,
+        api: c,
+        admin,
+    } = start(dir.path(), clients).await;
     let body = r#"{"scope":"mine/x","ttl_ms":1000}"#;
-    assert_eq!(post(&c, "/v1/locks/acquire", body, None).await.status, 401);
     assert_eq!(
-        post(&c, "/v1/locks/acquire", body, Some("Bearer wrong"))
+        c.post_json_as("/v1/locks/acquire", body, None).await.status,
+        401
+    );
+    assert_eq!(
+        c.post_json_as("/v1/locks/acquire", body, Some("Bearer wrong"))
             .await
             .status,
         401
     );
     let other = r#"{"scope":"theirs/x","ttl_ms":1000}"#;
-    let r = post(&c, "/v1/locks/acquire", other, Some("Bearer secret-of-a")).await;
+    let r = c
+        .post_json_as("/v1/locks/acquire", other, Some("Bearer secret-of-a"))
+        .await;
     assert_eq!(r.status, 403, "{}", r.body);
-    let r = post(&c, "/v1/locks/acquire", body, Some("Bearer secret-of-a")).await;
+    let r = c
+        .post_json_as("/v1/locks/acquire", body, Some("Bearer secret-of-a"))
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let m = scrape(&admin).await;
     let acq = |result: &str| {
-        value(
+        support::metric_value(
             &m,
             &format!("fencegate_authority_acquisitions_total{{result=\"{result}\"}}"),
         )

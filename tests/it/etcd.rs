@@ -14,7 +14,7 @@ use std::time::Duration;
 use fencegate::client::{AcquireError, AuthorityClient};
 use fencegate::config::Config;
 use fencegate::token::Token;
-use support::etcd::EtcdCluster;
+use support::etcd::{self, EtcdCluster};
 use support::{BOUND, Client};
 use tokio::time::Instant;
 
@@ -27,33 +27,8 @@ async fn authority(
 }
 
 fn authority_config(endpoints: &[String], dir: &std::path::Path, lock_delay: &str) -> Config {
-    let list = endpoints
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let text = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[store]
-path = "marks.redb"
-[authority]
-listen = "127.0.0.1:0"
-backend = "etcd"
-etcd_endpoints = [{list}]
-max_ttl = "30s"
-lock_delay = "{lock_delay}"
-"#
-    );
-    Config::parse(&text, dir).expect("config")
-}
-
-async fn post(c: &Client, path: &str, body: &str) -> support::Resp {
-    c.send("POST", path, &[("content-type", "application/json")], body)
-        .await
+    let table = etcd::authority_table(endpoints, Some(lock_delay));
+    Config::parse(&support::authority_text(&table), dir).expect("config")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,12 +38,12 @@ async fn the_etcd_backend_speaks_the_same_api() {
     let running = authority(&cluster.endpoints(), dir.path(), "0s").await;
     let c = Client::new(running.authority_addr.unwrap());
 
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"report/july","holder":"a","ttl_ms":5000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"report/july","holder":"a","ttl_ms":5000}"#,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let j = r.json();
     assert_eq!(j["result"], "acquired");
@@ -76,12 +51,12 @@ async fn the_etcd_backend_speaks_the_same_api() {
     assert_eq!(token.epoch, 0, "etcd tokens are bare revisions");
     let lease_id = j["lease_id"].as_str().unwrap().to_string();
 
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"report/july","holder":"b","ttl_ms":5000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"report/july","holder":"b","ttl_ms":5000}"#,
+        )
+        .await;
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(
         (r.json()["result"].as_str(), r.json()["holder"].as_str()),
@@ -103,12 +78,14 @@ async fn the_etcd_backend_speaks_the_same_api() {
     };
     let tok = token.to_string();
     assert_eq!(
-        post(&c, "/v1/locks/renew", &body(&lease_id, "1", true))
+        c.post_json("/v1/locks/renew", &body(&lease_id, "1", true))
             .await
             .status,
         409
     );
-    let r = post(&c, "/v1/locks/renew", &body(&lease_id, &tok, true)).await;
+    let r = c
+        .post_json("/v1/locks/renew", &body(&lease_id, &tok, true))
+        .await;
     assert_eq!(
         (r.status, r.json()["result"].as_str()),
         (200, Some("renewed")),
@@ -116,12 +93,14 @@ async fn the_etcd_backend_speaks_the_same_api() {
         r.body
     );
     assert_eq!(
-        post(&c, "/v1/locks/release", &body("abc", &tok, false))
+        c.post_json("/v1/locks/release", &body("abc", &tok, false))
             .await
             .status,
         409
     );
-    let r = post(&c, "/v1/locks/release", &body(&lease_id, &tok, false)).await;
+    let r = c
+        .post_json("/v1/locks/release", &body(&lease_id, &tok, false))
+        .await;
     assert_eq!(
         (r.status, r.json()["result"].as_str()),
         (200, Some("released")),
@@ -129,24 +108,23 @@ async fn the_etcd_backend_speaks_the_same_api() {
         r.body
     );
     assert_eq!(
-        post(&c, "/v1/locks/renew", &body(&lease_id, &tok, true))
+        c.post_json("/v1/locks/renew", &body(&lease_id, &tok, true))
             .await
             .status,
         409
     );
 
-    let r = post(
-        &c,
-        "/v1/locks/acquire",
-        r#"{"scope":"report/july","holder":"b","ttl_ms":1000}"#,
-    )
-    .await;
+    let r = c
+        .post_json(
+            "/v1/locks/acquire",
+            r#"{"scope":"report/july","holder":"b","ttl_ms":1000}"#,
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let next: Token = r.json()["token"].as_str().unwrap().parse().unwrap();
     assert!(next > token);
     assert_eq!(
-        post(
-            &c,
+        c.post_json(
             "/v1/locks/acquire",
             r#"{"scope":"","holder":"b","ttl_ms":1000}"#
         )
@@ -342,8 +320,7 @@ async fn refused_after(fault: fn(&mut EtcdCluster), rounds: usize) -> Vec<String
     let acquire = |i: usize| {
         let c = &c;
         async move {
-            post(
-                c,
+            c.post_json(
                 "/v1/locks/acquire",
                 &format!(r#"{{"scope":"member/{i}","holder":"a","ttl_ms":5000}}"#),
             )
@@ -518,12 +495,12 @@ async fn leader_failover_keeps_tokens_increasing_and_leases_exclusive() {
         let mut now = Vec::new();
         for a in [&one, &two] {
             let c = Client::new(a.authority_addr.unwrap());
-            let r = post(
-                &c,
-                "/v1/locks/acquire",
-                r#"{"scope":"probe","holder":"probe","ttl_ms":1000}"#,
-            )
-            .await;
+            let r = c
+                .post_json(
+                    "/v1/locks/acquire",
+                    r#"{"scope":"probe","holder":"probe","ttl_ms":1000}"#,
+                )
+                .await;
             now.push(format!("{} {}", r.status, r.body));
         }
         let leader_now = cluster.leader().await.map(|i| format!("m{i}"));
@@ -571,24 +548,7 @@ async fn only_the_holder_renews_or_releases_an_etcd_lease() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.token"), "secret-a").unwrap();
     std::fs::write(dir.path().join("b.token"), "secret-b").unwrap();
-    let list = cluster
-        .endpoints()
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let text = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[store]
-path = "marks.redb"
-[authority]
-listen = "127.0.0.1:0"
-backend = "etcd"
-etcd_endpoints = [{list}]
+    let clients = r#"
 [[authority.client]]
 name = "a"
 token_file = "a.token"
@@ -597,10 +557,11 @@ scopes = ["s/*"]
 name = "b"
 token_file = "b.token"
 scopes = ["s/*"]
-"#
-    );
-    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
-    let c = Client::new(running.authority_addr.unwrap());
+"#;
+    let table = etcd::authority_table(&cluster.endpoints(), None) + clients;
+    let support::Authority {
+        running, api: c, ..
+    } = support::start_authority(&table, dir.path()).await;
     let call = |who: &'static str, path: &'static str, body: String| {
         let c = c.clone();
         async move {

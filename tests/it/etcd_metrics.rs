@@ -9,34 +9,19 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use fencegate::config::Config;
-use support::etcd::EtcdCluster;
+use support::etcd::{self, EtcdCluster};
 use support::{BOUND, Client};
-
-async fn post(c: &Client, path: &str, body: &str) -> support::Resp {
-    c.send("POST", path, &[("content-type", "application/json")], body)
-        .await
-}
-
-fn value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            let (name, v) = l.rsplit_once(' ')?;
-            (name == series).then(|| v.parse::<f64>().expect("a number"))
-        })
-        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
-}
 
 /// Acquires `scope` for `holder`, retrying while etcd is briefly without a leader.
 async fn acquire(c: &Client, scope: &str, holder: &str, ttl_ms: u64) -> serde_json::Value {
     let started = Instant::now();
     loop {
-        let r = post(
-            c,
-            "/v1/locks/acquire",
-            &format!(r#"{{"scope":"{scope}","holder":"{holder}","ttl_ms":{ttl_ms}}}"#),
-        )
-        .await;
+        let r = c
+            .post_json(
+                "/v1/locks/acquire",
+                &format!(r#"{{"scope":"{scope}","holder":"{holder}","ttl_ms":{ttl_ms}}}"#),
+            )
+            .await;
         if r.status == 200 {
             return r.json();
         }
@@ -59,31 +44,25 @@ fn lease_call(j: &serde_json::Value, scope: &str, renew: bool) -> String {
 async fn etcd_counts_like_local_and_sees_an_expiry_without_release() {
     let cluster = EtcdCluster::start(1).await;
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[store]
-path = "marks.redb"
-[authority]
-listen = "127.0.0.1:0"
-backend = "etcd"
-etcd_endpoints = ["{}"]
-max_ttl = "30s"
-"#,
-        cluster.endpoints()[0]
-    );
-    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
-    let c = Client::new(running.authority_addr.unwrap());
-    let admin = Client::new(running.admin_addr);
+    let support::Authority {
+        running,
+        api: c,
+        admin,
+    } = support::start_authority(
+        &etcd::authority_table(&cluster.endpoints(), None),
+        dir.path(),
+    )
+    .await;
 
     // Released: its age is counted as `released`, not as an expiry.
     let kept = acquire(&c, "kept", "a", 10_000).await;
-    let r = post(&c, "/v1/locks/renew", &lease_call(&kept, "kept", true)).await;
+    let r = c
+        .post_json("/v1/locks/renew", &lease_call(&kept, "kept", true))
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let r = post(&c, "/v1/locks/release", &lease_call(&kept, "kept", false)).await;
+    let r = c
+        .post_json("/v1/locks/release", &lease_call(&kept, "kept", false))
+        .await;
     assert_eq!(r.status, 200, "{}", r.body);
 
     // Not renewed: etcd expires it (1 s). Wait, bounded, until etcd no longer shows it.
@@ -103,72 +82,73 @@ max_ttl = "30s"
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let before = admin.get("/metrics").await.body;
-    assert_eq!(value(&before, "fencegate_authority_expiries_total"), 0.0);
+    assert_eq!(
+        support::metric_value(&before, "fencegate_authority_expiries_total"),
+        0.0
+    );
     // Its holder comes back and renews: lost, and the authority now knows it expired.
-    let r = post(
-        &c,
-        "/v1/locks/renew",
-        &lease_call(&dropped, "dropped", true),
-    )
-    .await;
+    let r = c
+        .post_json("/v1/locks/renew", &lease_call(&dropped, "dropped", true))
+        .await;
     assert_eq!(r.status, 409, "{}", r.body);
     // Again: still one expiry.
-    let r = post(
-        &c,
-        "/v1/locks/release",
-        &lease_call(&dropped, "dropped", false),
-    )
-    .await;
+    let r = c
+        .post_json("/v1/locks/release", &lease_call(&dropped, "dropped", false))
+        .await;
     assert_eq!(r.status, 409, "{}", r.body);
 
     let m = admin.get("/metrics").await.body;
-    assert_eq!(value(&m, "fencegate_authority_expiries_total"), 1.0, "{m}");
     assert_eq!(
-        value(
+        support::metric_value(&m, "fencegate_authority_expiries_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
         ),
         1.0
     );
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"released\"}"
         ),
         1.0
     );
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_acquisitions_total{result=\"acquired\"}"
         ),
         2.0
     );
     assert_eq!(
-        value(&m, "fencegate_authority_renewals_total{result=\"renewed\"}"),
+        support::metric_value(&m, "fencegate_authority_renewals_total{result=\"renewed\"}"),
         1.0
     );
     assert_eq!(
-        value(&m, "fencegate_authority_renewals_total{result=\"lost\"}"),
+        support::metric_value(&m, "fencegate_authority_renewals_total{result=\"lost\"}"),
         1.0
     );
     assert_eq!(
-        value(
+        support::metric_value(
             &m,
             "fencegate_authority_releases_total{result=\"released\"}"
         ),
         1.0
     );
     assert_eq!(
-        value(&m, "fencegate_authority_releases_total{result=\"lost\"}"),
+        support::metric_value(&m, "fencegate_authority_releases_total{result=\"lost\"}"),
         1.0
     );
     let token: fencegate::token::Token = dropped["token"].as_str().unwrap().parse().unwrap();
     assert_eq!(
-        value(&m, "fencegate_authority_last_token_counter"),
+        support::metric_value(&m, "fencegate_authority_last_token_counter"),
         token.counter as f64
     );
-    assert_eq!(value(&m, "fencegate_authority_epoch"), 0.0);
+    assert_eq!(support::metric_value(&m, "fencegate_authority_epoch"), 0.0);
     running.shutdown().await;
 }
 
@@ -178,33 +158,23 @@ max_ttl = "30s"
 async fn the_sweep_counts_an_etcd_expiry_nobody_asked_about() {
     let cluster = EtcdCluster::start(1).await;
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[store]
-path = "marks.redb"
-[authority]
-listen = "127.0.0.1:0"
-backend = "etcd"
-etcd_endpoints = ["{}"]
-max_ttl = "30s"
-"#,
-        cluster.endpoints()[0]
-    );
-    let running = support::start(Config::parse(&text, dir.path()).expect("config")).await;
-    let c = Client::new(running.authority_addr.unwrap());
-    let admin = Client::new(running.admin_addr);
+    let support::Authority {
+        running,
+        api: c,
+        admin,
+    } = support::start_authority(
+        &etcd::authority_table(&cluster.endpoints(), None),
+        dir.path(),
+    )
+    .await;
     acquire(&c, "left", "a", 1000).await;
     // Bounded: the lease's second, then at most one sweep interval (10 s) and slack.
     let started = Instant::now();
     loop {
         let m = admin.get("/metrics").await.body;
-        if value(&m, "fencegate_authority_expiries_total") == 1.0 {
+        if support::metric_value(&m, "fencegate_authority_expiries_total") == 1.0 {
             assert_eq!(
-                value(
+                support::metric_value(
                     &m,
                     "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
                 ),

@@ -29,13 +29,11 @@ async fn start(
     server: &str,
     authority: bool,
 ) -> fencegate::server::Running {
-    let mut text = support::config_text(double.addr, "10s", "0s", "10s")
-        .replace("trusted_proxies = [\"127.0.0.1\"]", server);
+    let mut text = support::config_text_with_server(double.addr, server);
     if authority {
-        text.push_str("\n[authority]\nlisten = \"127.0.0.1:0\"\n");
+        text.push_str(support::AUTHORITY_TABLE);
     }
-    let config = fencegate::config::Config::parse(&text, dir).expect("config");
-    support::start(config).await
+    support::start_text(&text, dir).await
 }
 
 /// An HTTP/2 connection, its handshake done; the connection's task is the answer's second.
@@ -232,8 +230,7 @@ async fn idle_connections_make_room_for_a_new_client() {
 fn the_per_client_default_is_a_tenth_of_the_total() {
     let dir = tempfile::tempdir().unwrap();
     let parse = |server: &str| {
-        let text = support::config_text("127.0.0.1:1".parse().unwrap(), "10s", "0s", "10s")
-            .replace("trusted_proxies = [\"127.0.0.1\"]", server);
+        let text = support::config_text_with_server("127.0.0.1:1".parse().unwrap(), server);
         fencegate::config::Config::parse(&text, dir.path())
             .expect("config")
             .server

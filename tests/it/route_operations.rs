@@ -6,13 +6,6 @@ use crate::support;
 
 use support::{Client, Double};
 
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        let (name, v) = l.rsplit_once(' ')?;
-        (name == series).then(|| v.parse::<f64>().expect("a number"))
-    })
-}
-
 #[tokio::test]
 async fn requests_are_counted_by_route_method_and_result() {
     let dir = tempfile::tempdir().unwrap();
@@ -73,7 +66,7 @@ async fn requests_are_counted_by_route_method_and_result() {
         let series = format!(
             "fencegate_route_operations_total{{route=\"{route}\",method=\"{method}\",result=\"{result}\"}}"
         );
-        assert_eq!(value(&m, &series), Some(*n), "{series}\n{m}");
+        assert_eq!(support::metric(&m, &series), Some(*n), "{series}\n{m}");
     }
     let series_count = m
         .lines()
@@ -82,14 +75,14 @@ async fn requests_are_counted_by_route_method_and_result() {
     assert_eq!(series_count, counts.len(), "{m}");
     // requests_total keeps its labels: the same requests, summed over methods.
     assert_eq!(
-        value(
+        support::metric(
             &m,
             "fencegate_requests_total{route=\"reports\",result=\"accepted\"}"
         ),
         Some(2.0)
     );
     assert_eq!(
-        value(
+        support::metric(
             &m,
             "fencegate_requests_total{route=\"reports\",result=\"stale_fence\"}"
         ),

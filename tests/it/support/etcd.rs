@@ -170,3 +170,18 @@ impl Drop for EtcdCluster {
         }
     }
 }
+
+/// The lines of an `[authority]` table (after `listen`) for the etcd backend on
+/// `endpoints`, max_ttl 30 s, and `lock_delay` when given (else the default).
+pub fn authority_table(endpoints: &[String], lock_delay: Option<&str>) -> String {
+    let list = endpoints
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut table = format!("backend = \"etcd\"\netcd_endpoints = [{list}]\nmax_ttl = \"30s\"\n");
+    if let Some(delay) = lock_delay {
+        table.push_str(&format!("lock_delay = \"{delay}\"\n"));
+    }
+    table
+}

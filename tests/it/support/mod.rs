@@ -269,6 +269,76 @@ pub fn config(upstream: SocketAddr, dir: &Path) -> Config {
     Config::parse(&config_text(upstream, "10s", "0s", "10s"), dir).expect("test config")
 }
 
+/// [`config_text`] with the test defaults (drain 10 s, settle 0 s, upstream timeout 10 s)
+/// and `server` (lines of `[server]`, or nothing) in place of its `trusted_proxies` line.
+pub fn config_text_with_server(upstream: SocketAddr, server: &str) -> String {
+    config_text(upstream, "10s", "0s", "10s").replace("trusted_proxies = [\"127.0.0.1\"]", server)
+}
+
+/// An `[authority]` table on port 0 with nothing else set, to append to a proxy's config.
+pub const AUTHORITY_TABLE: &str = "\n[authority]\nlisten = \"127.0.0.1:0\"\n";
+
+/// A process that is only a lease authority (no routes): every listener on port 0, the
+/// store in `authority.redb`, and `authority` (the lines of its `[authority]` table after
+/// `listen`: backend, ttl bounds, clients).
+pub fn authority_text(authority: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "authority.redb"
+[authority]
+listen = "127.0.0.1:0"
+{authority}
+"#
+    )
+}
+
+/// Parses `text` (its relative paths under `dir`) and starts it; a config the test got
+/// wrong fails the test with the parser's message.
+pub async fn start_text(text: &str, dir: &Path) -> Running {
+    start(Config::parse(text, dir).unwrap_or_else(|e| panic!("test config: {e}"))).await
+}
+
+/// A running lease authority with a client for its API and one for its admin listener.
+pub struct Authority {
+    pub running: Running,
+    pub api: Client,
+    pub admin: Client,
+}
+
+/// Starts [`authority_text`]`(authority)`, state in `dir`.
+pub async fn start_authority(authority: &str, dir: &Path) -> Authority {
+    let running = start_text(&authority_text(authority), dir).await;
+    let api = Client::new(running.authority_addr.expect("authority address"));
+    let admin = Client::new(running.admin_addr);
+    Authority {
+        running,
+        api,
+        admin,
+    }
+}
+
+/// The value of the series `series` (name and labels, exactly as exposed) in a
+/// Prometheus text exposition, if it is there; a series exposed twice fails the test.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    let mut found = text.lines().filter_map(|l| {
+        let (name, v) = l.rsplit_once(' ')?;
+        (name == series).then(|| v.parse::<f64>().expect("a number"))
+    });
+    let v = found.next()?;
+    assert!(found.next().is_none(), "{series} twice");
+    Some(v)
+}
+
+/// [`metric`], for a series that must be there.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    metric(text, series).unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+}
+
 /// A proxy in front of `upstream`, state in `dir`, whose mark store lives on a
 /// [`disk::Disk`] the test controls (it can fail or hold the store's writes).
 pub async fn start_on_disk(upstream: SocketAddr, dir: &Path) -> (Running, disk::Disk) {
@@ -350,6 +420,20 @@ impl Client {
             headers,
             body: String::from_utf8_lossy(&body).into_owned(),
         }
+    }
+
+    /// A POST of a JSON `body` (the lease authority's API).
+    pub async fn post_json(&self, path: &str, body: &str) -> Resp {
+        self.post_json_as(path, body, None).await
+    }
+
+    /// [`Client::post_json`] with an `Authorization` header when `authorization` is given.
+    pub async fn post_json_as(&self, path: &str, body: &str, authorization: Option<&str>) -> Resp {
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(a) = authorization {
+            headers.push(("authorization", a));
+        }
+        self.send("POST", path, &headers, body).await
     }
 
     pub async fn put(&self, path: &str, token: &str, body: &str) -> Resp {
