@@ -6,10 +6,11 @@
 //! touches `/etc/nginx`, `/var/log/nginx`, `/var/lib/nginx` or `/run`, so any
 //! number of instances can run in parallel next to a system nginx.
 //!
-//! Use it from a test crate with:
+//! The integration tests reach it as `support::nginx` (`tests/it/support/mod.rs` includes
+//! it by path); the load bench and the lockset example include it by path too:
 //!
 //! ```ignore
-//! #[path = "support/nginx.rs"]
+//! #[path = "../tests/support/nginx.rs"]
 //! mod nginx;
 //! ```
 //!
@@ -17,8 +18,9 @@
 //! integration test or bench without extra dependencies. Signals are sent with
 //! the `kill(1)` utility because `std` cannot send SIGTERM.
 
-// Each test crate that includes this file uses only part of the API; without
-// this, `cargo clippy --tests -- -D warnings` would fail on the unused parts.
+// The integration tests use all of it; the load bench (no WebDAV root) and the lockset
+// example (WebDAV only) each use part, and without this `cargo clippy --all-targets --
+// -D warnings` fails on their unused parts. (The allow belongs on their `mod nginx;`.)
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
