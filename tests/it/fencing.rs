@@ -341,11 +341,7 @@ async fn sigterm_finishes_in_flight_requests() {
         .await
     });
     double.arrived("term").await;
-    let killed = Command::new("kill")
-        .args(["-TERM", &proc.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    support::signal(proc.child.id(), "TERM");
     // New connections are refused once the listener is closed.
     tokio::time::timeout(BOUND, async {
         while tokio::net::TcpStream::connect(proc.proxy).await.is_ok() {

@@ -190,14 +190,6 @@ fn lines_before(text: &str) -> usize {
         .count()
 }
 
-fn hup(pid: u32) {
-    let ok = Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(ok.success());
-}
-
 /// The binary on `config`, its stderr collected line by line (ANSI colours removed).
 struct Served {
     child: std::process::Child,
@@ -297,7 +289,7 @@ async fn sighup_reopens_the_access_log() {
     }
     let rotated = dir.path().join("access.log.1");
     std::fs::rename(&path, &rotated).unwrap();
-    hup(served.child.id());
+    support::signal(served.child.id(), "HUP");
     // The reopen follows the signal: requests until one lands in the new file (bounded).
     let mut n = 0;
     let landed = tokio::time::timeout(BOUND, async {
@@ -534,11 +526,7 @@ async fn lines_of_the_last_requests_are_written_before_exit() {
     while let Some(status) = set.join_next().await {
         assert_eq!(status.unwrap(), 200);
     }
-    let ok = Command::new("kill")
-        .args(["-TERM", &served.child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(ok.success());
+    support::signal(served.child.id(), "TERM");
     // A process that does not wait for its log exits now, its last lines unwritten; one
     // that waits is still there after a second (its wait is bounded at 5 s).
     let exited_early = tokio::time::timeout(Duration::from_secs(1), async {

@@ -3,18 +3,9 @@
 
 use crate::support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use support::{BOUND, Client, Double, spawn, write_config};
-
-fn hup(pid: u32) {
-    let ok = Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(ok.success());
-}
 
 /// Waits (bounded) until the admin metrics show `line`.
 async fn until_metric(admin: &Client, line: &str) {
@@ -46,7 +37,7 @@ async fn sighup_applies_new_routes_and_refuses_bad_files() {
         "{original}\n[[route]]\nname = \"extra\"\npath = \"/extra/{{k}}\"\nscope = \"extra/{{k}}\"\nupstream = \"u\"\n"
     );
     std::fs::write(&config, &extended).unwrap();
-    hup(proc.child.id());
+    support::signal(proc.child.id(), "HUP");
     until_metric(&admin, "fencegate_config_reloads_total 1").await;
     let r = client.put("/extra/x", "1", "").await;
     assert_eq!((r.status, r.result()), (200, "accepted"));
@@ -58,7 +49,7 @@ async fn sighup_applies_new_routes_and_refuses_bad_files() {
         format!("{extended}\n[[route]]\nname = \"broken\"\n"),
     )
     .unwrap();
-    hup(proc.child.id());
+    support::signal(proc.child.id(), "HUP");
     until_metric(&admin, "fencegate_config_reload_failures_total 1").await;
     assert_eq!(
         client.put("/extra/y", "1", "").await.status,
@@ -75,7 +66,7 @@ async fn sighup_applies_new_routes_and_refuses_bad_files() {
 
     // Removing a route takes effect too.
     std::fs::write(&config, &original).unwrap();
-    hup(proc.child.id());
+    support::signal(proc.child.id(), "HUP");
     until_metric(&admin, "fencegate_config_reloads_total 2").await;
     assert_eq!(client.put("/extra/z", "1", "").await.status, 404);
     proc.child.kill().unwrap();

@@ -297,11 +297,7 @@ async fn a_damaged_store_file_refuses_to_start() {
         assert_eq!((r.status, r.result()), (200, "accepted"), "{report}");
     }
     // A clean stop: the journal is applied to redb.
-    let stopped = Command::new("kill")
-        .args(["-TERM", &proc.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(stopped.success());
+    support::signal(proc.child.id(), "TERM");
     assert!(ends_within(&mut proc.child, std::time::Duration::from_secs(30)).success());
 
     let path = dir.path().join("marks.redb");

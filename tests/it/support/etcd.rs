@@ -146,11 +146,7 @@ impl EtcdCluster {
     /// drop) still ends it.
     pub fn stop(&mut self, i: usize) {
         if let Some(child) = &self.members[i].child {
-            let status = Command::new("kill")
-                .args(["-STOP", &child.id().to_string()])
-                .status()
-                .expect("run kill");
-            assert!(status.success(), "kill -STOP member {i}");
+            super::signal(child.id(), "STOP");
         }
     }
 

@@ -575,6 +575,18 @@ pub fn spawn(config: &Path, proxy: u16, admin: u16) -> Proc {
     }
 }
 
+/// Sends the signal `name` (`HUP`, `TERM`, `STOP`) to the child process `pid` with
+/// kill(1) (std sends only SIGKILL); the test fails unless it was delivered. Never the
+/// test's own process: every test of this binary shares it.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
 /// The peak resident memory of a process, from /proc (VmHWM), in bytes.
 pub fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
