@@ -10,7 +10,7 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use support::etcd::{self, EtcdCluster};
-use support::{BOUND, Client};
+use support::{BOUND, Client, metric_value};
 
 /// Acquires `scope` for `holder`, retrying while etcd is briefly without a leader.
 async fn acquire(c: &Client, scope: &str, holder: &str, ttl_ms: u64) -> serde_json::Value {
@@ -83,7 +83,7 @@ async fn etcd_counts_like_local_and_sees_an_expiry_without_release() {
     }
     let before = admin.get("/metrics").await.body;
     assert_eq!(
-        support::metric_value(&before, "fencegate_authority_expiries_total"),
+        metric_value(&before, "fencegate_authority_expiries_total"),
         0.0
     );
     // Its holder comes back and renews: lost, and the authority now knows it expired.
@@ -99,56 +99,56 @@ async fn etcd_counts_like_local_and_sees_an_expiry_without_release() {
 
     let m = admin.get("/metrics").await.body;
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_expiries_total"),
+        metric_value(&m, "fencegate_authority_expiries_total"),
         1.0,
         "{m}"
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
         ),
         1.0
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"released\"}"
         ),
         1.0
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_acquisitions_total{result=\"acquired\"}"
         ),
         2.0
     );
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_renewals_total{result=\"renewed\"}"),
+        metric_value(&m, "fencegate_authority_renewals_total{result=\"renewed\"}"),
         1.0
     );
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_renewals_total{result=\"lost\"}"),
+        metric_value(&m, "fencegate_authority_renewals_total{result=\"lost\"}"),
         1.0
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_releases_total{result=\"released\"}"
         ),
         1.0
     );
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_releases_total{result=\"lost\"}"),
+        metric_value(&m, "fencegate_authority_releases_total{result=\"lost\"}"),
         1.0
     );
     let token: fencegate::token::Token = dropped["token"].as_str().unwrap().parse().unwrap();
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_last_token_counter"),
+        metric_value(&m, "fencegate_authority_last_token_counter"),
         token.counter as f64
     );
-    assert_eq!(support::metric_value(&m, "fencegate_authority_epoch"), 0.0);
+    assert_eq!(metric_value(&m, "fencegate_authority_epoch"), 0.0);
     running.shutdown().await;
 }
 
@@ -172,9 +172,9 @@ async fn the_sweep_counts_an_etcd_expiry_nobody_asked_about() {
     let started = Instant::now();
     loop {
         let m = admin.get("/metrics").await.body;
-        if support::metric_value(&m, "fencegate_authority_expiries_total") == 1.0 {
+        if metric_value(&m, "fencegate_authority_expiries_total") == 1.0 {
             assert_eq!(
-                support::metric_value(
+                metric_value(
                     &m,
                     "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
                 ),

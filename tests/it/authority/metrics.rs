@@ -5,7 +5,7 @@ use crate::support;
 
 use std::path::Path;
 
-use support::Client;
+use support::{Client, metric_value};
 
 /// A local-backend authority (max_ttl 60 s, no lock delay) with `clients` (its
 /// `[[authority.client]]` tables, or nothing).
@@ -92,7 +92,7 @@ async fn authority_calls_are_counted_by_result() {
 
     let m = scrape(&admin).await;
     let acq = |result: &str| {
-        support::metric_value(
+        metric_value(
             &m,
             &format!("fencegate_authority_acquisitions_total{{result=\"{result}\"}}"),
         )
@@ -102,50 +102,47 @@ async fn authority_calls_are_counted_by_result() {
     assert_eq!(acq("invalid"), 3.0);
     assert_eq!(acq("unavailable"), 0.0);
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_acquire_seconds_count"),
+        metric_value(&m, "fencegate_authority_acquire_seconds_count"),
         6.0
     );
     let renewals = |result: &str| {
-        support::metric_value(
+        metric_value(
             &m,
             &format!("fencegate_authority_renewals_total{{result=\"{result}\"}}"),
         )
     };
     assert_eq!((renewals("renewed"), renewals("lost")), (2.0, 2.0));
     let releases = |result: &str| {
-        support::metric_value(
+        metric_value(
             &m,
             &format!("fencegate_authority_releases_total{{result=\"{result}\"}}"),
         )
     };
     assert_eq!((releases("released"), releases("lost")), (1.0, 2.0));
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"released\"}"
         ),
         1.0
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
         ),
         0.0
     );
+    assert_eq!(metric_value(&m, "fencegate_authority_expiries_total"), 0.0);
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_expiries_total"),
-        0.0
-    );
-    assert_eq!(
-        support::metric_value(&m, "fencegate_authority_last_token_counter"),
+        metric_value(&m, "fencegate_authority_last_token_counter"),
         2.0
     );
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_last_token_epoch"),
+        metric_value(&m, "fencegate_authority_last_token_epoch"),
         0.0
     );
-    assert_eq!(support::metric_value(&m, "fencegate_authority_epoch"), 0.0);
+    assert_eq!(metric_value(&m, "fencegate_authority_epoch"), 0.0);
     // Bounded labels: neither the scope nor a holder appears.
     assert!(
         !m.lines()
@@ -185,12 +182,12 @@ async fn an_expiry_without_release_is_counted() {
     assert_eq!(r.status, 200, "{}", r.body);
     let m = scrape(&admin).await;
     assert_eq!(
-        support::metric_value(&m, "fencegate_authority_expiries_total"),
+        metric_value(&m, "fencegate_authority_expiries_total"),
         1.0,
         "{m}"
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"expired\"}"
         ),
@@ -198,21 +195,21 @@ async fn an_expiry_without_release_is_counted() {
     );
     // Its age is its ttl (it ended at its deadline): 0.3 s, in the 0.5 s bucket.
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_bucket{end=\"expired\",le=\"0.1\"}"
         ),
         0.0
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_bucket{end=\"expired\",le=\"0.5\"}"
         ),
         1.0
     );
     assert_eq!(
-        support::metric_value(
+        metric_value(
             &m,
             "fencegate_authority_lease_age_seconds_count{end=\"released\"}"
         ),
@@ -220,7 +217,7 @@ async fn an_expiry_without_release_is_counted() {
     );
     // `b` waited for the expiry: its acquire took at least the rest of `a`'s lease.
     assert!(
-        support::metric_value(&m, "fencegate_authority_acquire_seconds_sum") >= 0.2,
+        metric_value(&m, "fencegate_authority_acquire_seconds_sum") >= 0.2,
         "{m}"
     );
     running.shutdown().await;
@@ -265,7 +262,7 @@ scopes = ["mine/*"]
     assert_eq!(r.status, 200, "{}", r.body);
     let m = scrape(&admin).await;
     let acq = |result: &str| {
-        support::metric_value(
+        metric_value(
             &m,
             &format!("fencegate_authority_acquisitions_total{{result=\"{result}\"}}"),
         )

@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use support::{Client, Double};
+use support::{Client, Double, metric};
 
 #[tokio::test]
 async fn requests_are_counted_by_route_method_and_result() {
@@ -66,7 +66,7 @@ async fn requests_are_counted_by_route_method_and_result() {
         let series = format!(
             "fencegate_route_operations_total{{route=\"{route}\",method=\"{method}\",result=\"{result}\"}}"
         );
-        assert_eq!(support::metric(&m, &series), Some(*n), "{series}\n{m}");
+        assert_eq!(metric(&m, &series), Some(*n), "{series}\n{m}");
     }
     let series_count = m
         .lines()
@@ -75,14 +75,14 @@ async fn requests_are_counted_by_route_method_and_result() {
     assert_eq!(series_count, counts.len(), "{m}");
     // requests_total keeps its labels: the same requests, summed over methods.
     assert_eq!(
-        support::metric(
+        metric(
             &m,
             "fencegate_requests_total{route=\"reports\",result=\"accepted\"}"
         ),
         Some(2.0)
     );
     assert_eq!(
-        support::metric(
+        metric(
             &m,
             "fencegate_requests_total{route=\"reports\",result=\"stale_fence\"}"
         ),
