@@ -35,7 +35,9 @@ mod bare;
 mod callgrind;
 #[path = "load/client.rs"]
 mod client;
-#[path = "../tests/support/nginx.rs"]
+// The test suite's nginx harness, of which this uses a part.
+#[allow(dead_code)]
+#[path = "../tests/it/support/nginx.rs"]
 mod nginx;
 #[path = "load/procs.rs"]
 mod procs;

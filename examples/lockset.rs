@@ -11,7 +11,9 @@
 
 #[path = "support/lockset.rs"]
 mod lockset;
-#[path = "../tests/support/nginx.rs"]
+// The test suite's nginx harness, of which this uses a part.
+#[allow(dead_code)]
+#[path = "../tests/it/support/nginx.rs"]
 mod nginx;
 
 use std::process::ExitCode;

@@ -36,7 +36,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The alert rules: valid, and each alert fires on the series its unit tests say and on no
-# other (tests/deploy.rs checks that every metric they use is one fencegate exports).
+# other (tests/it/ops/deploy.rs checks that every metric they use is one fencegate exports).
 echo "==> promtool check rules, promtool test rules (deploy/prometheus)"
 promtool check rules deploy/prometheus/fencegate.rules.yml
 (cd deploy/prometheus && promtool test rules fencegate.rules.test.yml)

@@ -2,7 +2,7 @@
 //! owned by a guard that stops it on drop (also while unwinding from a panic), plus the
 //! machine description.
 //!
-//! nginx instances come from `tests/support/nginx.rs`, which has its own guard.
+//! nginx instances come from `tests/it/support/nginx.rs`, which has its own guard.
 
 use std::fs;
 use std::io;

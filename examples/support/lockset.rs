@@ -8,7 +8,7 @@
 //! write acknowledged. Straight to the backend, the paused worker's write then
 //! overwrites that acknowledged update; through fencegate it is refused with 409.
 //!
-//! Shared by `tests/lockset.rs` and `examples/lockset.rs`.
+//! Shared by `tests/it/lockset.rs` and `examples/lockset.rs`.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

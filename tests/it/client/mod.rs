@@ -1,0 +1,4 @@
+//! The Rust client (`fencegate::client`) against a running proxy and authority.
+
+mod lease;
+mod tls;

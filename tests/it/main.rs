@@ -1,0 +1,24 @@
+//! The integration tests of fencegate: one test binary (`cargo test --test it`), one module
+//! per area, sharing `support`.
+
+mod support;
+
+mod adversarial;
+mod architecture;
+mod authority;
+mod body_timeout;
+mod client;
+mod demo;
+mod fencing;
+mod idempotency;
+mod limits;
+mod listeners;
+mod lockset;
+mod nginx_harness;
+mod ops;
+mod pool;
+mod responses;
+mod send_timeout;
+mod store;
+mod streaming;
+mod tls;
