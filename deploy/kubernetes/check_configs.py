@@ -150,7 +150,8 @@ class Check:
             self.problem(where, f"{CONFIG_KEY} is not valid TOML: {e}")
             return
 
-        # Where each absolute path of the config lies: on which mount of the container.
+        # Each file the config names: on which of the container's mounts it lies (it must
+        # be on one: the image has none), moved under this pod's directory.
         self.pods += 1
         root = self.tmp / f"pod{self.pods}"
         claims = {t["metadata"]["name"] for t in pod.get("_claim_templates", [])}
@@ -190,15 +191,16 @@ class Check:
             if probe in container:
                 port = container[probe].get("httpGet", {}).get("port")
                 if ports.get(port, port) != admin_port:
-                    self.problem(where, f"{probe} is not on admin.listen's port {admin_port}")
+                    self.problem(where, f"{probe} goes to port {port!r}, not admin.listen's port {admin_port}")
         labels = pod.get("metadata", {}).get("labels", {})
         for svc in services:
             selector = svc["spec"].get("selector") or {}
-            if selector and all(labels.get(k) == v for k, v in selector.items()):
+            same_namespace = svc["metadata"].get("namespace") == pod.get("_namespace")
+            if same_namespace and selector and all(labels.get(k) == v for k, v in selector.items()):
                 for p in svc["spec"].get("ports", []):
                     target_port = p.get("targetPort", p["port"])
                     if ports.get(target_port, target_port) != server_port:
-                        self.problem(where, f"Service {svc['metadata']['name']} port {p['port']} does not target server.listen's port {server_port}")
+                        self.problem(where, f"Service {svc['metadata']['name']} port {p['port']} targets {target_port!r}, not server.listen's port {server_port}")
         shutdown = duration_seconds(server.get("shutdown_timeout", "30s"))
         pause = 0
         pre_stop = container.get("lifecycle", {}).get("preStop", {})
@@ -230,9 +232,10 @@ class Check:
             if d.get("kind") in WORKLOADS:
                 pod = dict(d["spec"]["template"])
                 pod["_claim_templates"] = d["spec"].get("volumeClaimTemplates", [])
+                pod["_namespace"] = d["metadata"].get("namespace")
                 pods.append((f"{file}: {d['kind']} {d['metadata']['name']}", pod))
             elif d.get("kind") == "Pod":
-                pods.append((f"{file}: Pod {d['metadata']['name']}", d))
+                pods.append((f"{file}: Pod {d['metadata']['name']}", dict(d, _namespace=d["metadata"].get("namespace"))))
         found = 0
         for cm in docs:
             if cm.get("kind") != "ConfigMap" or CONFIG_KEY not in cm.get("data", {}):
