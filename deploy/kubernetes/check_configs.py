@@ -15,10 +15,10 @@ For each ConfigMap with a `fencegate.toml` key, and the workload that mounts it:
   a file at that path (its `items`);
 - checks what ties the config to the manifest: the container's `--config` is the mounted
   file; store.path is on a PersistentVolumeClaim (not an emptyDir, which the pod takes
-  with it); every other path is on a volume; the probes go to admin.listen's port; the
-  Services that select the pod target server.listen's port only; and
-  terminationGracePeriodSeconds covers the preStop pause, server.shutdown_timeout and
-  the 2 s the store has to close after it.
+  with it); every other path is on a volume; the probes go to admin.listen's port, in
+  HTTPS if the admin listener has tls; the Services that select the pod target
+  server.listen's port only; and terminationGracePeriodSeconds covers the preStop pause,
+  server.shutdown_timeout and the 2 s the store has to close after it.
 
 Needs PyYAML (installed with kubernetes-validate), openssl and Python 3.11 (tomllib).
 Exits 1 with every problem listed, 0 when all is well.
@@ -186,12 +186,17 @@ class Check:
         ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
         server = config.get("server", {})
         server_port = port_of(server.get("listen", "127.0.0.1:8080"))
-        admin_port = port_of(config.get("admin", {}).get("listen", "127.0.0.1:9090"))
+        admin = config.get("admin", {})
+        admin_port = port_of(admin.get("listen", "127.0.0.1:9090"))
+        admin_scheme = "HTTPS" if "tls" in admin else "HTTP"
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             if probe in container:
-                port = container[probe].get("httpGet", {}).get("port")
+                get = container[probe].get("httpGet", {})
+                port = get.get("port")
                 if ports.get(port, port) != admin_port:
                     self.problem(where, f"{probe} goes to port {port!r}, not admin.listen's port {admin_port}")
+                if get.get("scheme", "HTTP") != admin_scheme:
+                    self.problem(where, f"{probe} speaks {get.get('scheme', 'HTTP')}, the admin listener {admin_scheme}")
         labels = pod.get("metadata", {}).get("labels", {})
         for svc in services:
             selector = svc["spec"].get("selector") or {}
