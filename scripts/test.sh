@@ -9,6 +9,10 @@
 # authority's etcd backend (whose client needs protoc to build), and promtool (Debian's
 # `prometheus` package) checks and unit-tests the alert rules in deploy/prometheus before
 # any test runs. Whatever is missing is installed with apt (as root, or through sudo).
+# The Kubernetes manifests in deploy/kubernetes are validated offline by
+# kubernetes-validate (pip, into a virtualenv under target/), and the fencegate configs
+# they embed are checked with `fencegate check-config` (openssl makes stand-ins for the
+# files they name on Secrets).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -19,6 +23,8 @@ command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || missing+=(etcd-server
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then
@@ -40,6 +46,27 @@ fi
 echo "==> promtool check rules, promtool test rules (deploy/prometheus)"
 promtool check rules deploy/prometheus/fencegate.rules.yml
 (cd deploy/prometheus && promtool test rules fencegate.rules.test.yml)
+
+# The Kubernetes manifests: every object valid against the API's OpenAPI schemas, which
+# kubernetes-validate bundles (no cluster, no network once installed), strictly (a
+# misspelt or unknown field is an error), for the oldest Kubernetes they support (1.29:
+# the sidecar's backend is a native sidecar container) and the newest the validator knows.
+venv=target/deploy-venv
+if ! "$venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
+    echo "==> installing kubernetes-validate (pip, into $venv)"
+    mkdir -p target
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0'
+fi
+echo "==> kubernetes-validate --strict deploy/kubernetes/*.yaml (Kubernetes 1.29 and 1.37)"
+"$venv/bin/kubernetes-validate" --strict --quiet -k 1.29.0 deploy/kubernetes/*.yaml
+"$venv/bin/kubernetes-validate" --strict --quiet -k 1.37.0 deploy/kubernetes/*.yaml
+
+# The fencegate.toml of each ConfigMap there: accepted by `fencegate check-config`, and
+# consistent with its pod (mounts, probes, Service ports, grace period). This builds the
+# binary, with the features the tests below build it with, so they reuse it.
+echo "==> fencegate check-config on the configs in deploy/kubernetes"
+FENCEGATE="cargo run -q --features etcd --" "$venv/bin/python" deploy/kubernetes/check_configs.py
 
 echo "==> cargo test --all-targets --features etcd $*"
 log="$(mktemp)"
