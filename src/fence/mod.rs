@@ -1,6 +1,7 @@
-//! The fence: the decision table (policy), the durable marks (marks) and the per-scope
+//! The fence: its `[fencing]` section (config), the decision table (policy), the durable marks (marks) and the per-scope
 //! generation gate (gate) that orders generations at the backend.
 
+pub mod config;
 pub mod gate;
 pub mod journal;
 pub mod marks;
@@ -8,4 +9,4 @@ pub mod policy;
 
 pub use gate::{Admission, Gates, InflightGuard, Proof, Refusal};
 pub use marks::{MarkStore, Snapshot, StoreError};
-pub use policy::{Decision, decide};
+pub use policy::{Decision, EqualPolicy, decide};
