@@ -822,6 +822,128 @@ colour = "red"
         assert!(errs[0].message.contains("can never match"), "{errs:?}");
     }
 
+    /// Parsing reads no file: a text whose only faults are in the files it names parses
+    /// clean; loading reads them and reports each error where the file is named, among the
+    /// text's own, in the order of the text.
+    #[test]
+    fn parsing_reads_no_file_and_loading_reports_each_in_its_place() {
+        let dir = tempfile::tempdir().expect("dir");
+        let text = |server: &str, fencing: &str, upstream_tls: &str, client: &str, route: &str| {
+            format!(
+                r#"
+[server]
+listen = "127.0.0.1:0"
+{server}tls = {{ cert = "gone.crt", key = "gone.key" }}
+[admin]
+listen = "127.0.0.1:0"
+token_file = "gone.token"
+[store]
+path = "x.redb"
+[fencing]
+{fencing}proof_keys = ["gone.pub"]
+[[upstream]]
+name = "u"
+url = "https://127.0.0.1:1"
+tls = {{ ca = "gone.ca"{upstream_tls} }}
+[authority]
+listen = "127.0.0.1:0"
+signing_key = "gone.signing"
+[[authority.client]]
+name = "a"
+token_file = "gone.secret"
+scopes = [{client}]
+[[route]]
+name = "r"
+path = "/r/{{k}}"
+scope = "r/{{k}}"
+upstream = "u"
+{route}"#
+            )
+        };
+        let files_only = text("", "", "", "\"r/*\"", "");
+        let draft = Draft::parse(&files_only, dir.path()).expect("TOML");
+        assert!(!draft.has_errors(), "{draft:?}");
+        let paths =
+            |errs: ConfigErrors| -> Vec<String> { errs.0.into_iter().map(|e| e.path).collect() };
+        assert_eq!(
+            paths(draft.load().unwrap_err()),
+            [
+                "server.tls.cert",
+                "server.tls.key",
+                "admin.token_file",
+                "fencing.proof_keys[0]",
+                "upstream[0].tls.ca",
+                "authority.client[0].token_file",
+                "authority.signing_key",
+            ]
+        );
+        let mixed = text(
+            "max_headers = 0\n",
+            "settle = \"soon\"\n",
+            ", server_name = \"not a name\"",
+            "",
+            "equal = \"maybe\"\n",
+        );
+        let draft = Draft::parse(&mixed, dir.path()).expect("TOML");
+        assert!(draft.has_errors());
+        assert_eq!(
+            paths(draft.load().unwrap_err()),
+            [
+                "server.max_headers",
+                "server.tls.cert",
+                "server.tls.key",
+                "admin.token_file",
+                "fencing.settle",
+                "fencing.proof_keys[0]",
+                "upstream[0].tls.ca",
+                "upstream[0].tls.server_name",
+                "authority.client[0].scopes",
+                "authority.client[0].token_file",
+                "authority.signing_key",
+                "route[0].equal",
+            ]
+        );
+        // Config::parse is the two steps.
+        assert_eq!(
+            paths(Config::parse(&mixed, dir.path()).unwrap_err()).len(),
+            12
+        );
+    }
+
+    /// Reload tells a changed section by comparing values: the secrets read from files
+    /// count (a new client secret or admin token is a change), and are never printed.
+    #[test]
+    fn sections_compare_by_value_secrets_included() {
+        let dir = tempfile::tempdir().expect("dir");
+        let write =
+            |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        write("a.token", "first-secret");
+        write("admin.token", "first-token");
+        let text = format!(
+            "{GOOD}\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken_file = \"admin.token\"\n\
+             [authority]\n[[authority.client]]\nname = \"a\"\ntoken_file = \"a.token\"\nscopes = [\"r/*\"]\n"
+        );
+        let load = || Config::parse(&text, dir.path()).expect("config");
+        let first = load();
+        let again = load();
+        assert!(first.server == again.server && first.admin == again.admin);
+        assert!(first.fencing == again.fencing && first.idempotency == again.idempotency);
+        assert!(first.authority == again.authority && first.log == again.log);
+        write("a.token", "other-secret");
+        let secret = load();
+        assert!(secret.authority != first.authority);
+        assert_eq!(
+            format!("{:?}", secret.authority),
+            format!("{:?}", first.authority),
+            "the secret is in no Debug text"
+        );
+        assert!(secret.admin == first.admin);
+        write("admin.token", "other-token");
+        let token = load();
+        assert!(token.admin != first.admin);
+        assert!(!format!("{:?}", token.admin).contains("other-token"));
+    }
+
     mod fuzz {
         use super::*;
         use proptest::prelude::*;
