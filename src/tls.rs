@@ -2,9 +2,9 @@
 //! check (`[server] tls`), re-read on SIGHUP; and the client side of https upstreams
 //! (`[[upstream]] tls`: trusted CA, SNI name, client certificate).
 //!
-//! Files are PEM. Parsing the config only names them ([`listener_files`],
-//! [`upstream_tls_files`]); every file is read and checked by the config's load step
-//! ([`check_listener_files`], [`UpstreamTlsFiles::load`]), so `check-config` reports a
+//! Files are PEM. Parsing the config only names them (`listener_files`,
+//! `upstream_tls_files`); every file is read and checked by the config's load step
+//! (`check_listener_files`, `UpstreamTlsFiles::load`), so `check-config` reports a
 //! missing or unreadable file with its key path, and a reload with a bad file is refused
 //! before anything changes.
 

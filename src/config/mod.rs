@@ -10,13 +10,13 @@
 //! `tls` tables ([`crate::tls`]). This module assembles them in two steps: [`Draft::parse`]
 //! reads the text and nothing else; [`Draft::load`] reads the files it names
 //! (certificates, keys, secrets) and reports their errors in the place of the file's own.
-//! The accumulator ([`error`]) and the value checks ([`value`]) are leaves every section
+//! The accumulator ([`error`]) and the value checks (`value`) are leaves every section
 //! imports.
 
 pub mod error;
 pub mod server;
 pub mod store;
-pub mod value;
+pub(crate) mod value;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -943,6 +943,82 @@ upstream = "u"
         assert!(token.admin != first.admin);
         assert!(!format!("{:?}", token.admin).contains("other-token"));
     }
+
+    /// Every message, key path and place in the list, as `check-config` prints them, for
+    /// files with errors in the text and in the files it names (checked against the
+    /// messages of the single-step parser this replaced).
+    #[test]
+    fn every_error_keeps_its_message_path_and_place() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("empty.token"), " \n").expect("token");
+        std::fs::write(
+            dir.path().join("bad.pem"),
+            "-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n",
+        )
+        .expect("pem");
+        std::fs::write(dir.path().join("nocert.pem"), "hello\n").expect("pem");
+        let texts = [
+            "bogus = 1\n[fencing]\nsettle = \"soon\"\nproof_keys = [\"nocert.pem\", \"gone\"]\n[[upstream]]\nname = \"u\"\nurl = \"ftp://x\"\n[[upstream]]\nname = \"u\"\nurl = \"https://h:1/x\"\ntls = { ca = \"bad.pem\", cert = \"nocert.pem\" }\n[[upstream]]\nname = \"v\"\nurl = \"https://h:1\"\ntls = { key = \"k\", server_name = \"a b\" }\n[[upstream]]\nname = \"w\"\nurl = \"http://h:1\"\ntls = { ca = \"x\" }\n[[route]]\nname = \"a\"\npath = \"/a/{x}\"\nscope = \"a/{y}\"\nupstream = \"nope\"\nequal = \"maybe\"\nproof = \"required\"\n[[route]]\nname = \"b\"\npath = \"/b\"\nscope = \"b\"\nupstream = \"u\"\ncolour = \"red\"\n",
+            "[server]\nlisten = \"0.0.0.0:8080\"\ntls = { cert = \"bad.pem\", key = \"nocert.pem\", client_ca = \"gone\" }\n[admin]\nlisten = \"0.0.0.0:8080\"\ntoken_file = \"empty.token\"\ntls = { cert = \"x\", key = \"y\", colour = 1 }\n[store]\npath = \"\"\n[authority]\nlisten = \"0.0.0.0:8080\"\nsigning_key = \"nocert.pem\"\ntls = { cert = \"bad.pem\", key = \"k\" }\n[[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n[[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\n[log]\naccess = \"\"\n",
+            "[store]\npath = \"x\"\n[authority]\ntls = 3\nlisten = \"nope\"\n[[authority.client]]\nname = \"\"\ntoken_file = \"gone\"\nscopes = [\"r\"]\n",
+            "[store]\npath = \"x\"\n[admin]\nlisten=\"0.0.0.0:1\"\n[authority]\nbackend = \"etcd\"\nlisten = \"0.0.0.0:7070\"\n[[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"r\"]\n",
+        ];
+        let mut all = String::new();
+        for t in texts {
+            match Config::parse(t, dir.path()) {
+                Ok(_) => all.push_str("OK\n"),
+                Err(e) => all.push_str(&format!("{e}\n----\n")),
+            }
+        }
+        let all = all.replace(&dir.path().display().to_string(), "DIR");
+        assert_eq!(all, GOLDEN, "{all}");
+    }
+
+    const GOLDEN: &str = r##"bogus: unknown section
+store: missing: [store] path = "..." is required
+fencing.settle: `soon` is not a duration (e.g. 500ms, 30s): expected number at 0
+fencing.proof_keys[0]: DIR/nocert.pem: not a "fencegate-verification-key v1" file
+fencing.proof_keys[1]: DIR/gone: cannot read: No such file or directory (os error 2)
+upstream[0].url: `ftp://x` is not an http:// or https://host:port URL
+upstream[1].url: give scheme and authority only; the request path is forwarded as received
+upstream[1].tls.ca: DIR/bad.pem: not a usable CA certificate: invalid peer certificate: BadEncoding
+upstream[1].tls.key: missing: a client certificate needs its key
+upstream[2].tls.server_name: `a b` is not a DNS name or IP address
+upstream[2].tls.cert: missing: a client key needs its certificate
+upstream[3].tls: TLS settings need an https:// url
+upstream[1].name: `u` is defined twice
+route[0].scope: `{y}` is not a capture of the path template
+route[0].upstream: no upstream named `nope`
+route[0].equal: `maybe`: expected "accept" or "reject"
+route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`
+----
+admin: unknown field `colour`, expected one of `cert`, `key`, `client_ca`, `resumption`
+log.access: must be "off", "stdout" or a file path, not empty
+server.tls.key: no PEM private key in DIR/nocert.pem
+server.tls.client_ca: cannot read DIR/gone: No such file or directory (os error 2)
+store.path: must not be empty
+authority.tls.key: cannot read DIR/k: No such file or directory (os error 2)
+authority.client[0].scopes: empty: the client could take no scope
+authority.client[0].token_file: DIR/empty.token is empty
+authority.client[1].name: `a` is defined twice
+authority.client[1].scopes[0]: `x**`: an exact scope, or a prefix ending in one `*`
+authority.client[1].scopes[1]: `a*b`: `*` only at the end
+authority.client[1].token_file: cannot read DIR/gone: No such file or directory (os error 2)
+authority.listen: 0.0.0.0:8080 is not loopback: add [[authority.client]] entries so that every call needs a bearer secret
+authority.signing_key: DIR/nocert.pem: not a "fencegate-signing-key v1" file
+authority.listen: 0.0.0.0:8080 is also server.listen (0.0.0.0:8080): the authority needs a listener of its own
+----
+authority.tls: invalid type: integer `3`, expected struct RawListenerTls
+authority.listen: `nope` is not an IP:port address
+authority.client[0].name: must be 1 to 1024 characters, none a control
+authority.client[0].token_file: cannot read DIR/gone: No such file or directory (os error 2)
+----
+admin.listen: 0.0.0.0:1 is not loopback: set admin.token_file so the admin API needs a bearer token
+authority.etcd_endpoints: backend = "etcd" needs at least one endpoint
+authority.client[0].token_file: cannot read DIR/gone: No such file or directory (os error 2)
+authority.listen: 0.0.0.0:7070 is not loopback: add [[authority.client]] entries so that every call needs a bearer secret
+----
+"##;
 
     mod fuzz {
         use super::*;
