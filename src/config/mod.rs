@@ -185,10 +185,7 @@ impl Draft {
         let admin = self.admin.load(e);
         let fencing = self.fencing.load(e);
         let upstreams: Vec<Upstream> = self.upstreams.into_iter().map(|u| u.load(e)).collect();
-        let authority = match self.authority {
-            Some(a) => Some(a.load(e)),
-            None => None,
-        };
+        let authority = self.authority.map(|a| a.load(e));
         let (store, routes, idempotency, log) =
             (self.store, self.routes, self.idempotency, self.log);
         errors.finish(|| {
