@@ -22,6 +22,44 @@ pub enum Sink {
     File(PathBuf),
 }
 
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LogConfig {
+    /// `access = "off" | "stdout" | "<file>"`: one JSON line per proxy request. A relative
+    /// file is resolved against the config file's directory.
+    pub access: Sink,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLog {
+    access: Option<String>,
+}
+
+impl LogConfig {
+    /// Validates `[log]`; a relative file is resolved against `base`.
+    pub(crate) fn parse(
+        raw: RawLog,
+        base: &Path,
+        errors: &mut crate::config::error::Errors,
+    ) -> LogConfig {
+        LogConfig {
+            access: match raw.access.as_deref() {
+                None | Some("off") => Sink::Off,
+                Some("stdout") => Sink::Stdout,
+                Some("") => {
+                    errors.push(
+                        "log.access",
+                        "must be \"off\", \"stdout\" or a file path, not empty",
+                    );
+                    Sink::Off
+                }
+                Some(path) => Sink::File(base.join(path)),
+            },
+        }
+    }
+}
+
 /// Lines waiting for the writer thread; a full queue drops (and counts) new lines rather
 /// than hold a request back.
 const QUEUE: usize = 8192;

@@ -1,6 +1,8 @@
 //! The admin listener (SPEC §7): health, readiness, metrics and the marks API. Separate
 //! port, loopback by default; an optional bearer token guards all but the probes.
 
+pub mod config;
+
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};

@@ -390,27 +390,15 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     }
     let old = running.app.proxy.config();
     let fixed = [
-        (
-            "server",
-            format!("{:?}", old.server) != format!("{:?}", new.server),
-        ),
-        (
-            "admin",
-            format!("{:?}", old.admin) != format!("{:?}", new.admin),
-        ),
+        ("server", old.server != new.server),
+        ("admin", old.admin != new.admin),
         ("store", old.store.path != new.store.path),
         (
             "idempotency.max_buffered",
             old.idempotency.max_buffered != new.idempotency.max_buffered,
         ),
-        (
-            "fencing",
-            format!("{:?}", old.fencing) != format!("{:?}", new.fencing),
-        ),
-        (
-            "authority",
-            format!("{:?}", old.authority) != format!("{:?}", new.authority),
-        ),
+        ("fencing", old.fencing != new.fencing),
+        ("authority", old.authority != new.authority),
         ("log", old.log.access != new.log.access),
     ];
     for (section, changed) in fixed {

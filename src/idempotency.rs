@@ -18,30 +18,13 @@ use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub mod config;
+pub use config::{IdempotencyConfig, Mode, OnUnknown};
+
 use crate::fence::InflightGuard;
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Forwarder, Outcome, Plan, Table};
 use crate::rt::timer::ReadTimedOut;
 use crate::store::MarkStore;
-
-/// Route option `idempotency`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Off,
-    /// A key is honoured when present.
-    Optional,
-    /// Fenced methods without a key are refused (400).
-    Required,
-}
-
-/// Route option `idempotency_unknown`: a retry whose first attempt ended without a
-/// response (timeout, reset, crash) may or may not repeat an applied change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnUnknown {
-    /// Answer 409 `outcome_unknown`: the client checks the resource, then decides.
-    Refuse,
-    /// Forward again: for upstreams whose operations are naturally idempotent.
-    Forward,
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 enum State {

@@ -142,6 +142,16 @@ impl std::fmt::Debug for SigningKey {
     }
 }
 
+/// The same key: an Ed25519 public key is derived from the secret one, so comparing it
+/// (and the id) compares the secrets without keeping their bytes twice.
+impl PartialEq for SigningKey {
+    fn eq(&self, other: &SigningKey) -> bool {
+        self.id == other.id && self.pair.public_key().as_ref() == other.pair.public_key().as_ref()
+    }
+}
+
+impl Eq for SigningKey {}
+
 impl SigningKey {
     pub fn load(path: &Path) -> Result<SigningKey, ProofError> {
         let (id, pkcs8) = read_key_file(path, KEY_HEADER, "ed25519-pkcs8")?;
@@ -230,7 +240,7 @@ pub fn keygen(out: &Path) -> Result<String, ProofError> {
 }
 
 /// One verification key.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 struct PublicKey {
     id: String,
     key: [u8; 32],
@@ -252,6 +262,15 @@ impl std::fmt::Debug for ProofKeys {
             .finish()
     }
 }
+
+/// The same keys, in the same order (the count of verifications is no part of the set).
+impl PartialEq for ProofKeys {
+    fn eq(&self, other: &ProofKeys) -> bool {
+        self.keys == other.keys
+    }
+}
+
+impl Eq for ProofKeys {}
 
 impl ProofKeys {
     pub fn is_empty(&self) -> bool {

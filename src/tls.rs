@@ -2,9 +2,11 @@
 //! check (`[server] tls`), re-read on SIGHUP; and the client side of https upstreams
 //! (`[[upstream]] tls`: trusted CA, SNI name, client certificate).
 //!
-//! Files are PEM. Every file is read and checked when the config is validated, so
-//! `check-config` reports a missing or unreadable file with its key path, and a reload with a
-//! bad file is refused before anything changes.
+//! Files are PEM. Parsing the config only names them (`listener_files`,
+//! `upstream_tls_files`); every file is read and checked by the config's load step
+//! (`check_listener_files`, `UpstreamTlsFiles::load`), so `check-config` reports a
+//! missing or unreadable file with its key path, and a reload with a bad file is refused
+//! before anything changes.
 
 use std::fmt;
 use std::future::Future;
@@ -29,7 +31,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use crate::config::ConfigError;
+use crate::config::error::{ConfigError, Errors, Place};
 
 /// TLS problems, each with the config key of the file at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,25 +105,33 @@ impl fmt::Display for ListenerFiles {
     }
 }
 
-/// Validates a listener's `tls` table (`key_path`, e.g. `server.tls`): every file must
-/// exist and parse, and the key must fit the certificate.
+/// A listener's `tls` table (`key_path`, e.g. `server.tls`), its files named relative to
+/// `base`; none is read here.
 pub(crate) fn listener_files(
     raw: RawListenerTls,
     base: &Path,
     key_path: &'static str,
-    errors: &mut Vec<ConfigError>,
-) -> Option<ListenerFiles> {
-    let files = ListenerFiles {
+) -> ListenerFiles {
+    ListenerFiles {
         cert: base.join(raw.cert),
         key: base.join(raw.key),
         client_ca: raw.client_ca.map(|ca| base.join(ca)),
         resumption: raw.resumption.unwrap_or(true),
         key_path,
-    };
+    }
+}
+
+/// Reads a listener's files (the config's load step): every file must exist and parse, and
+/// the key must fit the certificate. Its errors go at `at`.
+pub(crate) fn check_listener_files(
+    files: ListenerFiles,
+    at: Place,
+    errors: &mut Errors,
+) -> Option<ListenerFiles> {
     match server_config(&files) {
         Ok(_) => Some(files),
         Err(TlsError(e)) => {
-            errors.extend(e);
+            errors.extend_at(at, e);
             None
         }
     }
@@ -291,89 +301,133 @@ impl fmt::Display for UpstreamTls {
     }
 }
 
-/// Validates an upstream's `tls` table. Every https upstream gets TLS settings (the
-/// defaults when the table is absent); a `tls` table on an http upstream is an error.
-pub(crate) fn upstream_tls(
+/// An https upstream's `tls` table as parsed: the files it names (none read yet) and the
+/// places kept for their errors.
+#[derive(Debug)]
+pub(crate) struct UpstreamTlsFiles {
+    ca: Option<PathBuf>,
+    server_name: Option<ServerName<'static>>,
+    /// The client certificate and its key, when both are given.
+    identity: Option<(PathBuf, PathBuf)>,
+    client_cert: Option<PathBuf>,
+    /// No error in the table itself: the files' contents decide.
+    complete: bool,
+    /// The upstream's key path (`upstream[0]`).
+    path: String,
+    ca_at: Place,
+    identity_at: Place,
+}
+
+/// Validates an upstream's `tls` table, reading no file. Every https upstream gets TLS
+/// settings (the defaults when the table is absent); a `tls` table on an http upstream is
+/// an error.
+pub(crate) fn upstream_tls_files(
     raw: Option<RawUpstreamTls>,
     https: bool,
     base: &Path,
     path: &str,
-    errors: &mut Vec<ConfigError>,
-) -> Option<UpstreamTls> {
+    errors: &mut Errors,
+) -> Option<UpstreamTlsFiles> {
     if !https {
         if raw.is_some() {
-            errors.push(ConfigError {
-                path: format!("{path}.tls"),
-                message: "TLS settings need an https:// url".into(),
-            });
+            errors.push(format!("{path}.tls"), "TLS settings need an https:// url");
         }
         return None;
     }
     let raw = raw.unwrap_or_default();
-    let mut problems = Vec::new();
+    let mut complete = true;
     let key_path = |k: &str| format!("{path}.tls.{k}");
     let ca = raw.ca.map(|ca| base.join(ca));
-    let roots = match &ca {
-        Some(ca) => noted(&mut problems, key_path("ca"), read_roots(ca)),
-        None => Some(builtin_roots()),
-    };
+    let ca_at = errors.place();
     let server_name = raw.server_name.and_then(|name| {
         ServerName::try_from(name.clone())
             .map_err(|_| {
-                problems.push(ConfigError {
-                    path: key_path("server_name"),
-                    message: format!("`{name}` is not a DNS name or IP address"),
-                })
+                complete = false;
+                errors.push(
+                    key_path("server_name"),
+                    format!("`{name}` is not a DNS name or IP address"),
+                )
             })
             .ok()
     });
+    let identity_at = errors.place();
     let client_cert = raw.cert.as_ref().map(|c| base.join(c));
     let identity = match (&client_cert, raw.key.map(|k| base.join(k))) {
-        (Some(cert), Some(key)) => {
-            let certs = noted(&mut problems, key_path("cert"), read_certs(cert));
-            let key = noted(&mut problems, key_path("key"), read_key(&key));
-            Some(certs.zip(key))
-        }
+        (Some(cert), Some(key)) => Some((cert.clone(), key)),
         (Some(_), None) => {
-            problems.push(ConfigError {
-                path: key_path("key"),
-                message: "missing: a client certificate needs its key".into(),
-            });
+            complete = false;
+            errors.push(
+                key_path("key"),
+                "missing: a client certificate needs its key",
+            );
             None
         }
         (None, Some(_)) => {
-            problems.push(ConfigError {
-                path: key_path("cert"),
-                message: "missing: a client key needs its certificate".into(),
-            });
+            complete = false;
+            errors.push(
+                key_path("cert"),
+                "missing: a client key needs its certificate",
+            );
             None
         }
-        (None, None) => Some(None),
+        (None, None) => None,
     };
-    let (Some(roots), Some(identity), true) = (roots, identity, problems.is_empty()) else {
-        errors.extend(problems);
-        return None;
-    };
-    let builder = client_builder().with_root_certificates(roots);
-    let config = match identity {
-        Some((certs, key)) => match builder.with_client_auth_cert(certs, key) {
-            Ok(c) => c,
-            Err(e) => {
-                errors.push(ConfigError {
-                    path: key_path("key"),
-                    message: format!("does not fit the client certificate: {e}"),
-                });
-                return None;
-            }
-        },
-        None => builder.with_no_client_auth(),
-    };
-    Some(UpstreamTls {
+    Some(UpstreamTlsFiles {
         ca,
         server_name,
+        identity,
         client_cert,
-        config: Arc::new(with_http1_alpn(config)),
+        complete,
+        path: path.to_string(),
+        ca_at,
+        identity_at,
     })
+}
+
+impl UpstreamTlsFiles {
+    /// Reads the files (the config's load step) and builds the client's TLS config.
+    pub(crate) fn load(self, errors: &mut Errors) -> Option<UpstreamTls> {
+        let key_path = |k: &str| format!("{}.tls.{k}", self.path);
+        let before = errors.len();
+        let roots = match &self.ca {
+            Some(ca) => noted_at(errors, self.ca_at, key_path("ca"), read_roots(ca)),
+            None => Some(builtin_roots()),
+        };
+        let identity = match &self.identity {
+            Some((cert, key)) => {
+                let certs = noted_at(errors, self.identity_at, key_path("cert"), read_certs(cert));
+                let key = noted_at(errors, self.identity_at, key_path("key"), read_key(key));
+                Some(certs.zip(key))
+            }
+            None => Some(None),
+        };
+        let read = errors.len() == before;
+        let (Some(roots), Some(identity), true, true) = (roots, identity, read, self.complete)
+        else {
+            return None;
+        };
+        let builder = client_builder().with_root_certificates(roots);
+        let config = match identity {
+            Some((certs, key)) => match builder.with_client_auth_cert(certs, key) {
+                Ok(c) => c,
+                Err(e) => {
+                    errors.push_at(
+                        self.identity_at,
+                        key_path("key"),
+                        format!("does not fit the client certificate: {e}"),
+                    );
+                    return None;
+                }
+            },
+            None => builder.with_no_client_auth(),
+        };
+        Some(UpstreamTls {
+            ca: self.ca,
+            server_name: self.server_name,
+            client_cert: self.client_cert,
+            config: Arc::new(with_http1_alpn(config)),
+        })
+    }
 }
 
 /// Requests go to upstreams as HTTP/1.1 (see `proxy::forward`), so that is all we offer.
@@ -421,6 +475,18 @@ fn noted<T>(
                 message,
             })
         })
+        .ok()
+}
+
+/// Keeps a value, or notes its error under `path` at a place kept for it.
+fn noted_at<T>(
+    errors: &mut Errors,
+    at: Place,
+    path: impl Into<String>,
+    result: Result<T, String>,
+) -> Option<T> {
+    result
+        .map_err(|message| errors.push_at(at, path, message))
         .ok()
 }
 

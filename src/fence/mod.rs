@@ -1,9 +1,10 @@
-//! The fence: the decision table ([`policy`]) and the per-scope generation gate ([`gate`])
-//! that orders generations at the backend. The durable marks it decides against are the
-//! [`crate::store`]'s.
+//! The fence: its `[fencing]` section ([`config`]), the decision table ([`policy`]) and
+//! the per-scope generation gate ([`gate`]) that orders generations at the backend. The
+//! durable marks it decides against are the [`crate::store`]'s.
 
+pub mod config;
 pub mod gate;
 pub mod policy;
 
 pub use gate::{Admission, Gates, InflightGuard, Proof, Refusal};
-pub use policy::{Decision, decide};
+pub use policy::{Decision, EqualPolicy, decide};

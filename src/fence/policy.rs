@@ -1,8 +1,26 @@
 //! The decision table of SPEC §3 as a pure function, so it can be tested against a model
 //! without disks or clocks.
 
-use crate::config::EqualPolicy;
 use crate::token::Token;
+
+/// A route's `equal` option: is a token equal to the scope's mark accepted (a retry of the
+/// same generation) or stale?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EqualPolicy {
+    Accept,
+    Reject,
+}
+
+impl EqualPolicy {
+    /// The option as written (`"accept"` when absent); `None` for anything else.
+    pub fn from_option(raw: Option<&str>) -> Option<EqualPolicy> {
+        match raw {
+            None | Some("accept") => Some(EqualPolicy::Accept),
+            Some("reject") => Some(EqualPolicy::Reject),
+            Some(_) => None,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {

@@ -8,6 +8,7 @@
 //! - [`h2_idle`]: HTTP/2 idle and closing bounds, stalled streams
 //! - [`conn`]: one connection's state, shared by the three
 
+pub mod config;
 pub(crate) mod conn;
 pub(crate) mod first_bytes;
 pub(crate) mod h1_scan;
@@ -32,7 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::body::Body;
-use crate::config::ServerConfig;
+use config::ServerConfig;
 pub(crate) use conn::Flaw;
 use conn::Streams;
 use first_bytes::FirstBytes;

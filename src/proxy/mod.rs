@@ -4,6 +4,7 @@
 //! → [idempotency record] → forward → response with `Fencing-Result`. Every refusal goes
 //! through [`problem::Outcome`], the one place that makes fencegate's own responses.
 
+pub mod config;
 pub mod forward;
 pub mod h1;
 pub mod pool;

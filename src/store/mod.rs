@@ -2,6 +2,7 @@
 //! tables, backup and recovery) and the write-ahead journal of advances ([`journal`]) that
 //! makes a batch durable with one append and one sync.
 
+pub mod config;
 pub mod journal;
 pub mod marks;
 

@@ -14,6 +14,7 @@ const PLUMBING: &[&str] = &[
     "tls",
     "metrics::histogram",
     "config::error",
+    "config::value",
 ];
 
 /// The wiring, and who may import it.

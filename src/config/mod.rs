@@ -1,0 +1,1055 @@
+//! Configuration (SPEC §5): raw TOML with unknown keys refused, validated into a
+//! [`Config`]. Validation collects every error with its key path, so `check-config` can
+//! show an operator all of them at once instead of one per run.
+//!
+//! Each section owns its raw and validated types and its checks, beside the code that uses
+//! it: `[server]` ([`server`]), `[admin]` ([`crate::admin::config`]), `[store]`
+//! ([`store`]), `[fencing]` ([`crate::fence::config`]), `[[upstream]]` and `[[route]]`
+//! ([`crate::proxy::config`]), `[idempotency]` ([`crate::idempotency::config`]),
+//! `[authority]` ([`crate::authority::config`]), `[log]` ([`crate::access_log`]), the
+//! `tls` tables ([`crate::tls`]). This module assembles them in two steps: [`Draft::parse`]
+//! reads the text and nothing else; [`Draft::load`] reads the files it names
+//! (certificates, keys, secrets) and reports their errors in the place of the file's own.
+//! The accumulator ([`error`]) and the value checks (`value`) are leaves every section
+//! imports.
+
+pub mod error;
+pub(crate) mod value;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use http::Method;
+
+pub use crate::access_log::LogConfig;
+pub use crate::admin::config::AdminConfig;
+use crate::admin::config::{AdminDraft, RawAdmin};
+use crate::authority::config::AuthorityDraft;
+pub use crate::fence::config::FencingConfig;
+use crate::fence::config::{FencingDraft, RawFencing};
+pub use crate::fence::policy::EqualPolicy;
+pub use crate::idempotency::config::IdempotencyConfig;
+use crate::idempotency::config::RawIdempotency;
+pub use crate::listen::config::{IpNet, ServerConfig};
+use crate::listen::config::{RawServer, ServerDraft};
+pub use crate::proxy::config::{ProofMode, Route, Upstream};
+use crate::proxy::config::{RouteContext, UpstreamDraft};
+pub use crate::store::config::StoreConfig;
+use error::Errors;
+pub use error::{ConfigError, ConfigErrors};
+pub use value::parse_size;
+use value::section;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub store: StoreConfig,
+    pub fencing: FencingConfig,
+    pub upstreams: Vec<Upstream>,
+    pub routes: Vec<Route>,
+    /// Idempotency records: lifetime and size bounds.
+    pub idempotency: IdempotencyConfig,
+    /// The optional lease authority (SPEC §8).
+    pub authority: Option<crate::authority::config::AuthorityConfig>,
+    /// The access log (`[log]`).
+    pub log: LogConfig,
+}
+
+/// A file as parsed: every setting checked, every file it names (certificates, keys, proof
+/// keys, secrets) named but not read. [`Draft::load`] reads them.
+#[derive(Debug)]
+pub struct Draft {
+    server: ServerDraft,
+    admin: AdminDraft,
+    store: StoreConfig,
+    fencing: FencingDraft,
+    upstreams: Vec<UpstreamDraft>,
+    routes: Vec<Route>,
+    idempotency: IdempotencyConfig,
+    authority: Option<AuthorityDraft>,
+    log: LogConfig,
+    errors: Errors,
+}
+
+impl Draft {
+    /// Parses and validates `text`, reading no file. Relative paths in it are resolved
+    /// against `base`. `Err` only for text that is not TOML at all; the errors of the
+    /// settings are kept for [`Draft::load`] to report with those of the files.
+    pub fn parse(text: &str, base: &Path) -> Result<Draft, ConfigErrors> {
+        let mut errors = Errors::default();
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("not valid TOML: {}", e.to_string().trim()),
+            }])
+        })?;
+        for key in table.keys() {
+            if !matches!(
+                key.as_str(),
+                "server"
+                    | "admin"
+                    | "store"
+                    | "fencing"
+                    | "idempotency"
+                    | "upstream"
+                    | "route"
+                    | "authority"
+                    | "log"
+            ) {
+                errors.push(key.clone(), "unknown section");
+            }
+        }
+        let e = &mut errors;
+        let raw_server: RawServer =
+            section(table.remove("server"), "server", e).unwrap_or_default();
+        let raw_admin: RawAdmin = section(table.remove("admin"), "admin", e).unwrap_or_default();
+        let raw_store = section(table.remove("store"), "store", e);
+        let raw_fencing: RawFencing =
+            section(table.remove("fencing"), "fencing", e).unwrap_or_default();
+        let raw_log = section(table.remove("log"), "log", e).unwrap_or_default();
+
+        let log = LogConfig::parse(raw_log, base, e);
+        let server = crate::listen::config::parse(raw_server, base, e);
+        let admin = crate::admin::config::parse(raw_admin, base, e);
+        let store = crate::store::config::parse(raw_store, base, e);
+        let fencing = crate::fence::config::parse(raw_fencing, base, e);
+        let upstreams = crate::proxy::config::parse_upstreams(table.remove("upstream"), base, e);
+        let raw_idempotency: RawIdempotency =
+            section(table.remove("idempotency"), "idempotency", e).unwrap_or_default();
+        let idempotency = IdempotencyConfig::parse(raw_idempotency, e);
+        if overlaps(admin.listen(), server.listen()) {
+            e.push(
+                "admin.listen",
+                format!(
+                    "{} is also server.listen ({}): the admin API needs a listener of its own",
+                    admin.listen(),
+                    server.listen()
+                ),
+            );
+        }
+        let raw_authority = table.remove("authority");
+        let has_authority = raw_authority.is_some();
+        let authority = raw_authority.and_then(|v| crate::authority::config::parse(v, base, e));
+        if let Some(listen) = authority.as_ref().and_then(AuthorityDraft::listen) {
+            for (other, key) in [
+                (server.listen(), "server.listen"),
+                (admin.listen(), "admin.listen"),
+            ] {
+                if overlaps(listen, other) {
+                    e.push(
+                        "authority.listen",
+                        format!(
+                            "{listen} is also {key} ({other}): the authority needs a listener of its own"
+                        ),
+                    );
+                }
+            }
+        }
+        let routes = crate::proxy::config::parse_routes(
+            table.remove("route"),
+            RouteContext {
+                upstreams: &upstreams,
+                has_authority,
+                proof_keys: fencing.names_proof_keys(),
+            },
+            e,
+        );
+        Ok(Draft {
+            server,
+            admin,
+            store,
+            fencing,
+            upstreams,
+            routes,
+            idempotency,
+            authority,
+            log,
+            errors,
+        })
+    }
+
+    /// Did the text itself have errors (before any file is read)?
+    pub fn has_errors(&self) -> bool {
+        !self.errors.is_empty()
+    }
+
+    /// Reads the files the text names and completes the config, or answers every error of
+    /// the text and of its files, in the order of the text.
+    pub fn load(self) -> Result<Config, ConfigErrors> {
+        let mut errors = self.errors;
+        let e = &mut errors;
+        let server = self.server.load(e);
+        let admin = self.admin.load(e);
+        let fencing = self.fencing.load(e);
+        let upstreams: Vec<Upstream> = self.upstreams.into_iter().map(|u| u.load(e)).collect();
+        let authority = self.authority.map(|a| a.load(e));
+        let (store, routes, idempotency, log) =
+            (self.store, self.routes, self.idempotency, self.log);
+        errors.finish(|| {
+            Some(Config {
+                server,
+                admin,
+                store,
+                fencing,
+                upstreams,
+                routes,
+                idempotency,
+                // An [authority] table that did not validate has errors of its own.
+                authority: match authority {
+                    Some(a) => Some(a?),
+                    None => None,
+                },
+                log,
+            })
+        })
+    }
+}
+
+impl Config {
+    /// Reads and validates a file. Relative paths in it are resolved against its directory.
+    pub fn load(file: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("cannot read {}: {e}", file.display()),
+            }])
+        })?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        Config::parse(&text, base)
+    }
+
+    /// Validates `text` and reads the files it names ([`Draft::parse`], then
+    /// [`Draft::load`]). Relative paths in it are resolved against `base`.
+    pub fn parse(text: &str, base: &Path) -> Result<Config, ConfigErrors> {
+        Draft::parse(text, base)?.load()
+    }
+
+    /// What the file allows but is likely a mistake: printed by `check-config`, logged at
+    /// start-up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            if !r.fenced {
+                continue;
+            }
+            if r.equal == EqualPolicy::Reject
+                && r.idempotency != crate::idempotency::config::Mode::Off
+            {
+                out.push(format!(
+                    "route `{}`: idempotency with equal = \"reject\": a retry with the same token is stale_fence before its Idempotency-Key is looked at, so keys replay nothing here",
+                    r.name
+                ));
+            }
+            if let Some((a, b)) = r.scope.ambiguous_captures(&r.path) {
+                out.push(format!(
+                    "route `{}`: scope `{}` joins captures `{a}` and `{b}` without a `/` between them, and a capture may hold any other character: two different paths can share one scope (and one mark)",
+                    r.name, r.scope
+                ));
+            }
+            for e in &self.routes[..i] {
+                let hosts_meet = e.host.is_none() || r.host.is_none() || e.host == r.host;
+                if e.fenced || !hosts_meet {
+                    continue;
+                }
+                if let Some(example) = e.path.overlap(&r.path) {
+                    out.push(format!(
+                        "route `{}` is fenced, but pass-through route `{}` ({}) comes first and takes some of its paths (such as {example}): those are forwarded unfenced",
+                        r.name, e.name, e.path
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// A short human description of what was understood, for `check-config`.
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "listen {}{}  admin {}  store {}\n",
+            self.server.listen,
+            self.server
+                .tls
+                .as_ref()
+                .map(|t| format!(" ({t})"))
+                .unwrap_or_default(),
+            self.admin.listen,
+            self.store.path.display()
+        );
+        if let Some(a) = &self.authority {
+            let backend = match &a.backend {
+                crate::authority::config::Backend::Local => "local".to_string(),
+                crate::authority::config::Backend::Etcd { endpoints } => {
+                    format!("etcd ({})", endpoints.join(", "))
+                }
+            };
+            out.push_str(&format!(
+                "authority {} · backend {backend} · max_ttl {} · lock_delay {}{}{}\n",
+                a.listen,
+                humantime::format_duration(a.max_ttl),
+                humantime::format_duration(a.lock_delay),
+                if a.clients.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<&str> = a.clients.iter().map(|c| c.name.as_str()).collect();
+                    format!(" · clients {}", names.join(", "))
+                },
+                a.signing_key
+                    .as_ref()
+                    .map(|k| format!(" · signs proofs with key {}", k.id()))
+                    .unwrap_or_default(),
+            ));
+        }
+        match &self.log.access {
+            crate::access_log::Sink::Off => {}
+            crate::access_log::Sink::Stdout => out.push_str("access log stdout\n"),
+            crate::access_log::Sink::File(p) => {
+                out.push_str(&format!("access log {}\n", p.display()))
+            }
+        }
+        for u in &self.upstreams {
+            out.push_str(&format!(
+                "upstream {:<12} {} (timeout {:?}){}\n",
+                u.name,
+                u.url,
+                u.timeout,
+                u.tls.as_ref().map(|t| format!(" {t}")).unwrap_or_default()
+            ));
+        }
+        for r in &self.routes {
+            let fenced = if !r.fenced {
+                "pass-through (unfenced)".to_string()
+            } else {
+                let methods = match &r.methods {
+                    Some(m) => m.iter().map(Method::as_str).collect::<Vec<_>>().join(","),
+                    None => "all but GET,HEAD,OPTIONS,TRACE".into(),
+                };
+                format!(
+                    "scope {:?}{} · fenced methods: {methods} · equal={}{}",
+                    r.scope.to_string(),
+                    if r.scope.is_constant() {
+                        " (whole route)"
+                    } else {
+                        ""
+                    },
+                    if r.equal == EqualPolicy::Accept {
+                        "accept"
+                    } else {
+                        "reject"
+                    },
+                    if r.proof == ProofMode::Required {
+                        " · proof required"
+                    } else {
+                        ""
+                    }
+                )
+            };
+            out.push_str(&format!(
+                "route {:<12} {}{} -> {} · {fenced}\n",
+                r.name,
+                r.host
+                    .as_ref()
+                    .map(|h| format!("host {h} "))
+                    .unwrap_or_default(),
+                r.path,
+                self.upstreams[r.upstream].name,
+            ));
+        }
+        out
+    }
+}
+
+/// Would two listeners on these addresses collide at bind (the same port on the same
+/// address, or on a wildcard address)? Port 0 (any free port) never collides.
+fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::{PathTemplate, ScopeTemplate};
+    use std::time::Duration;
+
+    const GOOD: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+[store]
+path = "data/x.redb"
+[fencing]
+drain_timeout = "2s"
+[[upstream]]
+name = "objects"
+url = "http://127.0.0.1:9000"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*rest}"
+scope = "report/{report}"
+upstream = "objects"
+"#;
+
+    #[test]
+    fn good_config() {
+        let c = Config::parse(GOOD, Path::new("/etc/fg")).unwrap();
+        assert_eq!(c.store.path, Path::new("/etc/fg/data/x.redb"));
+        assert_eq!(c.fencing.drain_timeout, Duration::from_secs(2));
+        assert_eq!(c.fencing.settle, Duration::from_secs(5));
+        assert_eq!(c.routes[0].equal, EqualPolicy::Accept);
+        assert!(c.routes[0].fences_method(&Method::PUT));
+        assert!(!c.routes[0].fences_method(&Method::GET));
+    }
+
+    /// Loading `text` fails with an error at each of `paths` (among others, perhaps).
+    fn errors_at(text: &str, paths: &[&str]) -> Vec<ConfigError> {
+        let errs = Config::parse(text, Path::new(".")).unwrap_err().0;
+        for want in paths {
+            assert!(
+                errs.iter().any(|e| e.path == *want),
+                "missing {want} in {errs:?}"
+            );
+        }
+        errs
+    }
+
+    /// Allowed, but likely mistakes: warned about, not refused.
+    #[test]
+    fn warns_of_shared_scopes_and_pass_through_routes_over_fenced_paths() {
+        let routes = r#"
+[[route]]
+name = "public"
+path = "/{x}/{y}/{z}"
+upstream = "objects"
+fenced = false
+[[route]]
+name = "kv"
+path = "/kv/{bucket}/{*key}"
+scope = "kv/{bucket}:{key}"
+upstream = "objects"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*rest}"
+scope = "report/{report}"
+upstream = "objects"
+[[route]]
+name = "files"
+path = "/files/{a}/{*rest}"
+scope = "f/{a}/{rest}"
+upstream = "objects"
+host = "files.example"
+[[route]]
+name = "other-host"
+path = "/{p}"
+upstream = "objects"
+fenced = false
+host = "other.example"
+[[route]]
+name = "top"
+path = "/{q}"
+scope = "top/{q}"
+upstream = "objects"
+equal = "reject"
+idempotency = "optional"
+"#;
+        let text = GOOD
+            .split("[[route]]")
+            .next()
+            .unwrap_or_default()
+            .to_string()
+            + routes;
+        let c = Config::parse(&text, Path::new(".")).expect("a config with warnings loads");
+        let w = c.warnings();
+        let has = |needle: &str| w.iter().any(|x| x.contains(needle));
+        assert!(
+            has("route `kv`: scope `kv/{bucket}:{key}` joins captures `bucket` and `key`"),
+            "{w:#?}"
+        );
+        assert!(
+            has("route `kv` is fenced, but pass-through route `public`"),
+            "{w:#?}"
+        );
+        assert!(has("(such as /kv/a/a)"), "{w:#?}");
+        assert!(
+            has(
+                "route `reports` is fenced, but pass-through route `public` (/{x}/{y}/{z}) comes first and takes some of its paths (such as /reports/a/a)"
+            ),
+            "{w:#?}"
+        );
+        assert!(
+            has("route `files` is fenced, but pass-through route `public`"),
+            "{w:#?}"
+        );
+        // A pass-through route for one host takes that host's paths of a route for all.
+        assert!(
+            has(
+                "route `top` is fenced, but pass-through route `other-host` (/{p}) comes first and takes some of its paths (such as /a)"
+            ),
+            "{w:#?}"
+        );
+        // Another host (`files` after `other-host`), or no common path (`top` after
+        // `public`): nothing to say.
+        assert!(
+            has("route `top`: idempotency with equal = \"reject\""),
+            "{w:#?}"
+        );
+        assert_eq!(w.len(), 6, "{w:#?}");
+        assert!(
+            Config::parse(GOOD, Path::new("."))
+                .unwrap()
+                .warnings()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_buffered_budget_holds_at_least_one_request_body() {
+        let text = format!(
+            "{GOOD}\n[idempotency]\nmax_request_body = \"1MiB\"\nmax_buffered = \"512KiB\"\n"
+        );
+        errors_at(&text, &["idempotency.max_buffered"]);
+        let text = text.replace("512KiB", "1MiB");
+        let c = Config::parse(&text, Path::new(".")).expect("equal is enough");
+        assert_eq!(c.idempotency.max_buffered, 1 << 20);
+        let c = Config::parse(GOOD, Path::new(".")).unwrap();
+        assert_eq!(c.idempotency.max_buffered, 128 << 20);
+    }
+
+    #[test]
+    fn collects_every_error_with_its_path() {
+        let bad = r#"
+bogus = 1
+[fencing]
+settle = "soon"
+[[upstream]]
+name = "u"
+url = "ftp://x"
+[[route]]
+name = "a"
+path = "/a/{x}"
+scope = "a/{y}"
+upstream = "nope"
+equal = "maybe"
+[[route]]
+name = "b"
+path = "/b"
+scope = "b"
+upstream = "u"
+colour = "red"
+"#;
+        let errs = errors_at(
+            bad,
+            &[
+                "bogus",
+                "store",
+                "fencing.settle",
+                "upstream[0].url",
+                "route[0].scope",
+                "route[0].upstream",
+                "route[0].equal",
+                "route[1]",
+            ],
+        );
+        assert!(errs.iter().any(|e| e.message.contains("colour")));
+    }
+
+    /// A route's host is kept as the router compares it; one it could never match (a
+    /// port, a path, userinfo) is refused.
+    #[test]
+    fn route_hosts_are_bare_host_names() {
+        let with = |h: &str| {
+            GOOD.replace(
+                "name = \"reports\"",
+                &format!("name = \"reports\"\nhost = \"{h}\""),
+            )
+        };
+        let c = Config::parse(&with("Files.Internal."), Path::new(".")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("files.internal"));
+        let c = Config::parse(&with("[::1]"), Path::new(".")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("[::1]"));
+        for bad in [
+            "",
+            "files.internal:8080",
+            "files.internal/x",
+            "u@files.internal",
+            "a b",
+        ] {
+            errors_at(&with(bad), &["route[0].host"]);
+        }
+    }
+
+    /// Values so large that a deadline or a semaphore built from them would panic at run
+    /// time are refused when the file is loaded (and so by `check-config`).
+    #[test]
+    fn durations_and_counts_are_bounded() {
+        let huge = GOOD
+            .replace(
+                "drain_timeout = \"2s\"",
+                "drain_timeout = \"2s\"\nsettle = \"18446744073709551615s\"\nmax_waiters_per_scope = 4294967297",
+            )
+            .replace(
+                "listen = \"127.0.0.1:8080\"",
+                "listen = \"127.0.0.1:8080\"\nmax_connections = 4611686018427387904\nshutdown_timeout = \"367d\"",
+            );
+        errors_at(
+            &huge,
+            &[
+                "fencing.settle",
+                "fencing.max_waiters_per_scope",
+                "server.max_connections",
+                "server.shutdown_timeout",
+            ],
+        );
+        let authority = format!("{GOOD}\n[authority]\nmax_ttl = \"400000000000y\"\n");
+        errors_at(&authority, &["authority.max_ttl"]);
+        let edge = GOOD.replace(
+            "drain_timeout = \"2s\"",
+            "drain_timeout = \"366d\"\nmax_waiters_per_scope = 4294967296",
+        );
+        let c = Config::parse(&edge, Path::new(".")).expect("the largest values load");
+        assert_eq!(
+            c.fencing.drain_timeout,
+            Duration::from_secs(366 * 24 * 3600)
+        );
+        assert_eq!(c.fencing.max_waiters_per_scope, 1 << 32);
+    }
+
+    /// `none` labels the metrics of requests that matched no route: a route of that name
+    /// would share their row.
+    #[test]
+    fn a_route_named_none_is_refused() {
+        let errs = errors_at(
+            &GOOD.replace("name = \"reports\"", "name = \"none\""),
+            &["route[0].name"],
+        );
+        assert!(
+            errs.iter().any(|e| e.message.contains("reserved")),
+            "{errs:?}"
+        );
+        // Other names, quotes and backslashes included, are fine (metrics escape them).
+        let odd = GOOD.replace("name = \"reports\"", r#"name = "none \"2\" \\ x""#);
+        Config::parse(&odd, Path::new(".")).expect("an odd name loads");
+    }
+
+    #[test]
+    fn admin_off_loopback_needs_a_token() {
+        let text = format!("{GOOD}\n[admin]\nlisten = \"0.0.0.0:9090\"\n");
+        let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
+        assert!(errs.iter().any(|e| e.path == "admin.listen"), "{errs:?}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("t"), "secret").unwrap();
+        let text = format!("{GOOD}\n[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"t\"\n");
+        let c = Config::parse(&text, dir.path()).unwrap();
+        assert_eq!(c.admin.token.as_deref(), Some("secret"));
+    }
+
+    #[test]
+    fn the_admin_api_listens_apart_from_the_proxy() {
+        for listen in ["127.0.0.1:8080", "0.0.0.0:8080"] {
+            let text = format!("{GOOD}\n[admin]\nlisten = \"{listen}\"\ntoken_file = \"t\"\n");
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("t"), "secret").unwrap();
+            let errs = Config::parse(&text, dir.path()).unwrap_err().0;
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert_eq!(errs[0].path, "admin.listen");
+            assert!(errs[0].message.contains("server.listen"), "{errs:?}");
+        }
+        let other = format!("{GOOD}\n[admin]\nlisten = \"127.0.0.1:8081\"\n");
+        Config::parse(&other, Path::new(".")).expect("another port");
+    }
+
+    /// A fenced route must fence something: an empty `methods` list would let every
+    /// tokenless request through unchecked, an implicit pass-through (SPEC §2).
+    #[test]
+    fn a_fenced_route_needs_a_fenced_method() {
+        let empty = format!("{GOOD}methods = []\n");
+        let errs = errors_at(&empty, &["route[0].methods"]);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].message.contains("`reports`"), "{errs:?}");
+        assert!(errs[0].message.contains("fenced = false"), "{errs:?}");
+        // Said explicitly, a pass-through is fine; so is a list naming any method.
+        let open = format!("{GOOD}fenced = false\nmethods = []\n");
+        Config::parse(&open, Path::new(".")).expect("an explicit pass-through");
+        let one = format!("{GOOD}methods = [\"PUT\"]\n");
+        let c = Config::parse(&one, Path::new(".")).expect("one fenced method");
+        assert!(c.routes[0].fences_method(&Method::PUT));
+        assert!(!c.routes[0].fences_method(&Method::POST));
+    }
+
+    #[test]
+    fn the_authority_listens_apart() {
+        for listen in ["127.0.0.1:8080", "127.0.0.1:9090", "0.0.0.0:8080"] {
+            let text = format!("{GOOD}\n[authority]\nlisten = \"{listen}\"\n");
+            let errs = errors_at(&text, &["authority.listen"]);
+            assert!(
+                errs.iter().any(|e| e.message.contains("of its own")),
+                "{errs:?}"
+            );
+        }
+        // Any free port (0) is no collision; another port is none either.
+        let ports = GOOD.replace("127.0.0.1:8080", "127.0.0.1:0")
+            + "\n[admin]\nlisten = \"127.0.0.1:0\"\n[authority]\nlisten = \"127.0.0.1:0\"\n";
+        Config::parse(&ports, Path::new(".")).expect("port 0 everywhere");
+        let other = format!("{GOOD}\n[authority]\nlisten = \"127.0.0.1:7070\"\n");
+        Config::parse(&other, Path::new(".")).expect("another port");
+    }
+
+    #[test]
+    fn an_open_authority_needs_clients_and_their_files() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("a.token"), "s").expect("token");
+        std::fs::write(dir.path().join("empty.token"), " \n").expect("token");
+        let parse = |extra: &str| {
+            let text = format!("{GOOD}\n[authority]\nlisten = \"0.0.0.0:7070\"\n{extra}");
+            Config::parse(&text, dir.path())
+        };
+        let errs = parse("").unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "authority.listen");
+        assert!(errs[0].message.contains("[[authority.client]]"), "{errs:?}");
+        let client =
+            "[[authority.client]]\nname = \"a\"\ntoken_file = \"a.token\"\nscopes = [\"r/*\"]\n";
+        let c = parse(client).expect("with a client");
+        let clients = &c.authority.as_ref().expect("authority").clients;
+        assert_eq!(clients[0].name, "a");
+        assert!(clients[0].allows("r/x") && !clients[0].allows("q"));
+        assert!(!format!("{:?}", c.authority).contains("secret_digest"));
+        let bad = "[[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\ncolour = 1\n";
+        let errs = parse(bad).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert!(paths.contains(&"authority"), "{paths:?}");
+        let bad = "signing_key = \"nokey\"\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n\
+                   [[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\n";
+        let errs = parse(bad).unwrap_err().0;
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for p in [
+            "authority.signing_key",
+            "authority.client[0].token_file",
+            "authority.client[0].scopes",
+            "authority.client[1].name",
+            "authority.client[1].token_file",
+            "authority.client[1].scopes[0]",
+            "authority.client[1].scopes[1]",
+        ] {
+            assert!(paths.contains(&p), "{p} in {paths:?}");
+        }
+    }
+
+    #[test]
+    fn required_proofs_need_keys() {
+        let dir = tempfile::tempdir().expect("dir");
+        let required = format!("{GOOD}proof = \"required\"\n");
+        let errs = Config::parse(&required, dir.path()).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "route[0].proof");
+        assert!(errs[0].message.contains("proof_keys"), "{errs:?}");
+        let maybe = format!("{GOOD}proof = \"maybe\"\n");
+        assert_eq!(
+            Config::parse(&maybe, dir.path()).unwrap_err().0[0].path,
+            "route[0].proof"
+        );
+        crate::proof::keygen(&dir.path().join("k")).expect("keygen");
+        let with_keys = required.replace("[fencing]\n", "[fencing]\nproof_keys = [\"k.pub\"]\n");
+        let c = Config::parse(&with_keys, dir.path()).expect("keys and a required route");
+        assert_eq!(c.routes[0].proof, ProofMode::Required);
+        assert!(c.describe().contains("equal=accept · proof required"));
+        assert!(!c.fencing.proof_keys.is_empty());
+        // A key that cannot be read is its own error, not also the route's.
+        let missing = with_keys.replace("k.pub", "gone.pub");
+        let errs = Config::parse(&missing, dir.path()).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "fencing.proof_keys[0]");
+        let secret = with_keys.replace("k.pub", "k.key");
+        assert_eq!(
+            Config::parse(&secret, dir.path()).unwrap_err().0[0].path,
+            "fencing.proof_keys[0]"
+        );
+    }
+
+    /// An authority-only file whose [authority] table has an error reports that error,
+    /// not also a missing route.
+    #[test]
+    fn a_bad_authority_table_is_not_also_a_missing_route() {
+        let text = "[store]\npath = \"x.redb\"\n[authority]\nbackend = \"zookeeper\"\n";
+        let errs = errors_at(text, &["authority.backend"]);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        let text = "[store]\npath = \"x.redb\"\n[authority]\ncolour = \"red\"\n";
+        let errs = errors_at(text, &["authority"]);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        // Without [authority], no routes is an error.
+        errors_at("[store]\npath = \"x.redb\"\n", &["route"]);
+    }
+
+    #[test]
+    fn describe_shows_the_authority() {
+        let c = Config::parse(GOOD, Path::new(".")).unwrap();
+        assert!(!c.describe().contains("authority"));
+        let text = format!(
+            "{GOOD}\n[authority]\nlisten = \"127.0.0.1:7070\"\nbackend = \"etcd\"\n\
+             etcd_endpoints = [\"http://10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\nlock_delay = \"2s\"\n"
+        );
+        let c = Config::parse(&text, Path::new(".")).unwrap();
+        assert!(
+            c.describe().contains(
+                "authority 127.0.0.1:7070 · backend etcd (http://10.0.0.1:2379, http://10.0.0.2:2379) · max_ttl 1m · lock_delay 2s\n"
+            ),
+            "{}",
+            c.describe()
+        );
+        let text = format!("{GOOD}\n[authority]\n");
+        let c = Config::parse(&text, Path::new(".")).unwrap();
+        assert!(
+            c.describe()
+                .contains("authority 127.0.0.1:7070 · backend local"),
+            "{}",
+            c.describe()
+        );
+    }
+
+    #[test]
+    fn shadowed_routes_are_errors() {
+        let text = format!(
+            "{GOOD}\n[[route]]\nname = \"late\"\npath = \"/reports/july/{{*rest}}\"\nscope = \"x\"\nupstream = \"objects\"\n"
+        );
+        let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
+        assert!(errs[0].message.contains("can never match"), "{errs:?}");
+    }
+
+    /// Parsing reads no file: a text whose only faults are in the files it names parses
+    /// clean; loading reads them and reports each error where the file is named, among the
+    /// text's own, in the order of the text.
+    #[test]
+    fn parsing_reads_no_file_and_loading_reports_each_in_its_place() {
+        let dir = tempfile::tempdir().expect("dir");
+        let text = |server: &str, fencing: &str, upstream_tls: &str, client: &str, route: &str| {
+            format!(
+                r#"
+[server]
+listen = "127.0.0.1:0"
+{server}tls = {{ cert = "gone.crt", key = "gone.key" }}
+[admin]
+listen = "127.0.0.1:0"
+token_file = "gone.token"
+[store]
+path = "x.redb"
+[fencing]
+{fencing}proof_keys = ["gone.pub"]
+[[upstream]]
+name = "u"
+url = "https://127.0.0.1:1"
+tls = {{ ca = "gone.ca"{upstream_tls} }}
+[authority]
+listen = "127.0.0.1:0"
+signing_key = "gone.signing"
+[[authority.client]]
+name = "a"
+token_file = "gone.secret"
+scopes = [{client}]
+[[route]]
+name = "r"
+path = "/r/{{k}}"
+scope = "r/{{k}}"
+upstream = "u"
+{route}"#
+            )
+        };
+        let files_only = text("", "", "", "\"r/*\"", "");
+        let draft = Draft::parse(&files_only, dir.path()).expect("TOML");
+        assert!(!draft.has_errors(), "{draft:?}");
+        let paths =
+            |errs: ConfigErrors| -> Vec<String> { errs.0.into_iter().map(|e| e.path).collect() };
+        assert_eq!(
+            paths(draft.load().unwrap_err()),
+            [
+                "server.tls.cert",
+                "server.tls.key",
+                "admin.token_file",
+                "fencing.proof_keys[0]",
+                "upstream[0].tls.ca",
+                "authority.client[0].token_file",
+                "authority.signing_key",
+            ]
+        );
+        let mixed = text(
+            "max_headers = 0\n",
+            "settle = \"soon\"\n",
+            ", server_name = \"not a name\"",
+            "",
+            "equal = \"maybe\"\n",
+        );
+        let draft = Draft::parse(&mixed, dir.path()).expect("TOML");
+        assert!(draft.has_errors());
+        assert_eq!(
+            paths(draft.load().unwrap_err()),
+            [
+                "server.max_headers",
+                "server.tls.cert",
+                "server.tls.key",
+                "admin.token_file",
+                "fencing.settle",
+                "fencing.proof_keys[0]",
+                "upstream[0].tls.ca",
+                "upstream[0].tls.server_name",
+                "authority.client[0].scopes",
+                "authority.client[0].token_file",
+                "authority.signing_key",
+                "route[0].equal",
+            ]
+        );
+        // Config::parse is the two steps.
+        assert_eq!(
+            paths(Config::parse(&mixed, dir.path()).unwrap_err()).len(),
+            12
+        );
+    }
+
+    /// Reload tells a changed section by comparing values: the secrets read from files
+    /// count (a new client secret or admin token is a change), and are never printed.
+    #[test]
+    fn sections_compare_by_value_secrets_included() {
+        let dir = tempfile::tempdir().expect("dir");
+        let write =
+            |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        write("a.token", "first-secret");
+        write("admin.token", "first-token");
+        let text = format!(
+            "{GOOD}\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken_file = \"admin.token\"\n\
+             [authority]\n[[authority.client]]\nname = \"a\"\ntoken_file = \"a.token\"\nscopes = [\"r/*\"]\n"
+        );
+        let load = || Config::parse(&text, dir.path()).expect("config");
+        let first = load();
+        let again = load();
+        assert!(first.server == again.server && first.admin == again.admin);
+        assert!(first.fencing == again.fencing && first.idempotency == again.idempotency);
+        assert!(first.authority == again.authority && first.log == again.log);
+        write("a.token", "other-secret");
+        let secret = load();
+        assert!(secret.authority != first.authority);
+        assert_eq!(
+            format!("{:?}", secret.authority),
+            format!("{:?}", first.authority),
+            "the secret is in no Debug text"
+        );
+        assert!(secret.admin == first.admin);
+        write("admin.token", "other-token");
+        let token = load();
+        assert!(token.admin != first.admin);
+        assert!(!format!("{:?}", token.admin).contains("other-token"));
+    }
+
+    /// Every message, key path and place in the list, as `check-config` prints them, for
+    /// files with errors in the text and in the files it names (checked against the
+    /// messages of the single-step parser this replaced).
+    #[test]
+    fn every_error_keeps_its_message_path_and_place() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("empty.token"), " \n").expect("token");
+        std::fs::write(
+            dir.path().join("bad.pem"),
+            "-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n",
+        )
+        .expect("pem");
+        std::fs::write(dir.path().join("nocert.pem"), "hello\n").expect("pem");
+        let texts = [
+            "bogus = 1\n[fencing]\nsettle = \"soon\"\nproof_keys = [\"nocert.pem\", \"gone\"]\n[[upstream]]\nname = \"u\"\nurl = \"ftp://x\"\n[[upstream]]\nname = \"u\"\nurl = \"https://h:1/x\"\ntls = { ca = \"bad.pem\", cert = \"nocert.pem\" }\n[[upstream]]\nname = \"v\"\nurl = \"https://h:1\"\ntls = { key = \"k\", server_name = \"a b\" }\n[[upstream]]\nname = \"w\"\nurl = \"http://h:1\"\ntls = { ca = \"x\" }\n[[route]]\nname = \"a\"\npath = \"/a/{x}\"\nscope = \"a/{y}\"\nupstream = \"nope\"\nequal = \"maybe\"\nproof = \"required\"\n[[route]]\nname = \"b\"\npath = \"/b\"\nscope = \"b\"\nupstream = \"u\"\ncolour = \"red\"\n",
+            "[server]\nlisten = \"0.0.0.0:8080\"\ntls = { cert = \"bad.pem\", key = \"nocert.pem\", client_ca = \"gone\" }\n[admin]\nlisten = \"0.0.0.0:8080\"\ntoken_file = \"empty.token\"\ntls = { cert = \"x\", key = \"y\", colour = 1 }\n[store]\npath = \"\"\n[authority]\nlisten = \"0.0.0.0:8080\"\nsigning_key = \"nocert.pem\"\ntls = { cert = \"bad.pem\", key = \"k\" }\n[[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n[[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\n[log]\naccess = \"\"\n",
+            "[store]\npath = \"x\"\n[authority]\ntls = 3\nlisten = \"nope\"\n[[authority.client]]\nname = \"\"\ntoken_file = \"gone\"\nscopes = [\"r\"]\n",
+            "[store]\npath = \"x\"\n[admin]\nlisten=\"0.0.0.0:1\"\n[authority]\nbackend = \"etcd\"\nlisten = \"0.0.0.0:7070\"\n[[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"r\"]\n",
+        ];
+        let mut all = String::new();
+        for t in texts {
+            match Config::parse(t, dir.path()) {
+                Ok(_) => all.push_str("OK\n"),
+                Err(e) => all.push_str(&format!("{e}\n----\n")),
+            }
+        }
+        let all = all.replace(&dir.path().display().to_string(), "DIR");
+        assert_eq!(all, GOLDEN, "{all}");
+    }
+
+    const GOLDEN: &str = r##"bogus: unknown section
+store: missing: [store] path = "..." is required
+fencing.settle: `soon` is not a duration (e.g. 500ms, 30s): expected number at 0
+fencing.proof_keys[0]: DIR/nocert.pem: not a "fencegate-verification-key v1" file
+fencing.proof_keys[1]: DIR/gone: cannot read: No such file or directory (os error 2)
+upstream[0].url: `ftp://x` is not an http:// or https://host:port URL
+upstream[1].url: give scheme and authority only; the request path is forwarded as received
+upstream[1].tls.ca: DIR/bad.pem: not a usable CA certificate: invalid peer certificate: BadEncoding
+upstream[1].tls.key: missing: a client certificate needs its key
+upstream[2].tls.server_name: `a b` is not a DNS name or IP address
+upstream[2].tls.cert: missing: a client key needs its certificate
+upstream[3].tls: TLS settings need an https:// url
+upstream[1].name: `u` is defined twice
+route[0].scope: `{y}` is not a capture of the path template
+route[0].upstream: no upstream named `nope`
+route[0].equal: `maybe`: expected "accept" or "reject"
+route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`
+----
+admin: unknown field `colour`, expected one of `cert`, `key`, `client_ca`, `resumption`
+log.access: must be "off", "stdout" or a file path, not empty
+server.tls.key: no PEM private key in DIR/nocert.pem
+server.tls.client_ca: cannot read DIR/gone: No such file or directory (os error 2)
+store.path: must not be empty
+authority.tls.key: cannot read DIR/k: No such file or directory (os error 2)
+authority.client[0].scopes: empty: the client could take no scope
+authority.client[0].token_file: DIR/empty.token is empty
+authority.client[1].name: `a` is defined twice
+authority.client[1].scopes[0]: `x**`: an exact scope, or a prefix ending in one `*`
+authority.client[1].scopes[1]: `a*b`: `*` only at the end
+authority.client[1].token_file: cannot read DIR/gone: No such file or directory (os error 2)
+authority.listen: 0.0.0.0:8080 is not loopback: add [[authority.client]] entries so that every call needs a bearer secret
+authority.signing_key: DIR/nocert.pem: not a "fencegate-signing-key v1" file
+authority.listen: 0.0.0.0:8080 is also server.listen (0.0.0.0:8080): the authority needs a listener of its own
+----
+authority.tls: invalid type: integer `3`, expected struct RawListenerTls
+authority.listen: `nope` is not an IP:port address
+authority.client[0].name: must be 1 to 1024 characters, none a control
+authority.client[0].token_file: cannot read DIR/gone: No such file or directory (os error 2)
+----
+admin.listen: 0.0.0.0:1 is not loopback: set admin.token_file so the admin API needs a bearer token
+authority.etcd_endpoints: backend = "etcd" needs at least one endpoint
+authority.client[0].token_file: cannot read DIR/gone: No such file or directory (os error 2)
+authority.listen: 0.0.0.0:7070 is not loopback: add [[authority.client]] entries so that every call needs a bearer secret
+----
+"##;
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Arbitrary text never panics the loader.
+            #[test]
+            fn arbitrary_text_never_panics(text in "\\PC{0,300}") {
+                let _ = Config::parse(&text, Path::new("."));
+            }
+
+            /// A good file with a random splice (the shape fuzzers find bugs with) either
+            /// loads or reports errors with paths; it never panics.
+            #[test]
+            fn spliced_config_never_panics(at in 0usize..GOOD.len(), insert in "[\\[\\]{}=\"a-z0-9_./*:, \n]{0,24}") {
+                let mut text = GOOD.to_string();
+                let at = (0..=at).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+                text.insert_str(at, &insert);
+                if let Err(errors) = Config::parse(&text, Path::new(".")) {
+                    prop_assert!(!errors.0.is_empty());
+                }
+            }
+
+            /// Random path and scope templates never panic, and an accepted scope template
+            /// only names captures of its path.
+            #[test]
+            fn random_templates(path in "/[a-z{}*/]{0,20}", scope in "[a-z{}/]{0,12}") {
+                if let Ok(p) = PathTemplate::parse(&path)
+                    && let Ok(st) = ScopeTemplate::parse(&scope, &p)
+                {
+                    let _ = st.is_constant();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! `[[upstream]]` and `[[route]]`: where the proxy sends requests and how it fences them.
+//! Owned by the proxy, which is what reads them on every request (and swaps them on
+//! reload); the path and scope templates themselves are [`crate::route`]'s.
+
+use std::path::Path;
+use std::time::Duration;
+
+use http::{Method, Uri};
+use serde::Deserialize;
+
+use crate::config::error::Errors;
+use crate::config::value::{array, duration, parse_size, section};
+use crate::fence::policy::EqualPolicy;
+use crate::idempotency::config::{Mode, OnUnknown};
+use crate::route::{PathTemplate, RouteMatch, ScopeTemplate};
+use crate::tls::{RawUpstreamTls, UpstreamTls, UpstreamTlsFiles};
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: String,
+    /// Scheme and authority only; the request's path is appended byte for byte.
+    pub url: Uri,
+    pub timeout: Duration,
+    /// Client TLS settings; `Some` exactly for https upstreams.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// Whether a fenced route asks for a `Fencing-Proof` beside the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofMode {
+    /// Today's behaviour, for lock services that cannot sign.
+    Off,
+    /// A proof from one of `[fencing] proof_keys` for this scope and token, or 403.
+    Required,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub path: PathTemplate,
+    pub scope: ScopeTemplate,
+    pub upstream: usize,
+    /// Lowercase host without port.
+    pub host: Option<String>,
+    pub fenced: bool,
+    /// Methods that need a token; `None` means every method but the safe ones.
+    pub methods: Option<Vec<Method>>,
+    pub equal: EqualPolicy,
+    /// Largest request body in bytes (413 beyond); `None`: no limit.
+    pub max_body: Option<u64>,
+    /// Idempotency-Key handling on fenced requests.
+    pub idempotency: Mode,
+    /// A retry whose first attempt's outcome is unknown: refuse it, or forward it again.
+    pub idempotency_unknown: OnUnknown,
+    pub proof: ProofMode,
+}
+
+impl Route {
+    /// Does this method need a token on this route (SPEC §2)? A listed method is matched
+    /// without regard to case: methods are case-sensitive, but many backends upper-case
+    /// them, and to those `post` is a POST. The default set of safe methods is matched
+    /// exactly, so `get` needs a token.
+    pub fn fences_method(&self, method: &Method) -> bool {
+        match &self.methods {
+            Some(list) => list
+                .iter()
+                .any(|m| m.as_str().eq_ignore_ascii_case(method.as_str())),
+            None => !matches!(
+                *method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+            ),
+        }
+    }
+}
+
+impl RouteMatch for Route {
+    fn path(&self) -> &PathTemplate {
+        &self.path
+    }
+    fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    name: String,
+    url: String,
+    timeout: Option<String>,
+    tls: Option<RawUpstreamTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: String,
+    path: String,
+    scope: Option<String>,
+    upstream: String,
+    host: Option<String>,
+    fenced: Option<bool>,
+    methods: Option<Vec<String>>,
+    equal: Option<String>,
+    idempotency: Option<String>,
+    idempotency_unknown: Option<String>,
+    max_body: Option<String>,
+    proof: Option<String>,
+}
+
+/// One `[[upstream]]` as parsed: its TLS files are named, not read yet.
+#[derive(Debug)]
+pub(crate) struct UpstreamDraft {
+    name: String,
+    url: Uri,
+    timeout: Duration,
+    tls: Option<UpstreamTlsFiles>,
+}
+
+impl UpstreamDraft {
+    /// Reads the TLS files and builds the client's TLS config.
+    pub(crate) fn load(self, errors: &mut Errors) -> Upstream {
+        Upstream {
+            name: self.name,
+            url: self.url,
+            timeout: self.timeout,
+            tls: self.tls.and_then(|t| t.load(errors)),
+        }
+    }
+}
+
+/// Validates the `[[upstream]]` array; names are unique.
+pub(crate) fn parse_upstreams(
+    value: Option<toml::Value>,
+    base: &Path,
+    errors: &mut Errors,
+) -> Vec<UpstreamDraft> {
+    let upstreams = array(value, "upstream", errors)
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, v)| {
+            let path = format!("upstream[{i}]");
+            let raw: RawUpstream = section(Some(v), &path, errors)?;
+            Some(parse_upstream(raw, &path, base, errors))
+        })
+        .collect::<Vec<_>>();
+    let mut seen = std::collections::HashSet::new();
+    for (i, u) in upstreams.iter().enumerate() {
+        if !seen.insert(u.name.clone()) {
+            errors.push(
+                format!("upstream[{i}].name"),
+                format!("`{}` is defined twice", u.name),
+            );
+        }
+    }
+    upstreams
+}
+
+fn parse_upstream(raw: RawUpstream, path: &str, base: &Path, errors: &mut Errors) -> UpstreamDraft {
+    let timeout = duration(
+        raw.timeout.as_deref(),
+        Duration::from_secs(30),
+        &format!("{path}.timeout"),
+        errors,
+    );
+    let url = match raw.url.parse::<Uri>() {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some() => {
+            if u.path() != "/" && !u.path().is_empty() || u.query().is_some() {
+                errors.push(
+                    format!("{path}.url"),
+                    "give scheme and authority only; the request path is forwarded as received",
+                );
+            }
+            u
+        }
+        _ => {
+            errors.push(
+                format!("{path}.url"),
+                format!("`{}` is not an http:// or https://host:port URL", raw.url),
+            );
+            Uri::from_static("http://invalid")
+        }
+    };
+    let https = url.scheme_str() == Some("https");
+    let tls = crate::tls::upstream_tls_files(raw.tls, https, base, path, errors);
+    UpstreamDraft {
+        name: raw.name,
+        url,
+        timeout,
+        tls,
+    }
+}
+
+/// What the routes are checked against, from the other sections.
+pub(crate) struct RouteContext<'a> {
+    pub upstreams: &'a [UpstreamDraft],
+    /// An `[authority]` table is there: an authority-only process needs no routes.
+    pub has_authority: bool,
+    /// `[fencing] proof_keys` names a key (whether it loads is the key's own error).
+    pub proof_keys: bool,
+}
+
+/// Validates the `[[route]]` array: names unique, none shadowed by an earlier one.
+pub(crate) fn parse_routes(
+    value: Option<toml::Value>,
+    cx: RouteContext<'_>,
+    errors: &mut Errors,
+) -> Vec<Route> {
+    let raw_routes = array(value, "route", errors);
+    // An authority-only process needs no routes; a proxy without routes is a mistake.
+    // (An [authority] table with errors has its own; it is no reason to ask for routes.)
+    if raw_routes.is_empty() && !cx.has_authority {
+        errors.push("route", "no routes: every request would get 404 no_route");
+    }
+    let mut routes: Vec<Route> = Vec::new();
+    // Position in the file of each validated route, for error paths.
+    let mut positions: Vec<usize> = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    for (i, v) in raw_routes.into_iter().enumerate() {
+        let path = format!("route[{i}]");
+        let Some(raw) = section::<RawRoute>(Some(v), &path, errors) else {
+            continue;
+        };
+        if !names.insert(raw.name.clone()) {
+            errors.push(
+                format!("{path}.name"),
+                format!("`{}` is defined twice", raw.name),
+            );
+        }
+        if raw.proof.as_deref() == Some("required") && !cx.proof_keys {
+            errors.push(
+                format!("{path}.proof"),
+                "\"required\" needs [fencing] proof_keys: no proof could pass",
+            );
+        }
+        if let Some(route) = parse_route(raw, &path, cx.upstreams, errors) {
+            routes.push(route);
+            positions.push(i);
+        }
+    }
+    for (i, r) in routes.iter().enumerate() {
+        if let Some(e) = routes[..i]
+            .iter()
+            .find(|e| (e.host.is_none() || e.host == r.host) && r.path.is_covered_by(&e.path))
+        {
+            errors.push(
+                format!("route[{}]", positions[i]),
+                format!(
+                    "route `{}` can never match: route `{}` ({}) comes first and matches every path it does",
+                    r.name, e.name, e.path
+                ),
+            );
+        }
+    }
+    routes
+}
+
+fn parse_route(
+    raw: RawRoute,
+    path: &str,
+    upstreams: &[UpstreamDraft],
+    errors: &mut Errors,
+) -> Option<Route> {
+    let before = errors.len();
+    if raw.name == crate::metrics::UNROUTED {
+        errors.push(
+            format!("{path}.name"),
+            format!(
+                "`{}` is reserved: it labels the metrics of requests that matched no route",
+                raw.name
+            ),
+        );
+    }
+    let template = PathTemplate::parse(&raw.path)
+        .map_err(|e| errors.push(format!("{path}.path"), format!("`{}` {e}", raw.path)))
+        .ok();
+    let fenced = raw.fenced.unwrap_or(true);
+    let scope = match (&template, &raw.scope) {
+        (Some(t), Some(s)) => ScopeTemplate::parse(s, t)
+            .map_err(|e| errors.push(format!("{path}.scope"), e))
+            .ok(),
+        (Some(t), None) if !fenced => ScopeTemplate::parse("-", t).ok(),
+        (_, None) => {
+            errors.push(
+                format!("{path}.scope"),
+                "missing: a fenced route needs a scope template",
+            );
+            None
+        }
+        (None, Some(_)) => None,
+    };
+    let upstream = upstreams.iter().position(|u| u.name == raw.upstream);
+    if upstream.is_none() {
+        errors.push(
+            format!("{path}.upstream"),
+            format!("no upstream named `{}`", raw.upstream),
+        );
+    }
+    // Kept as the router compares it: lowercase, without a trailing dot.
+    let host = raw.host.map(|h| {
+        let h = h.to_ascii_lowercase();
+        let bare = h.strip_suffix('.').unwrap_or(&h);
+        if crate::route::host_of(&h) != Ok(bare) {
+            errors.push(
+                format!("{path}.host"),
+                "must be a host name without scheme, port or path",
+            );
+        }
+        bare.to_string()
+    });
+    // An empty list would fence no method: an implicit pass-through (SPEC §2).
+    if fenced && raw.methods.as_ref().is_some_and(Vec::is_empty) {
+        errors.push(
+            format!("{path}.methods"),
+            format!(
+                "empty on fenced route `{}`: no method would need a token; \
+                 write `fenced = false` for a pass-through route",
+                raw.name
+            ),
+        );
+    }
+    let methods = raw.methods.map(|list| {
+        list.iter()
+            .filter_map(|m| match Method::from_bytes(m.as_bytes()) {
+                Ok(method) if m.chars().all(|c| c.is_ascii_uppercase()) => Some(method),
+                _ => {
+                    errors.push(
+                        format!("{path}.methods"),
+                        format!("`{m}` is not an upper-case HTTP method"),
+                    );
+                    None
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    let equal = EqualPolicy::from_option(raw.equal.as_deref()).unwrap_or_else(|| {
+        errors.push(
+            format!("{path}.equal"),
+            format!(
+                "`{}`: expected \"accept\" or \"reject\"",
+                raw.equal.as_deref().unwrap_or_default()
+            ),
+        );
+        EqualPolicy::Accept
+    });
+    let idempotency = Mode::parse(raw.idempotency.as_deref(), path, errors);
+    let idempotency_unknown = OnUnknown::parse(raw.idempotency_unknown.as_deref(), path, errors);
+    let proof = match raw.proof.as_deref() {
+        None | Some("off") => ProofMode::Off,
+        Some("required") if !fenced => {
+            errors.push(
+                format!("{path}.proof"),
+                "only for fenced routes: a pass-through route reads no token",
+            );
+            ProofMode::Off
+        }
+        Some("required") => ProofMode::Required,
+        Some(other) => {
+            errors.push(
+                format!("{path}.proof"),
+                format!("`{other}`: expected \"off\" or \"required\""),
+            );
+            ProofMode::Off
+        }
+    };
+    let max_body = raw.max_body.as_deref().and_then(|s| {
+        parse_size(s).or_else(|| {
+            errors.push(
+                format!("{path}.max_body"),
+                format!("`{s}` is not a size (e.g. 10MiB)"),
+            );
+            None
+        })
+    });
+    if errors.len() > before {
+        return None;
+    }
+    Some(Route {
+        proof,
+        max_body,
+        idempotency,
+        idempotency_unknown,
+        name: raw.name,
+        path: template?,
+        scope: scope?,
+        upstream: upstream?,
+        host,
+        fenced,
+        methods,
+        equal,
+    })
+}
