@@ -3,8 +3,8 @@
 //! show an operator all of them at once instead of one per run.
 //!
 //! Each section owns its raw and validated types and its checks, beside the code that uses
-//! it: `[server]` ([`server`]), `[admin]` ([`crate::admin::config`]), `[store]`
-//! ([`store`]), `[fencing]` ([`crate::fence::config`]), `[[upstream]]` and `[[route]]`
+//! it: `[server]` ([`crate::listen::config`]), `[admin]` ([`crate::admin::config`]), `[store]`
+//! ([`crate::store::config`]), `[fencing]` ([`crate::fence::config`]), `[[upstream]]` and `[[route]]`
 //! ([`crate::proxy::config`]), `[idempotency]` ([`crate::idempotency::config`]),
 //! `[authority]` ([`crate::authority::config`]), `[log]` ([`crate::access_log`]), the
 //! `tls` tables ([`crate::tls`]). This module assembles them in two steps: [`Draft::parse`]
