@@ -23,8 +23,8 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
-use crate::proxy::h1::{self, H1Body, H1Pool};
-use crate::proxy::pool::{Pool, PooledBody, SendError};
+use crate::proxy::upstream::h1::{self, H1Body, H1Pool};
+use crate::proxy::upstream::pool::{Pool, PooledBody, SendError};
 use crate::proxy::{Body, BoxError};
 use crate::timer::{Deadline, ReadTimeout};
 use crate::tls::UpstreamTls;

@@ -5,9 +5,8 @@
 //! through [`problem::Outcome`], the one place that makes fencegate's own responses.
 
 pub mod forward;
-pub mod h1;
-pub mod pool;
 pub mod problem;
+pub mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
