@@ -796,7 +796,7 @@ where
                 runtime.spawn(crate::timer::drive());
                 // Idle upstream connections close on time even when no request comes.
                 runtime.spawn(async {
-                    let mut tick = tokio::time::interval(crate::proxy::upstream::pool::SWEEP_EVERY);
+                    let mut tick = tokio::time::interval(crate::proxy::upstream::SWEEP_EVERY);
                     loop {
                         tick.tick().await;
                         crate::proxy::forward::sweep_idle();

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use http_body::{Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HyperClient;
@@ -23,8 +23,8 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
-use crate::proxy::upstream::h1::{self, H1Body, H1Pool};
-use crate::proxy::upstream::pool::{Pool, PooledBody, SendError};
+use crate::proxy::upstream::h1;
+use crate::proxy::upstream::{H1Body, H1Pool, SendError, StreamedBody, StreamedPool};
 use crate::proxy::{Body, BoxError};
 use crate::timer::{Deadline, ReadTimeout};
 use crate::tls::UpstreamTls;
@@ -34,7 +34,7 @@ pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;
 thread_local! {
     /// The plain-HTTP upstreams' connections, one pool per thread: a worker's connections
     /// are registered with its own runtime, and only its own requests drive them.
-    static POOL: Arc<Pool> = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
+    static POOL: Arc<StreamedPool> = StreamedPool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
 }
 
 thread_local! {
@@ -57,7 +57,7 @@ pub struct UpstreamError {
 
 /// An upstream's response, from the pool or from an https client.
 pub enum Upstreamed {
-    Pooled(Response<PooledBody>),
+    Pooled(Response<StreamedBody>),
     H1(Response<H1Body>),
     Tls(Response<TlsBody>),
 }
@@ -430,12 +430,20 @@ pub fn upstream_request(
     }
     let tripped = Arc::new(AtomicBool::new(false));
     let body = match max_body {
-        Some(limit) => LimitedBody {
-            inner: body,
-            left: limit,
-            tripped: tripped.clone(),
+        // Fails at the frame that takes the body past `limit` (a body without a length;
+        // one with a length over it was refused before): the flag tells that failure
+        // from the client's own.
+        Some(limit) => {
+            let flag = tripped.clone();
+            Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+                .map_err(move |e| {
+                    if e.is::<LengthLimitError>() {
+                        flag.store(true, Ordering::Release);
+                    }
+                    e
+                })
+                .boxed()
         }
-        .boxed(),
         None => body,
     };
     (Request::from_parts(parts, body), tripped)
@@ -566,49 +574,6 @@ impl Added {
         if let Some(v) = self.forwarded_proto {
             headers.insert(X_FORWARDED_PROTO, v);
         }
-    }
-}
-
-/// A request body that fails once it grows past a limit (for bodies without a length).
-struct LimitedBody {
-    inner: Body,
-    left: u64,
-    tripped: Arc<AtomicBool>,
-}
-
-impl http_body::Body for LimitedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let len = frame.data_ref().map_or(0, |d| d.len() as u64);
-                if len > this.left {
-                    this.tripped.store(true, Ordering::Release);
-                    return Poll::Ready(Some(Err(
-                        "request body exceeds the route's max_body".into()
-                    )));
-                }
-                this.left -= len;
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

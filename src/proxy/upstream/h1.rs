@@ -1,7 +1,7 @@
 //! A lean HTTP/1.1 exchange with plain-HTTP upstreams, for requests whose body is in
 //! memory: none, or one read whole (see `WHOLE_BODY` in the proxy) — nearly every
 //! request. Request bodies that stream go through hyper's client connection instead
-//! ([`super::pool`]).
+//! ([`super::streamed`]). Both kinds of connection wait in one kind of [`Pool`].
 //!
 //! An exchange is one `write` of the request head and body, then reads until the response
 //! head parses (with httparse, as hyper's own parser does). The response body is then
@@ -27,8 +27,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -40,6 +39,7 @@ use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::pool::{Connection, MAX_STALE_RETRIES, Pool};
 use crate::proxy::BoxError;
 use crate::timer::ReadTimeout;
 
@@ -53,9 +53,6 @@ const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 64 * 1024;
 /// How much room a read is given.
 const READ_SIZE: usize = 16 * 1024;
-/// How many pooled connections a request whose write found them closed may try before a
-/// new one.
-const MAX_STALE_RETRIES: usize = 3;
 
 /// How an exchange failed.
 #[derive(Debug)]
@@ -85,15 +82,14 @@ impl Error {
     }
 }
 
-struct Conn {
+/// One connection of the lean exchange.
+pub struct H1Conn {
     io: TcpStream,
     /// Bytes read and not yet used.
     buf: BytesMut,
-    /// The pool's sweep count when it was last put back (no clock read per request).
-    idle_since: u64,
 }
 
-impl Conn {
+impl H1Conn {
     /// Reads more into the buffer; `Ok(0)` at the end of the stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
@@ -113,46 +109,29 @@ impl Conn {
     }
 }
 
-/// One worker's idle connections to plain-HTTP upstreams, by authority.
-pub struct H1Pool {
-    /// A handful of authorities: a list beats hashing. Boxed: connections move between
-    /// the pool and bodies by pointer.
-    #[allow(clippy::vec_box)]
-    idle: Mutex<Vec<(Authority, Vec<Box<Conn>>)>>,
-    max_idle_per_host: usize,
-    /// Sweeps a connection may stay idle through: it is closed by the first sweep after it
-    /// has idled `idle_timeout` (so `idle_timeout` to `idle_timeout` plus one sweep
-    /// period, at one sweep per [`super::pool::SWEEP_EVERY`]).
-    idle_sweeps: u64,
-    /// Sweeps so far.
-    sweeps: AtomicU64,
-    connect_timeout: Duration,
-}
-
-impl H1Pool {
-    pub fn new(
-        max_idle_per_host: usize,
-        idle_timeout: Duration,
-        connect_timeout: Duration,
-    ) -> Arc<H1Pool> {
-        let period = super::pool::SWEEP_EVERY.as_millis().max(1);
-        let idle_sweeps =
-            u64::try_from(idle_timeout.as_millis().div_ceil(period)).unwrap_or(u64::MAX);
-        Arc::new(H1Pool {
-            idle: Mutex::new(Vec::new()),
-            max_idle_per_host,
-            idle_sweeps,
-            sweeps: AtomicU64::new(0),
-            connect_timeout,
-        })
+impl Connection for H1Conn {
+    /// Its socket has not turned readable (nothing, not even its end, arrived while it
+    /// idled), or reads nothing yet.
+    fn is_open(&self) -> bool {
+        self.alive()
     }
 
+    /// Nothing was read past the last response's end.
+    fn is_reusable(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// The pool of the lean exchange's connections.
+pub type H1Pool = Pool<H1Conn>;
+
+impl Pool<H1Conn> {
     /// Sends a request (origin-form URI, headers prepared for the upstream) with `body` to
     /// `authority` and answers the response once its head has arrived. The response body
     /// fails if a wait for more of it from the upstream lasts `read_timeout`. A new
     /// connection not made by `connect_by` is given up (the request was not sent).
     pub async fn send(
-        self: &Arc<H1Pool>,
+        self: &Arc<Self>,
         authority: Option<&Authority>,
         parts: &request::Parts,
         extra: impl IntoIterator<Item = (&str, &HeaderValue)>,
@@ -222,7 +201,7 @@ impl H1Pool {
         Ok(response.map(|()| body))
     }
 
-    /// [`H1Pool::send`]'s second try, on a new connection (kept out of its way). The
+    /// [`Pool::send`]'s second try, on a new connection (kept out of its way). The
     /// request went out once already, so every failure here is one of a sent request.
     #[inline(never)]
     async fn send_fresh(
@@ -230,7 +209,7 @@ impl H1Pool {
         authority: &Authority,
         out: &[u8],
         connect_by: Instant,
-    ) -> Result<(Box<Conn>, Head), Error> {
+    ) -> Result<(Box<H1Conn>, Head), Error> {
         let sent = |e: Error| Error::sent(e.detail);
         let mut conn = self.connect(authority, connect_by).await.map_err(sent)?;
         if let Err((_, e)) = write_all(&mut conn.io, out).await {
@@ -240,66 +219,13 @@ impl H1Pool {
         Ok((conn, head))
     }
 
-    fn take(&self, authority: &Authority) -> Option<Box<Conn>> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle
-            .iter_mut()
-            .find(|(a, _)| a.as_str() == authority.as_str())
-            .map(|(_, list)| list)?;
-        // Idle too long is the sweep's to close; closed by the upstream, this look's.
-        while let Some(c) = list.pop() {
-            if c.alive() {
-                return Some(c);
-            }
-        }
-        None
-    }
-
-    fn put(&self, authority: &Authority, mut conn: Box<Conn>) {
-        conn.idle_since = self.sweeps.load(Ordering::Relaxed);
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = match idle
-            .iter()
-            .position(|(a, _)| a.as_str() == authority.as_str())
-        {
-            Some(i) => &mut idle[i].1,
-            None => {
-                idle.push((authority.clone(), Vec::new()));
-                let last = idle.len() - 1;
-                &mut idle[last].1
-            }
-        };
-        if list.len() < self.max_idle_per_host {
-            list.push(conn);
-        }
-    }
-
-    /// One sweep (each worker runs one every [`super::pool::SWEEP_EVERY`]): closes the
-    /// connections that have idled through `idle_timeout`'s worth of sweeps.
-    pub fn sweep(&self) {
-        let now = self.sweeps.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let keep = self.idle_sweeps;
-        idle.retain_mut(|(_, list)| {
-            list.retain(|c| now - c.idle_since <= keep);
-            !list.is_empty()
-        });
-    }
-
-    /// Connections waiting in the pool.
-    pub fn idle(&self) -> usize {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.iter().map(|(_, list)| list.len()).sum()
-    }
-
-    async fn connect(&self, authority: &Authority, until: Instant) -> Result<Box<Conn>, Error> {
-        let io = super::pool::connect_tcp(authority, self.connect_timeout, until)
+    async fn connect(&self, authority: &Authority, until: Instant) -> Result<Box<H1Conn>, Error> {
+        let io = super::connect_tcp(authority, self.connect_timeout(), until)
             .await
             .map_err(Error::not_sent)?;
-        Ok(Box::new(Conn {
+        Ok(Box::new(H1Conn {
             io,
             buf: BytesMut::with_capacity(READ_SIZE),
-            idle_since: 0,
         }))
     }
 }
@@ -386,7 +312,7 @@ fn is_safe(method: &Method) -> bool {
 }
 
 /// Reads until a final (non-1xx) response head has arrived; consumes it from the buffer.
-async fn read_head(conn: &mut Conn) -> Result<Head, Error> {
+async fn read_head(conn: &mut H1Conn) -> Result<Head, Error> {
     let mut interim = false;
     loop {
         if let Some(head) = parse_head(&mut conn.buf)? {
@@ -643,7 +569,7 @@ pub struct H1Body {
     /// Data already in hand, handed out first.
     ready: Option<Bytes>,
     state: State,
-    conn: Option<Box<Conn>>,
+    conn: Option<Box<H1Conn>>,
     reusable: bool,
     pool: Arc<H1Pool>,
     authority: Authority,
@@ -673,7 +599,6 @@ impl H1Body {
     fn finish(&mut self) {
         if let Some(conn) = self.conn.take()
             && self.reusable
-            && conn.buf.is_empty()
         {
             self.pool.put(&self.authority, conn);
         }
