@@ -23,8 +23,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
-use crate::proxy::upstream::h1;
-use crate::proxy::upstream::{H1Body, H1Pool, SendError, StreamedBody, StreamedPool};
+use crate::proxy::upstream::{self, H1Body, H1Pool, SendError, StreamedBody, StreamedPool};
 use crate::proxy::{Body, BoxError};
 use crate::timer::{Deadline, ReadTimeout};
 use crate::tls::UpstreamTls;
@@ -138,7 +137,7 @@ pub async fn send(
 }
 
 /// A response from hyper's client with its framing headers checked as the lean exchange
-/// checks its own ([`h1::check_framing`]): hyper has delimited the body, but a length
+/// checks its own ([`upstream::check_framing`]): hyper has delimited the body, but a length
 /// left beside the coding it took off would frame the body again, wrongly, on the way to
 /// the client. A refused response fails the exchange after the request was sent (the
 /// upstream may have acted on it), as on the lean exchange. Also answers whether the
@@ -149,7 +148,7 @@ fn checked<B>(
 ) -> Result<(Response<B>, bool), UpstreamError> {
     let status = resp.status();
     let reusable =
-        h1::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
+        upstream::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
             UpstreamError {
                 not_sent: false,
                 detail,

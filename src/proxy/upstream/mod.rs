@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 use http::uri::Authority;
 use tokio::net::TcpStream;
 
+mod decode;
 pub mod h1;
 pub mod pool;
 pub mod streamed;
 
+pub(crate) use decode::check_framing;
 pub use h1::{H1Body, H1Pool};
 pub use pool::{Connection, Pool, SWEEP_EVERY};
 pub use streamed::{SendError, StreamedBody, StreamedPool};
