@@ -838,6 +838,69 @@ mod tests {
         }
     }
 
+    /// A streamed body (no length): its frames, ready one after another.
+    struct Frames(std::collections::VecDeque<Result<Frame<Bytes>, BoxError>>);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(self.get_mut().0.pop_front())
+        }
+    }
+
+    /// `pieces` as a body without a length, then a failure of the client's if `fail`.
+    fn streamed(pieces: &[&'static [u8]], fail: bool) -> Body {
+        let mut frames: std::collections::VecDeque<_> = pieces
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p))))
+            .collect();
+        if fail {
+            frames.push_back(Err("the client went away".into()));
+        }
+        Frames(frames).boxed()
+    }
+
+    /// What reaches the upstream of a streamed body under `max_body`: the data before the
+    /// frame that takes it past the limit, then an error that sets the flag; a client's
+    /// own failure does not.
+    #[tokio::test]
+    async fn a_streamed_body_fails_at_the_frame_past_max_body_and_says_so() {
+        let (parts, ()) = Request::builder()
+            .method("PUT")
+            .uri("/x")
+            .body(())
+            .unwrap()
+            .into_parts();
+        for (pieces, fail, limit, data, tripped) in [
+            (&[&b"abc"[..], b"de"][..], false, 5, &b"abcde"[..], false),
+            (&[&b"abc"[..], b"def"][..], false, 5, &b"abc"[..], true),
+            (&[&b"abcdef"[..]][..], false, 5, &b""[..], true),
+            (&[&b"ab"[..]][..], true, 5, &b"ab"[..], false),
+        ] {
+            let (req, flag) = upstream_request(parts.clone(), streamed(pieces, fail), Some(limit));
+            let mut body = req.into_body();
+            let mut seen = Vec::new();
+            let mut failed = false;
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(f) => seen.extend_from_slice(f.data_ref().unwrap()),
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            assert_eq!(seen, data, "{pieces:?}");
+            assert_eq!(failed, tripped || fail, "{pieces:?}");
+            assert_eq!(flag.load(Ordering::Acquire), tripped, "{pieces:?}");
+        }
+    }
+
     #[test]
     fn every_hop_by_hop_header_and_every_name_listed_in_connection_is_removed() {
         let mut headers = HeaderMap::new();
