@@ -4,7 +4,7 @@
 //! ([`super::streamed`]). Both kinds of connection wait in one kind of [`Pool`].
 //!
 //! An exchange is one `write` of the request head and body, then reads until the response
-//! head parses ([`super::decode`], with httparse, as hyper's own parser does). The response body is then
+//! head parses (`decode.rs`, with httparse, as hyper's own parser does). The response body is then
 //! read as the client's connection takes it, framed as RFC 9112 §6.3 says: no body for a
 //! HEAD, 1xx, 204 or 304; chunked if the last transfer coding is chunked; else the
 //! `Content-Length`; else up to the connection's end. A body already read with the head
