@@ -324,7 +324,7 @@ fn proxy_hooks(metrics: Arc<Metrics>) -> Hooks {
         refuse: Arc::new(move |flaw, method| refuse_flaw(flaw, method, Some(&metrics))),
         per_worker: Some(|| {
             Box::pin(async {
-                let mut tick = tokio::time::interval(crate::proxy::pool::SWEEP_EVERY);
+                let mut tick = tokio::time::interval(crate::proxy::upstream::SWEEP_EVERY);
                 loop {
                     tick.tick().await;
                     crate::proxy::forward::sweep_idle();

@@ -451,7 +451,7 @@ fn builtin_roots() -> RootCertStore {
 }
 
 /// The connector of an https upstream's client: TLS per `tls` (plain-HTTP upstreams go
-/// through the pool in `proxy::pool`).
+/// through the pool in `proxy::upstream::pool`).
 pub fn connector(mut http: HttpConnector, tls: &UpstreamTls) -> HttpsConnector<HttpConnector> {
     // The TLS layer decides the scheme; the TCP layer must let https URIs through.
     http.enforce_http(false);

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fencegate::proxy::h1::H1Pool;
-use fencegate::proxy::pool::Pool;
+use fencegate::proxy::upstream::H1Pool;
+use fencegate::proxy::upstream::StreamedPool as Pool;
 use fencegate::proxy::{Body, BoxError, Outcome};
 use fencegate::token::Token;
 use http::uri::{Authority, PathAndQuery};

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use http_body::{Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HyperClient;
@@ -23,8 +23,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
-use crate::proxy::h1::{self, H1Body, H1Pool};
-use crate::proxy::pool::{Pool, PooledBody, SendError};
+use crate::proxy::upstream::{self, H1Body, H1Pool, SendError, StreamedBody, StreamedPool};
 use crate::proxy::{Body, BoxError};
 use crate::rt::timer::{Deadline, ReadTimeout};
 use crate::tls::UpstreamTls;
@@ -34,7 +33,7 @@ pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;
 thread_local! {
     /// The plain-HTTP upstreams' connections, one pool per thread: a worker's connections
     /// are registered with its own runtime, and only its own requests drive them.
-    static POOL: Arc<Pool> = Pool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
+    static POOL: Arc<StreamedPool> = StreamedPool::new(1024, Duration::from_secs(60), Duration::from_secs(5));
 }
 
 thread_local! {
@@ -57,7 +56,7 @@ pub struct UpstreamError {
 
 /// An upstream's response, from the pool or from an https client.
 pub enum Upstreamed {
-    Pooled(Response<PooledBody>),
+    Pooled(Response<StreamedBody>),
     H1(Response<H1Body>),
     Tls(Response<TlsBody>),
 }
@@ -138,7 +137,7 @@ pub async fn send(
 }
 
 /// A response from hyper's client with its framing headers checked as the lean exchange
-/// checks its own ([`h1::check_framing`]): hyper has delimited the body, but a length
+/// checks its own ([`upstream::check_framing`]): hyper has delimited the body, but a length
 /// left beside the coding it took off would frame the body again, wrongly, on the way to
 /// the client. A refused response fails the exchange after the request was sent (the
 /// upstream may have acted on it), as on the lean exchange. Also answers whether the
@@ -149,7 +148,7 @@ fn checked<B>(
 ) -> Result<(Response<B>, bool), UpstreamError> {
     let status = resp.status();
     let reusable =
-        h1::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
+        upstream::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
             UpstreamError {
                 not_sent: false,
                 detail,
@@ -430,12 +429,20 @@ pub fn upstream_request(
     }
     let tripped = Arc::new(AtomicBool::new(false));
     let body = match max_body {
-        Some(limit) => LimitedBody {
-            inner: body,
-            left: limit,
-            tripped: tripped.clone(),
+        // Fails at the frame that takes the body past `limit` (a body without a length;
+        // one with a length over it was refused before): the flag tells that failure
+        // from the client's own.
+        Some(limit) => {
+            let flag = tripped.clone();
+            Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+                .map_err(move |e| {
+                    if e.is::<LengthLimitError>() {
+                        flag.store(true, Ordering::Release);
+                    }
+                    e
+                })
+                .boxed()
         }
-        .boxed(),
         None => body,
     };
     (Request::from_parts(parts, body), tripped)
@@ -566,49 +573,6 @@ impl Added {
         if let Some(v) = self.forwarded_proto {
             headers.insert(X_FORWARDED_PROTO, v);
         }
-    }
-}
-
-/// A request body that fails once it grows past a limit (for bodies without a length).
-struct LimitedBody {
-    inner: Body,
-    left: u64,
-    tripped: Arc<AtomicBool>,
-}
-
-impl http_body::Body for LimitedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let len = frame.data_ref().map_or(0, |d| d.len() as u64);
-                if len > this.left {
-                    this.tripped.store(true, Ordering::Release);
-                    return Poll::Ready(Some(Err(
-                        "request body exceeds the route's max_body".into()
-                    )));
-                }
-                this.left -= len;
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -871,6 +835,69 @@ mod tests {
             assert!(!parts.headers.contains_key(header::EXPECT));
             let cookies: Vec<_> = parts.headers.get_all(header::COOKIE).iter().collect();
             assert_eq!(cookies, cookie, "{version:?}");
+        }
+    }
+
+    /// A streamed body (no length): its frames, ready one after another.
+    struct Frames(std::collections::VecDeque<Result<Frame<Bytes>, BoxError>>);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(self.get_mut().0.pop_front())
+        }
+    }
+
+    /// `pieces` as a body without a length, then a failure of the client's if `fail`.
+    fn streamed(pieces: &[&'static [u8]], fail: bool) -> Body {
+        let mut frames: std::collections::VecDeque<_> = pieces
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p))))
+            .collect();
+        if fail {
+            frames.push_back(Err("the client went away".into()));
+        }
+        Frames(frames).boxed()
+    }
+
+    /// What reaches the upstream of a streamed body under `max_body`: the data before the
+    /// frame that takes it past the limit, then an error that sets the flag; a client's
+    /// own failure does not.
+    #[tokio::test]
+    async fn a_streamed_body_fails_at_the_frame_past_max_body_and_says_so() {
+        let (parts, ()) = Request::builder()
+            .method("PUT")
+            .uri("/x")
+            .body(())
+            .unwrap()
+            .into_parts();
+        for (pieces, fail, limit, data, tripped) in [
+            (&[&b"abc"[..], b"de"][..], false, 5, &b"abcde"[..], false),
+            (&[&b"abc"[..], b"def"][..], false, 5, &b"abc"[..], true),
+            (&[&b"abcdef"[..]][..], false, 5, &b""[..], true),
+            (&[&b"ab"[..]][..], true, 5, &b"ab"[..], false),
+        ] {
+            let (req, flag) = upstream_request(parts.clone(), streamed(pieces, fail), Some(limit));
+            let mut body = req.into_body();
+            let mut seen = Vec::new();
+            let mut failed = false;
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(f) => seen.extend_from_slice(f.data_ref().unwrap()),
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            assert_eq!(seen, data, "{pieces:?}");
+            assert_eq!(failed, tripped || fail, "{pieces:?}");
+            assert_eq!(flag.load(Ordering::Acquire), tripped, "{pieces:?}");
         }
     }
 

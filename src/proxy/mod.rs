@@ -6,9 +6,8 @@
 
 pub mod config;
 pub mod forward;
-pub mod h1;
-pub mod pool;
 pub mod problem;
+pub mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -393,7 +393,7 @@ async fn a_connection_with_an_unread_body_is_not_reused() {
 /// and once past the idle timeout a sweep closes it.
 #[tokio::test]
 async fn idle_connections_past_the_timeout_are_closed() {
-    use fencegate::proxy::pool::Pool;
+    use fencegate::proxy::upstream::StreamedPool as Pool;
     use http_body_util::BodyExt;
     use std::time::Duration;
 
@@ -647,7 +647,7 @@ async fn a_safe_request_on_a_connection_closed_unanswered_is_sent_again() {
 /// of them (60 s at one sweep per 10 s: the seventh sweep after its last use).
 #[tokio::test]
 async fn lean_exchange_connections_are_closed_by_the_sweeps() {
-    use fencegate::proxy::h1::H1Pool;
+    use fencegate::proxy::upstream::H1Pool;
     use std::time::Duration;
 
     let upstream = Upstream::start().await;
