@@ -11,10 +11,11 @@
 //! - [`token`]: the `Fencing-Token` grammar and order (SPEC §1); [`proof`]: the
 //!   authority's Ed25519 proofs that a token was issued for a scope (SPEC §9)
 //! - [`fence`]: the decision table, the durable marks in redb, the per-scope gates (SPEC §3)
-//! - [`idempotency`]: `Idempotency-Key` records per scope: fingerprint, durable claim,
-//!   replay, expiry
-//! - [`proxy`]: the hyper service that runs the pipeline, forwards, and makes every
-//!   response of its own (SPEC §4)
+//! - [`proxy`]: the pipeline as tower layers over the forwarder, and every response of
+//!   fencegate's own (SPEC §4): [`proxy::fence`] (routing, token, gate, refusals: the
+//!   [`FenceLayer`](proxy::fence::FenceLayer) a Rust service can put in front of its own
+//!   handlers), [`proxy::idempotency`] (`Idempotency-Key` records per scope: fingerprint,
+//!   durable claim, replay, expiry), [`proxy::forward`] (the upstream exchange)
 //!
 //! Beside the request path:
 //! - [`admin`]: health, readiness, metrics and the marks API (SPEC §7); [`metrics`]: the
@@ -40,10 +41,12 @@ pub mod fence;
 mod first_bytes;
 mod h1_scan;
 mod h2_idle;
-pub mod idempotency;
 pub mod metrics;
 pub mod proof;
 pub mod proxy;
+/// The idempotency stage lives in [`proxy::idempotency`]; its route options are read by
+/// [`config`] by this path.
+pub use proxy::idempotency;
 pub mod route;
 pub mod server;
 pub mod timer;

@@ -1,0 +1,517 @@
+//! The fence as a tower [`Layer`]: routing → token → (proof) → gate, and every refusal
+//! made a problem+json response, in front of any `Service<http::Request<_>>`.
+//!
+//! It lives under `proxy/`, not `fence/`, because it is the HTTP face of the fence: it
+//! reads request heads, routes them and answers with [`Outcome`]s, while `fence/` (the
+//! policy table, the gate, the marks) knows nothing of HTTP and imports nothing from here.
+//!
+//! Two ways to hand an admitted request on, chosen by the layer's type parameter:
+//! - [`InExtensions`] (the default, for a service that owns its storage, e.g. axum
+//!   handlers): the inner service gets the `http::Request` with a [`FencedRequest`] in
+//!   its extensions; the layer holds the gate's in-flight guard until the inner service's
+//!   response body is done, completing it when a response came back.
+//! - `Typed` (the binary's stack): the inner service gets an [`Admitted`] request that
+//!   carries the plan, guard included, so that the forwarder can apply the guard's rules
+//!   (not forwarded, settle on a lost exchange) as the upstream exchange goes. No
+//!   extension map is allocated on the hot path.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, header};
+use http_body::{Frame, SizeHint};
+use tower::{Layer, Service};
+
+use crate::access_log::{AccessLog, RefusalWarnings};
+use crate::config::Config;
+use crate::fence::{Gates, InflightGuard};
+use crate::metrics::{Metrics, Op};
+use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan, Table};
+use crate::token::Token;
+
+/// The connection a request came on: its peer (for `X-Forwarded-For`, the access log and
+/// warnings) and whether it was TLS. A layer serving one connection is given it (see
+/// [`Fence::on_connection`]); otherwise it is read from the request's extensions, if
+/// there.
+#[derive(Debug, Clone, Copy)]
+pub struct Conn {
+    pub peer: SocketAddr,
+    pub tls: bool,
+}
+
+impl Default for Conn {
+    fn default() -> Conn {
+        Conn {
+            peer: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            tls: false,
+        }
+    }
+}
+
+/// The handoff of [`FenceLayer`]'s default: the request, with a [`FencedRequest`] in
+/// its extensions when it was fenced.
+#[derive(Debug, Clone, Copy)]
+pub enum InExtensions {}
+
+/// The binary's handoff: an [`Admitted`] request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Typed {}
+
+/// What an [`InExtensions`] fence tells its inner service of an admitted, fenced request.
+#[derive(Debug, Clone)]
+pub struct FencedRequest {
+    /// The route's name.
+    pub route: String,
+    pub scope: String,
+    pub token: Token,
+}
+
+/// An admitted request on its way to the inner layers of the binary's stack: the plan
+/// holds the gate's guard, which goes on with the upstream exchange.
+pub(crate) struct Admitted<B> {
+    pub(crate) req: Request<B>,
+    /// The table the request was classified with (its route indexes this one).
+    pub(crate) table: Arc<Table>,
+    pub(crate) plan: Plan,
+    pub(crate) conn: Conn,
+}
+
+/// Where every refusal is counted, once: the route's metric row (or the unrouted one),
+/// the access log's note, and the rate-limited warning for `stale_fence` and
+/// `invalid_proof`. Every stage refuses through [`Refusals::refuse`] (the inner layers by
+/// [`Table::refuse`]).
+pub struct Refusals {
+    pub(crate) metrics: Arc<Metrics>,
+    /// `[log] access`; off unless set.
+    pub(crate) access: AccessLog,
+    /// Warnings for stale and unproven tokens, logged whether the access log is on or not.
+    pub(crate) warnings: RefusalWarnings,
+}
+
+/// A refused request's head, for what only the fence knows of a refusal made before
+/// anything was forwarded.
+pub(crate) struct Asked<'a> {
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) peer: SocketAddr,
+    /// An HTTP/1 request whose body was not read: the answer closes the connection.
+    pub(crate) unread_body: bool,
+}
+
+/// What the access log records of a request beyond its head and response, left in the
+/// response's extensions by the fence when the access log is on.
+#[derive(Default, Clone)]
+pub(crate) struct Note {
+    /// The route's name (the table may be swapped by the time the line is written).
+    pub(crate) route: Option<String>,
+    pub(crate) scope: Option<String>,
+    pub(crate) token: Option<Token>,
+    pub(crate) highest: Option<Token>,
+    /// From admission to the response head: the upstream exchange, with reading a small
+    /// request body whole before it.
+    pub(crate) upstream: Option<Duration>,
+}
+
+impl Refusals {
+    pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog) -> Refusals {
+        Refusals {
+            metrics,
+            access,
+            warnings: RefusalWarnings::default(),
+        }
+    }
+
+    /// The one place a refusal is counted and answered. `asked` is the request's head
+    /// when the refusal was made before anything was forwarded (the fence's): then it is
+    /// noted for the access log, warned about if stale or unproven, and answered with a
+    /// request id and (body unread) `Connection: close`.
+    pub(crate) fn refuse(
+        &self,
+        table: &Table,
+        route: Option<usize>,
+        op: Op,
+        outcome: Outcome,
+        asked: Option<Asked<'_>>,
+    ) -> Response<Body> {
+        match route {
+            Some(i) => table.count(i, op, outcome.result()),
+            None => self.metrics.count_unrouted(op, outcome.result()),
+        }
+        let Some(asked) = asked else {
+            return outcome.into_response();
+        };
+        let warned = matches!(
+            outcome,
+            Outcome::Stale { .. } | Outcome::InvalidProof { .. }
+        );
+        let logged = self.access.is_on();
+        let mut note = None;
+        let mut id = None;
+        if warned || logged {
+            let (scope, token, highest) = outcome.fields();
+            // With the access log on, the request already carries the id the log keeps.
+            let request_id = self.access.request_id(asked.headers);
+            if let (Some(scope), Some(token), true) = (scope, token, warned) {
+                self.warnings.warn(&crate::access_log::Refused {
+                    result: outcome.result(),
+                    scope,
+                    token: *token,
+                    highest,
+                    peer: asked.peer,
+                    route: route.map_or("-", |i| table.config.routes[i].name.as_str()),
+                    request_id: request_id.to_str().unwrap_or("-"),
+                });
+            }
+            if logged {
+                note = Some(Note {
+                    route: route.map(|i| table.config.routes[i].name.clone()),
+                    scope: scope.cloned(),
+                    token: token.copied(),
+                    highest,
+                    upstream: None,
+                });
+            } else {
+                id = Some(request_id);
+            }
+        }
+        let mut resp = outcome.into_response();
+        if let Some(id) = id {
+            resp.headers_mut()
+                .insert(crate::access_log::X_REQUEST_ID, id);
+        }
+        if let Some(note) = note {
+            resp.extensions_mut().insert(note);
+        }
+        // Refused before its body was read: hyper closes the connection after the answer,
+        // which says so, or a keep-alive client would send its next request into the close.
+        if asked.unread_body {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+}
+
+/// What every [`Fence`] of one layer shares.
+pub(crate) struct Shared {
+    /// The routing table in force, swapped whole on reload.
+    pub(crate) table: ArcSwap<Table>,
+    pub(crate) gates: Arc<Gates>,
+    pub(crate) refusals: Arc<Refusals>,
+}
+
+/// The fence in front of a service: see the module's documentation. Cloning it shares
+/// the routing table, gates and metrics.
+pub struct FenceLayer<H = InExtensions> {
+    shared: Arc<Shared>,
+    _handoff: PhantomData<fn() -> H>,
+}
+
+impl<H> Clone for FenceLayer<H> {
+    fn clone(&self) -> Self {
+        FenceLayer {
+            shared: self.shared.clone(),
+            _handoff: PhantomData,
+        }
+    }
+}
+
+impl FenceLayer {
+    /// A fence for `config`'s routes, admitting at `gates` (over the service's mark
+    /// store) and counting into `metrics`.
+    pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> FenceLayer {
+        FenceLayer::with(
+            config,
+            gates,
+            Arc::new(Refusals::new(metrics, AccessLog::off())),
+        )
+    }
+}
+
+impl<H> FenceLayer<H> {
+    pub(crate) fn with(
+        config: Arc<Config>,
+        gates: Arc<Gates>,
+        refusals: Arc<Refusals>,
+    ) -> FenceLayer<H> {
+        let table = Table::new(config, &refusals);
+        FenceLayer {
+            shared: Arc::new(Shared {
+                table: ArcSwap::from_pointee(table),
+                gates,
+                refusals,
+            }),
+            _handoff: PhantomData,
+        }
+    }
+
+    /// New routes for every request that starts from now on; requests under way finish
+    /// with the table they started with.
+    pub fn reload(&self, config: Arc<Config>) {
+        let table = Table::new(config, &self.shared.refusals);
+        self.shared.table.store(Arc::new(table));
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.shared.table.load().config.clone()
+    }
+
+    pub fn gates(&self) -> &Arc<Gates> {
+        &self.shared.gates
+    }
+}
+
+impl<S, H> Layer<S> for FenceLayer<H> {
+    type Service = Fence<S, H>;
+
+    fn layer(&self, inner: S) -> Fence<S, H> {
+        Fence {
+            shared: self.shared.clone(),
+            inner,
+            conn: None,
+            _handoff: PhantomData,
+        }
+    }
+}
+
+/// [`FenceLayer`]'s service. Always ready: it refuses by answering, never by waiting.
+pub struct Fence<S, H = InExtensions> {
+    shared: Arc<Shared>,
+    inner: S,
+    conn: Option<Conn>,
+    _handoff: PhantomData<fn() -> H>,
+}
+
+impl<S: Clone, H> Clone for Fence<S, H> {
+    fn clone(&self) -> Self {
+        Fence {
+            shared: self.shared.clone(),
+            inner: self.inner.clone(),
+            conn: self.conn,
+            _handoff: PhantomData,
+        }
+    }
+}
+
+impl<S, H> Fence<S, H> {
+    /// This service for the requests of one connection.
+    pub fn on_connection(mut self, conn: Conn) -> Self {
+        self.conn = Some(conn);
+        self
+    }
+
+    pub(crate) fn refusals(&self) -> &Refusals {
+        &self.shared.refusals
+    }
+
+    pub(crate) fn layer(&self) -> FenceLayer<H> {
+        FenceLayer {
+            shared: self.shared.clone(),
+            _handoff: PhantomData,
+        }
+    }
+}
+
+/// Whether a refused request's answer must close the connection (see [`Refusals::refuse`]).
+fn unread<B: http_body::Body>(req: &Request<B>) -> bool {
+    req.version() < http::Version::HTTP_2 && !req.body().is_end_stream()
+}
+
+type Boxed<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B> Service<Request<B>> for Fence<S, Typed>
+where
+    S: Service<Admitted<B>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    // Boxed: one allocation per request, and a small future for hyper to move around
+    // (the gate's wait and the exchange are large).
+    type Future = Boxed<Response<Body>, S::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let shared = self.shared.clone();
+        let mut inner = self.inner.clone();
+        let conn = self.conn;
+        Box::pin(async move {
+            let conn =
+                conn.unwrap_or_else(|| req.extensions().get::<Conn>().copied().unwrap_or_default());
+            let table = shared.table.load_full();
+            let op = Op::of(req.method());
+            let classified = super::classify(&table.config, &req);
+            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
+                Ok(plan) => plan,
+                Err((route, outcome)) => {
+                    let asked = Asked {
+                        headers: req.headers(),
+                        peer: conn.peer,
+                        unread_body: unread(&req),
+                    };
+                    return Ok(shared
+                        .refusals
+                        .refuse(&table, route, op, outcome, Some(asked)));
+                }
+            };
+            if !shared.refusals.access.is_on() {
+                return inner
+                    .call(Admitted {
+                        req,
+                        table,
+                        plan,
+                        conn,
+                    })
+                    .await;
+            }
+            let mut note = Note {
+                route: Some(table.config.routes[plan.route].name.clone()),
+                scope: plan.scope.clone(),
+                token: plan.token,
+                ..Note::default()
+            };
+            let sent = Instant::now();
+            let mut resp = inner
+                .call(Admitted {
+                    req,
+                    table,
+                    plan,
+                    conn,
+                })
+                .await?;
+            note.upstream = Some(sent.elapsed());
+            resp.extensions_mut().insert(note);
+            Ok(resp)
+        })
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Fence<S, InExtensions>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<http_body_util::Either<Body, Guarded<RB>>>;
+    type Error = S::Error;
+    type Future = Boxed<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        use http_body_util::Either;
+        let shared = self.shared.clone();
+        let mut inner = self.inner.clone();
+        let conn = self.conn;
+        Box::pin(async move {
+            let conn =
+                conn.unwrap_or_else(|| req.extensions().get::<Conn>().copied().unwrap_or_default());
+            let table = shared.table.load_full();
+            let op = Op::of(req.method());
+            let classified = super::classify(&table.config, &req);
+            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
+                Ok(plan) => plan,
+                Err((route, outcome)) => {
+                    let asked = Asked {
+                        headers: req.headers(),
+                        peer: conn.peer,
+                        unread_body: unread(&req),
+                    };
+                    let resp = shared
+                        .refusals
+                        .refuse(&table, route, op, outcome, Some(asked));
+                    return Ok(resp.map(Either::Left));
+                }
+            };
+            let Plan {
+                route,
+                op,
+                mut guard,
+                scope,
+                token,
+            } = plan;
+            let fenced = guard.is_some();
+            if let (Some(scope), Some(token)) = (scope, token) {
+                req.extensions_mut().insert(FencedRequest {
+                    route: table.config.routes[route].name.clone(),
+                    scope,
+                    token,
+                });
+            }
+            // On an error the guard drops uncompleted: the scope settles, as after an
+            // exchange whose outcome is unknown.
+            let resp = inner.call(req).await?;
+            if let Some(g) = guard.as_mut() {
+                g.complete();
+            }
+            table.count(route, op, if fenced { "accepted" } else { "unfenced" });
+            let (mut parts, body) = resp.into_parts();
+            if fenced {
+                parts
+                    .headers
+                    .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
+            } else {
+                parts.headers.remove(FENCING_RESULT);
+            }
+            // The generation stays in flight while the response body is sent.
+            // A body with nothing to read (a 204, an empty body) lets go at once.
+            let guard = guard.filter(|_| !body.is_end_stream());
+            let body = Guarded { body, guard };
+            Ok(Response::from_parts(parts, Either::Right(body)))
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An inner service's response body, holding the request's in-flight guard (completed)
+    /// until the body ends or is dropped.
+    pub struct Guarded<B> {
+        #[pin]
+        body: B,
+        guard: Option<InflightGuard>,
+    }
+}
+
+impl<B> http_body::Body for Guarded<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            this.guard.take();
+        }
+        polled.map(|f| f.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
