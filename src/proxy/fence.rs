@@ -515,3 +515,127 @@ where
         self.body.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::fence::MarkStore;
+
+    const CONFIG: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+drain_timeout = "60s"
+settle = "0s"
+[[upstream]]
+name = "u"
+url = "http://127.0.0.1:9"
+[[route]]
+name = "docs"
+path = "/docs/{doc}"
+scope = "doc/{doc}"
+upstream = "u"
+"#;
+
+    /// A response body that stays open until its sender says so (or goes).
+    struct Open(tokio::sync::oneshot::Receiver<()>);
+
+    impl http_body::Body for Open {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Pin::new(&mut self.0).poll(cx).map(|_| None)
+        }
+    }
+
+    fn put(token: &str) -> Request<http_body_util::Empty<Bytes>> {
+        Request::put("/docs/a")
+            .header("host", "h")
+            .header("fencing-token", token)
+            .body(http_body_util::Empty::new())
+            .unwrap()
+    }
+
+    /// An admitted request's generation stays in flight while its response body is
+    /// being sent: a newer owner waits for it at the gate, and goes once it ends.
+    #[tokio::test]
+    async fn the_guard_is_held_until_the_response_body_ends() {
+        let config = Config::parse(CONFIG, std::path::Path::new(".")).unwrap();
+        let metrics = Arc::new(Metrics::new(["docs".to_string()]));
+        let store =
+            MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let gates = Arc::new(Gates::new(
+            store,
+            metrics.clone(),
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ));
+        let (end_first, first_body) = tokio::sync::oneshot::channel();
+        let bodies = Arc::new(Mutex::new(vec![first_body]));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (bodies, seen, calls) = (bodies.clone(), seen.clone(), calls.clone());
+            tower::service_fn(move |req: Request<http_body_util::Empty<Bytes>>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let fenced = req.extensions().get::<FencedRequest>().cloned();
+                seen.lock().unwrap().push(fenced);
+                let body = bodies.lock().unwrap().pop();
+                async move {
+                    let body = match body {
+                        Some(rx) => Open(rx),
+                        None => Open(tokio::sync::oneshot::channel().1),
+                    };
+                    Ok::<_, Infallible>(Response::new(body))
+                }
+            })
+        };
+        let fence = FenceLayer::new(Arc::new(config), gates.clone(), metrics).layer(handler);
+
+        let first = fence.clone().call(put("5")).await.unwrap();
+        assert_eq!(first.headers()[FENCING_RESULT], "accepted");
+        let fenced = seen.lock().unwrap()[0].clone().unwrap();
+        assert_eq!(
+            (fenced.scope.as_str(), fenced.token),
+            ("doc/a", Token::new(0, 5))
+        );
+
+        // Token 6 drains generation 5, whose body is still open.
+        let mut newer = fence.clone();
+        let second = tokio::spawn(async move { newer.call(put("6")).await });
+        let mut waited = false;
+        for _ in 0..10_000 {
+            if gates.waiting() == 1 {
+                waited = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(waited, "the newer token did not wait for the open body");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+        // The first body ends (read to its end): the newer token is admitted.
+        let _ = end_first.send(());
+        let mut body = first.into_body();
+        assert!(
+            std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut body), cx))
+                .await
+                .is_none()
+        );
+        let second = second.await.unwrap().unwrap();
+        assert_eq!(second.headers()[FENCING_RESULT], "accepted");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+}

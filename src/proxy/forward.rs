@@ -930,4 +930,3 @@ mod tests {
         assert_eq!(left, ["x-kept"]);
     }
 }
-
