@@ -10,7 +10,7 @@
 //!   handlers): the inner service gets the `http::Request` with a [`FencedRequest`] in
 //!   its extensions; the layer holds the gate's in-flight guard until the inner service's
 //!   response body is done, completing it when a response came back.
-//! - `Typed` (the binary's stack): the inner service gets an [`Admitted`] request that
+//! - `Typed` (the binary's stack): the inner service gets an `Admitted` request that
 //!   carries the plan, guard included, so that the forwarder can apply the guard's rules
 //!   (not forwarded, settle on a lost exchange) as the upstream exchange goes. No
 //!   extension map is allocated on the hot path.
@@ -87,7 +87,7 @@ pub(crate) struct Admitted<B> {
 /// the access log's note, and the rate-limited warning for `stale_fence` and
 /// `invalid_proof`. Every stage refuses through [`Refusals::refuse`] (the inner layers by
 /// [`Table::refuse`]).
-pub struct Refusals {
+pub(crate) struct Refusals {
     pub(crate) metrics: Arc<Metrics>,
     /// `[log] access`; off unless set.
     pub(crate) access: AccessLog,

@@ -2,9 +2,10 @@
 //!
 //! [`fence::FenceLayer`]: canonicalize → route → token and scope → gate (durable
 //! advance, drain, settle); then [`idempotency::IdempotencyLayer`] (the record, for
-//! routes with it on); then the [`Forwarder`], the innermost service → response with
+//! routes with it on); then the `Forwarder`, the innermost service → response with
 //! `Fencing-Result`. Every refusal goes through [`problem::Outcome`], the one place that
-//! makes fencegate's own responses, and is counted by [`fence::Refusals::refuse`].
+//! makes fencegate's own responses, and is counted in one place,
+//! `fence::Refusals::refuse`.
 
 pub mod fence;
 pub mod forward;
@@ -24,7 +25,7 @@ use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
-use tower::{Layer, Service};
+use tower::Service;
 
 use crate::config::{Config, ProofMode};
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
@@ -256,11 +257,17 @@ impl Proxy {
         let max_buffered = config.idempotency.max_buffered;
         let idempotency = Arc::new(Idempotency::new(gates.store().clone(), max_buffered));
         let refusals = Arc::new(Refusals::new(metrics.clone(), access));
-        let stack = FenceLayer::<Typed>::with(config, gates.clone(), refusals).layer(
-            IdempotencyLayer::new(idempotency.clone()).layer(Forwarder {
+        let stack = tower::ServiceBuilder::new()
+            // First, the fence: nothing below sees a request that is unrouted, unsafe to
+            // pass, or not admitted at its scope's gate.
+            .layer(FenceLayer::<Typed>::with(config, gates.clone(), refusals))
+            // Under it, idempotency: a key is looked at only for an admitted generation
+            // (a stale retry is refused, never replayed).
+            .layer(IdempotencyLayer::new(idempotency.clone()))
+            // Innermost, the upstream exchange, which settles the gate's guard.
+            .service(Forwarder {
                 metrics: metrics.clone(),
-            }),
-        );
+            });
         Proxy {
             gates,
             metrics,
