@@ -326,6 +326,80 @@ fn unread<B: http_body::Body>(req: &Request<B>) -> bool {
 
 type Boxed<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
+/// A layer of the binary's stack as the binary calls it: like `Service::call`, but its
+/// future is an `impl Future` that borrows the stage, so the whole request is one
+/// unboxed future as before the stack was made of layers. (`Service` needs a nameable
+/// future, which without `impl Trait` in associated types is a box per layer: measured
+/// with `benches/callgrind.sh`, 29,962 instructions per W1 request against 28,820.)
+/// The `Service` impls stay for composing the layers with other tower services.
+pub(crate) trait Stage<B>: Send + Sync {
+    fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_;
+}
+
+impl<S> Fence<S, Typed> {
+    /// The binary's way in (see [`Stage`]): the same steps as its `Service::call`,
+    /// without a clone or a box.
+    pub(crate) fn serve<B>(
+        &self,
+        req: Request<B>,
+        conn: Conn,
+    ) -> impl Future<Output = Response<Body>> + Send + '_
+    where
+        S: Stage<B>,
+        B: http_body::Body + Send + 'static,
+    {
+        async move {
+            let shared = &self.shared;
+            let table = shared.table.load_full();
+            let op = Op::of(req.method());
+            let classified = super::classify(&table.config, &req);
+            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
+                Ok(plan) => plan,
+                Err((route, outcome)) => {
+                    let asked = Asked {
+                        headers: req.headers(),
+                        peer: conn.peer,
+                        unread_body: unread(&req),
+                    };
+                    return shared
+                        .refusals
+                        .refuse(&table, route, op, outcome, Some(asked));
+                }
+            };
+            if !shared.refusals.access.is_on() {
+                return self
+                    .inner
+                    .serve(Admitted {
+                        req,
+                        table,
+                        plan,
+                        conn,
+                    })
+                    .await;
+            }
+            let mut note = Note {
+                route: Some(table.config.routes[plan.route].name.clone()),
+                scope: plan.scope.clone(),
+                token: plan.token,
+                ..Note::default()
+            };
+            let sent = Instant::now();
+            let mut resp = self
+                .inner
+                .serve(Admitted {
+                    req,
+                    table,
+                    plan,
+                    conn,
+                })
+                .await;
+            note.upstream = Some(sent.elapsed());
+            resp.extensions_mut().insert(note);
+            resp
+        }
+    }
+}
+
 impl<S, B> Service<Request<B>> for Fence<S, Typed>
 where
     S: Service<Admitted<B>, Response = Response<Body>> + Clone + Send + 'static,

@@ -814,6 +814,22 @@ where
     }
 }
 
+/// The forwarder as the binary calls it (see [`crate::proxy::fence::Stage`]).
+impl crate::proxy::fence::Stage<Body> for super::Forwarder {
+    fn serve(
+        &self,
+        a: crate::proxy::fence::Admitted<Body>,
+    ) -> impl Future<Output = Response<Body>> + Send + '_ {
+        let crate::proxy::fence::Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        } = a;
+        async move { self.forward(&table, req, plan, conn.peer, conn.tls).await }
+    }
+}
+
 /// The forwarder as the innermost service of the stack: an admitted request's upstream
 /// exchange. Always ready; its refusals are responses.
 impl tower::Service<crate::proxy::fence::Admitted<Body>> for super::Forwarder {

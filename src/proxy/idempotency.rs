@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::fence::{InflightGuard, MarkStore};
-use crate::proxy::fence::Admitted;
+use crate::proxy::fence::{Admitted, Stage};
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan};
 use crate::timer::ReadTimedOut;
 
@@ -58,14 +58,14 @@ pub struct Idempotent<S> {
 
 pin_project_lite::pin_project! {
     /// [`Idempotent`]'s future: the inner service's own, or the keyed exchange.
-    #[project = StageProj]
-    pub enum Stage<F, K> {
+    #[project = StepProj]
+    pub enum Step<F, K> {
         Passed { #[pin] fut: F },
         Keyed { #[pin] fut: K },
     }
 }
 
-impl<F, K> Future for Stage<F, K>
+impl<F, K> Future for Step<F, K>
 where
     F: Future<Output = Result<Response<Body>, Infallible>>,
     K: Future<Output = Result<Response<Body>, Infallible>>,
@@ -74,13 +74,77 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            StageProj::Passed { fut } => fut.poll(cx),
-            StageProj::Keyed { fut } => fut.poll(cx),
+            StepProj::Passed { fut } => fut.poll(cx),
+            StepProj::Keyed { fut } => fut.poll(cx),
         }
     }
 }
 
 type Keyed = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// [`Idempotent`]'s future as a [`Stage`]: the inner stage's, or the keyed exchange.
+    #[project = ServedProj]
+    pub(crate) enum Served<F> {
+        Passed { #[pin] fut: F },
+        Keyed { #[pin] fut: Keyed },
+    }
+}
+
+impl<F: Future<Output = Response<Body>>> Future for Served<F> {
+    type Output = Response<Body>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Body>> {
+        match self.project() {
+            ServedProj::Passed { fut } => fut.poll(cx),
+            ServedProj::Keyed { fut } => fut.poll(cx).map(|r| match r {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }),
+        }
+    }
+}
+
+impl<S, B> Stage<B> for Idempotent<S>
+where
+    S: Stage<Body>
+        + tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_ {
+        let Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        } = a;
+        let req = req.map(|b| b.map_err(Into::into).boxed());
+        let keyed =
+            plan.guard.is_some() && table.config.routes[plan.route].idempotency != Mode::Off;
+        let a = Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        };
+        if !keyed {
+            return Served::Passed {
+                fut: self.inner.serve(a),
+            };
+        }
+        let state = self.state.clone();
+        let inner = self.inner.clone();
+        Served::Keyed {
+            fut: Box::pin(async move { Ok(state.handle(inner, a).await) }),
+        }
+    }
+}
 
 impl<S, B> tower::Service<Admitted<B>> for Idempotent<S>
 where
@@ -94,7 +158,7 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Stage<S::Future, Keyed>;
+    type Future = Step<S::Future, Keyed>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -117,7 +181,7 @@ where
             conn,
         };
         if !keyed {
-            return Stage::Passed {
+            return Step::Passed {
                 fut: self.inner.call(a),
             };
         }
@@ -125,7 +189,7 @@ where
         let inner = self.inner.clone();
         // Boxed: its future is larger than the rest of the request's, which hyper moves
         // whole as it sets it up.
-        Stage::Keyed {
+        Step::Keyed {
             fut: Box::pin(async move { Ok(state.handle(inner, a).await) }),
         }
     }

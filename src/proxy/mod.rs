@@ -25,7 +25,6 @@ use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
-use tower::Service;
 
 use crate::config::{Config, ProofMode};
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
@@ -213,7 +212,7 @@ pin_project_lite::pin_project! {
 
 impl<P, L> Future for Handled<P, L>
 where
-    P: Future<Output = Result<Response<Body>, std::convert::Infallible>>,
+    P: Future<Output = Response<Body>>,
     L: Future<Output = Response<Body>>,
 {
     type Output = Response<Body>;
@@ -223,10 +222,7 @@ where
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Response<Body>> {
         match self.project() {
-            HandledProj::Plain { fut } => fut.poll(cx).map(|r| match r {
-                Ok(resp) => resp,
-                Err(never) => match never {},
-            }),
+            HandledProj::Plain { fut } => fut.poll(cx),
             HandledProj::Logged { fut } => fut.poll(cx),
         }
     }
@@ -314,17 +310,16 @@ impl Proxy {
         peer: SocketAddr,
         tls: bool,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
-        // The stack's services are always ready (they refuse by answering), so it is
-        // called without a `poll_ready` first.
-        let mut stack = self.stack.clone().on_connection(Conn { peer, tls });
+        // Through the stages' unboxed futures (see `fence::Stage`), not `Service::call`.
+        let conn = Conn { peer, tls };
         if self.refusals().access.is_on() {
             // Boxed: the logged path's state stays out of the unlogged request's future.
             Handled::Logged {
-                fut: Box::pin(self.handle_logged(stack, req, peer)),
+                fut: Box::pin(self.handle_logged(req, conn)),
             }
         } else {
             Handled::Plain {
-                fut: stack.call(req),
+                fut: self.stack.serve(req, conn),
             }
         }
     }
@@ -333,12 +328,8 @@ impl Proxy {
     /// upstream and returned, and the request's line is queued when its response head is
     /// ready (so `duration_ms` is time to the response head, and `bytes` the body's length
     /// when known then).
-    async fn handle_logged(
-        &self,
-        mut stack: Stack,
-        mut req: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Response<Body> {
+    async fn handle_logged(&self, mut req: Request<Incoming>, conn: Conn) -> Response<Body> {
+        let peer = conn.peer;
         let access = &self.refusals().access;
         let started = Instant::now();
         let time = std::time::SystemTime::now();
@@ -346,10 +337,7 @@ impl Proxy {
         req.headers_mut()
             .insert(crate::access_log::X_REQUEST_ID, id.clone());
         let method = req.method().clone();
-        let mut resp = match stack.call(req).await {
-            Ok(resp) => resp,
-            Err(never) => match never {},
-        };
+        let mut resp = self.stack.serve(req, conn).await;
         let note = resp
             .extensions_mut()
             .remove::<fence::Note>()
