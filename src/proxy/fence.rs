@@ -15,6 +15,7 @@
 //!   (not forwarded, settle on a lost exchange) as the upstream exchange goes. No
 //!   extension map is allocated on the hot path.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -402,71 +403,25 @@ impl<S> Fence<S, Typed> {
 
 impl<S, B> Service<Request<B>> for Fence<S, Typed>
 where
-    S: Service<Admitted<B>, Response = Response<Body>> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Stage<B> + Clone + 'static,
     B: http_body::Body + Send + 'static,
 {
     type Response = Response<Body>;
-    type Error = S::Error;
-    // Boxed: one allocation per request, and a small future for hyper to move around
-    // (the gate's wait and the exchange are large).
-    type Future = Boxed<Response<Body>, S::Error>;
+    type Error = Infallible;
+    type Future = Boxed<Response<Body>, Infallible>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
+    /// [`Fence::serve`] on a clone of this service, for a caller that needs a `Service`.
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let shared = self.shared.clone();
-        let mut inner = self.inner.clone();
+        let this = self.clone();
         let conn = self.conn;
         Box::pin(async move {
             let conn =
                 conn.unwrap_or_else(|| req.extensions().get::<Conn>().copied().unwrap_or_default());
-            let table = shared.table.load_full();
-            let op = Op::of(req.method());
-            let classified = super::classify(&table.config, &req);
-            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
-                Ok(plan) => plan,
-                Err((route, outcome)) => {
-                    let asked = Asked {
-                        headers: req.headers(),
-                        peer: conn.peer,
-                        unread_body: unread(&req),
-                    };
-                    return Ok(shared
-                        .refusals
-                        .refuse(&table, route, op, outcome, Some(asked)));
-                }
-            };
-            if !shared.refusals.access.is_on() {
-                return inner
-                    .call(Admitted {
-                        req,
-                        table,
-                        plan,
-                        conn,
-                    })
-                    .await;
-            }
-            let mut note = Note {
-                route: Some(table.config.routes[plan.route].name.clone()),
-                scope: plan.scope.clone(),
-                token: plan.token,
-                ..Note::default()
-            };
-            let sent = Instant::now();
-            let mut resp = inner
-                .call(Admitted {
-                    req,
-                    table,
-                    plan,
-                    conn,
-                })
-                .await?;
-            note.upstream = Some(sent.elapsed());
-            resp.extensions_mut().insert(note);
-            Ok(resp)
+            Ok(this.serve(req, conn).await)
         })
     }
 }
@@ -593,7 +548,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::convert::Infallible;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -711,5 +665,54 @@ upstream = "u"
         let second = second.await.unwrap().unwrap();
         assert_eq!(second.headers()[FENCING_RESULT], "accepted");
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// Records what the typed handoff brings: the plan with its guard.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<(Option<String>, Option<Token>, bool)>>>);
+
+    impl Stage<http_body_util::Empty<Bytes>> for Recorder {
+        fn serve(
+            &self,
+            a: Admitted<http_body_util::Empty<Bytes>>,
+        ) -> impl Future<Output = Response<Body>> + Send + '_ {
+            let Admitted { mut plan, .. } = a;
+            let held = plan.guard.is_some();
+            if let Some(g) = plan.guard.as_mut() {
+                g.complete();
+            }
+            self.0.lock().unwrap().push((plan.scope, plan.token, held));
+            std::future::ready(Response::new(Body::default()))
+        }
+    }
+
+    /// The binary's handoff, called as a tower `Service`: an admitted request reaches the
+    /// inner stage with its plan and guard; a stale one is answered by the layer.
+    #[tokio::test]
+    async fn the_typed_fence_hands_the_plan_on_and_refuses_stale_tokens_itself() {
+        let config = Config::parse(CONFIG, std::path::Path::new(".")).unwrap();
+        let metrics = Arc::new(Metrics::new(["docs".to_string()]));
+        let store =
+            MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let gates = Arc::new(Gates::new(
+            store,
+            metrics.clone(),
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ));
+        let refusals = Arc::new(Refusals::new(metrics, AccessLog::off()));
+        let inner = Recorder::default();
+        let mut fence =
+            FenceLayer::<Typed>::with(Arc::new(config), gates, refusals).layer(inner.clone());
+        let ok = fence.call(put("5")).await.unwrap();
+        assert_eq!(ok.status(), http::StatusCode::OK);
+        let stale = fence.call(put("4")).await.unwrap();
+        assert_eq!(stale.status(), http::StatusCode::CONFLICT);
+        assert_eq!(stale.headers()[FENCING_RESULT], "stale_fence");
+        let seen = inner.0.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            vec![(Some("doc/a".to_string()), Some(Token::new(0, 5)), true)]
+        );
     }
 }
