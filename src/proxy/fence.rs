@@ -338,8 +338,9 @@ pub(crate) trait Stage<B>: Send + Sync {
 }
 
 impl<S> Fence<S, Typed> {
-    /// The binary's way in (see [`Stage`]): the same steps as its `Service::call`,
-    /// without a clone or a box.
+    /// The binary's way in (see [`Stage`]): without a clone or a box. (A plain function
+    /// returning its future, as the stages' own.)
+    #[allow(clippy::manual_async_fn)]
     pub(crate) fn serve<B>(
         &self,
         req: Request<B>,
@@ -669,7 +670,10 @@ upstream = "u"
 
     /// Records what the typed handoff brings: the plan with its guard.
     #[derive(Clone, Default)]
-    struct Recorder(Arc<Mutex<Vec<(Option<String>, Option<Token>, bool)>>>);
+    struct Recorder(Arc<Mutex<Vec<Handed>>>);
+
+    /// Scope, token, and whether a guard came with the plan.
+    type Handed = (Option<String>, Option<Token>, bool);
 
     impl Stage<http_body_util::Empty<Bytes>> for Recorder {
         fn serve(
