@@ -283,7 +283,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     let housekeeping = app.clone();
     let sweeper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
-        let mut collect = tokio::time::interval(crate::idempotency::COLLECT_EVERY);
+        let mut collect = tokio::time::interval(crate::proxy::idempotency::COLLECT_EVERY);
         loop {
             tokio::select! {
                 _ = tick.tick() => gates.sweep(),

@@ -8,14 +8,16 @@
 //!   HTTP/2 idle and send bounds, graceful drain; serves any handler
 //! - [`tls`]: HTTPS on the listeners (optional client certificates, files re-read on
 //!   SIGHUP) and the client side of https upstreams
-//! - [`proxy`]: the service the proxy listener runs: classify, the fence and idempotency
-//!   in front of the forwarder, every response of its own (SPEC §4)
+//! - [`proxy`]: the pipeline as tower layers over the forwarder, and every response of
+//!   fencegate's own (SPEC §4): [`proxy::fence`] (routing, token, gate, refusals: the
+//!   [`FenceLayer`](proxy::fence::FenceLayer) a Rust service can put in front of its own
+//!   handlers), [`proxy::idempotency`] (`Idempotency-Key` records per scope: fingerprint,
+//!   durable claim, replay, expiry), [`proxy::forward`] (the upstream exchange),
+//!   [`proxy::upstream`] (the pool and the lean HTTP/1.1 exchange)
 //! - [`route`]: canonical paths, route templates, scope rendering (SPEC §2)
 //! - [`token`]: the `Fencing-Token` grammar and order (SPEC §1); [`proof`]: the
 //!   authority's Ed25519 proofs that a token was issued for a scope (SPEC §9)
 //! - [`fence`]: the decision table and the per-scope gates (SPEC §3)
-//! - [`idempotency`]: `Idempotency-Key` records per scope: fingerprint, durable claim,
-//!   replay, expiry
 //! - [`store`]: the durable marks in redb and their write-ahead journal
 //!
 //! Beside the request path:
@@ -41,7 +43,6 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod fence;
-pub mod idempotency;
 pub mod listen;
 pub mod metrics;
 pub mod proof;

@@ -5,7 +5,7 @@
 //! Each section owns its raw and validated types and its checks, beside the code that uses
 //! it: `[server]` ([`crate::listen::config`]), `[admin]` ([`crate::admin::config`]), `[store]`
 //! ([`crate::store::config`]), `[fencing]` ([`crate::fence::config`]), `[[upstream]]` and `[[route]]`
-//! ([`crate::proxy::config`]), `[idempotency]` ([`crate::idempotency::config`]),
+//! ([`crate::proxy::config`]), `[idempotency]` ([`crate::proxy::idempotency::config`]),
 //! `[authority]` ([`crate::authority::config`]), `[log]` ([`crate::access_log`]), the
 //! `tls` tables ([`crate::tls`]). This module assembles them in two steps: [`Draft::parse`]
 //! reads the text and nothing else; [`Draft::load`] reads the files it names
@@ -28,12 +28,12 @@ use crate::authority::config::AuthorityDraft;
 pub use crate::fence::config::FencingConfig;
 use crate::fence::config::{FencingDraft, RawFencing};
 pub use crate::fence::policy::EqualPolicy;
-pub use crate::idempotency::config::IdempotencyConfig;
-use crate::idempotency::config::RawIdempotency;
 pub use crate::listen::config::{IpNet, ServerConfig};
 use crate::listen::config::{RawServer, ServerDraft};
 pub use crate::proxy::config::{ProofMode, Route, Upstream};
 use crate::proxy::config::{RouteContext, UpstreamDraft};
+pub use crate::proxy::idempotency::config::IdempotencyConfig;
+use crate::proxy::idempotency::config::RawIdempotency;
 pub use crate::store::config::StoreConfig;
 use error::Errors;
 pub use error::{ConfigError, ConfigErrors};
@@ -234,7 +234,7 @@ impl Config {
                 continue;
             }
             if r.equal == EqualPolicy::Reject
-                && r.idempotency != crate::idempotency::config::Mode::Off
+                && r.idempotency != crate::proxy::idempotency::config::Mode::Off
             {
                 out.push(format!(
                     "route `{}`: idempotency with equal = \"reject\": a retry with the same token is stale_fence before its Idempotency-Key is looked at, so keys replay nothing here",

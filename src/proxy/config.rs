@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::config::error::Errors;
 use crate::config::value::{array, duration, parse_size, section};
 use crate::fence::policy::EqualPolicy;
-use crate::idempotency::config::{Mode, OnUnknown};
+use crate::proxy::idempotency::config::{Mode, OnUnknown};
 use crate::route::{PathTemplate, RouteMatch, ScopeTemplate};
 use crate::tls::{RawUpstreamTls, UpstreamTls, UpstreamTlsFiles};
 

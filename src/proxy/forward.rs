@@ -778,6 +778,55 @@ where
     }
 }
 
+/// The forwarder as the binary calls it (see [`crate::proxy::fence::Stage`]).
+impl crate::proxy::fence::Stage<Body> for super::Forwarder {
+    #[inline]
+    fn serve(
+        &self,
+        a: crate::proxy::fence::Admitted<Body>,
+    ) -> impl Future<Output = Response<Body>> + Send + '_ {
+        let crate::proxy::fence::Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        } = a;
+        async move { self.forward(&table, req, plan, conn.peer, conn.tls).await }
+    }
+}
+
+/// The forwarder as the innermost service of the stack: an admitted request's upstream
+/// exchange. Always ready; its refusals are responses.
+impl tower::Service<crate::proxy::fence::Admitted<Body>> for super::Forwarder {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    // Boxed: the exchange's future is large, and the fence's (which holds this one)
+    // would be that large.
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<Response<Body>, std::convert::Infallible>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), std::convert::Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, a: crate::proxy::fence::Admitted<Body>) -> Self::Future {
+        let fwd = self.clone();
+        Box::pin(async move {
+            let crate::proxy::fence::Admitted {
+                req,
+                table,
+                plan,
+                conn,
+            } = a;
+            Ok(fwd.forward(&table, req, plan, conn.peer, conn.tls).await)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,16 @@
-//! The proxy service: one request's way through, each stage one function.
+//! The proxy service: one request's way through, as tower layers over the forwarder.
 //!
-//! canonicalize → route → token and scope → gate (durable advance, drain, settle)
-//! → [idempotency record] → forward → response with `Fencing-Result`. Every refusal goes
-//! through [`problem::Outcome`], the one place that makes fencegate's own responses.
+//! [`fence::FenceLayer`]: canonicalize → route → token and scope → gate (durable
+//! advance, drain, settle); then [`idempotency::IdempotencyLayer`] (the record, for
+//! routes with it on); then the `Forwarder`, the innermost service → response with
+//! `Fencing-Result`. Every refusal goes through [`problem::Outcome`], the one place that
+//! makes fencegate's own responses, and is counted in one place,
+//! `fence::Refusals::refuse`.
 
 pub mod config;
+pub mod fence;
 pub mod forward;
+pub mod idempotency;
 pub mod problem;
 pub mod upstream;
 
@@ -15,7 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::BodyExt;
@@ -23,10 +27,11 @@ use hyper::body::Incoming;
 
 use crate::config::{Config, ProofMode};
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
-use crate::idempotency::{self, Idempotency};
 use crate::metrics::{Metrics, Op, RouteRow};
 use crate::route;
 use crate::token::Token;
+use fence::{Conn, Fence, FenceLayer, Refusals, Typed};
+use idempotency::{Idempotency, IdempotencyLayer, Idempotent};
 pub use problem::{FENCING_RESULT, Outcome};
 
 pub use crate::body::{Body, BoxError};
@@ -91,9 +96,9 @@ enum Destination {
 /// the request reached, whatever host the header names, so another host is refused).
 /// `X-Original-URL` and `X-Rewrite-URL` are refused outright on every route. Called only
 /// when [`HeadScan`] saw one of these names.
-fn destination(
+fn destination<B>(
     config: &Config,
-    req: &Request<Incoming>,
+    req: &Request<B>,
     host: Option<&str>,
     seen: Seen<'_>,
 ) -> Result<Destination, String> {
@@ -148,27 +153,50 @@ pub struct Table {
     /// By upstream index: the own client of each https upstream (`None` for http ones,
     /// which share the forwarder's). Rebuilt with the table, so new TLS files apply.
     clients: Vec<Option<forward::Client>>,
+    /// Where the refusals of requests under this table are counted.
+    refusals: Arc<Refusals>,
 }
 
 impl Table {
+    pub(crate) fn new(config: Arc<Config>, refusals: &Arc<Refusals>) -> Table {
+        let rows = config
+            .routes
+            .iter()
+            .map(|r| refusals.metrics.row(&r.name))
+            .collect();
+        let clients = config
+            .upstreams
+            .iter()
+            .map(|u| u.tls.as_ref().map(forward::client))
+            .collect();
+        Table {
+            config,
+            rows,
+            clients,
+            refusals: refusals.clone(),
+        }
+    }
+
     /// Counts one request of route `route` and method `op` under `result`.
     pub fn count(&self, route: usize, op: Op, result: &str) {
         self.rows[route].count(op, result);
     }
+
+    /// Refuses a routed request after admission (see [`Refusals::refuse`]).
+    pub(crate) fn refuse(&self, route: usize, op: Op, outcome: Outcome) -> Response<Body> {
+        self.refusals.refuse(self, Some(route), op, outcome, None)
+    }
 }
 
+/// The binary's pipeline: the fence over idempotency over the forwarder.
+type Stack = Fence<Idempotent<Forwarder>, Typed>;
+
 pub struct Proxy {
-    table: ArcSwap<Table>,
     pub gates: Arc<Gates>,
     pub metrics: Arc<Metrics>,
-    /// What forwarding needs; cloneable so an idempotent request can finish in a task of
-    /// its own when its client goes away.
-    forwarder: Forwarder,
-    idempotency: Idempotency,
-    /// `[log] access`; off unless [`Proxy::with_access_log`] set it.
-    access: crate::access_log::AccessLog,
-    /// Warnings for stale and unproven tokens, logged whether the access log is on or not.
-    refusals: crate::access_log::RefusalWarnings,
+    stack: Stack,
+    /// The idempotency stage's records and memory budget (also the stack's).
+    idempotency: Arc<Idempotency>,
 }
 
 pin_project_lite::pin_project! {
@@ -198,19 +226,6 @@ where
     }
 }
 
-/// What the access log records of a request beyond its head and response.
-#[derive(Default)]
-struct Note {
-    id: Option<HeaderValue>,
-    route: Option<usize>,
-    scope: Option<String>,
-    token: Option<Token>,
-    highest: Option<Token>,
-    /// From admission to the response head: the upstream exchange, with reading a small
-    /// request body whole before it.
-    upstream: Option<Duration>,
-}
-
 /// Where a request stands after the checks: forward it, fenced or not.
 pub(crate) struct Plan {
     pub(crate) route: usize,
@@ -224,83 +239,85 @@ pub(crate) struct Plan {
 
 impl Proxy {
     pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
+        Proxy::build(config, gates, metrics, crate::access_log::AccessLog::off())
+    }
+
+    fn build(
+        config: Arc<Config>,
+        gates: Arc<Gates>,
+        metrics: Arc<Metrics>,
+        access: crate::access_log::AccessLog,
+    ) -> Proxy {
         let max_buffered = config.idempotency.max_buffered;
-        let table = Proxy::table(config, &metrics);
-        let idempotency = Idempotency::new(gates.store().clone(), max_buffered);
-        Proxy {
-            table: ArcSwap::from_pointee(table),
-            gates,
-            forwarder: Forwarder {
+        let idempotency = Arc::new(Idempotency::new(gates.store().clone(), max_buffered));
+        let refusals = Arc::new(Refusals::new(metrics.clone(), access));
+        let stack = tower::ServiceBuilder::new()
+            // First, the fence: nothing below sees a request that is unrouted, unsafe to
+            // pass, or not admitted at its scope's gate.
+            .layer(FenceLayer::<Typed>::with(config, gates.clone(), refusals))
+            // Under it, idempotency: a key is looked at only for an admitted generation
+            // (a stale retry is refused, never replayed).
+            .layer(IdempotencyLayer::new(idempotency.clone()))
+            // Innermost, the upstream exchange, which settles the gate's guard.
+            .service(Forwarder {
                 metrics: metrics.clone(),
-            },
+            });
+        Proxy {
+            gates,
             metrics,
+            stack,
             idempotency,
-            access: crate::access_log::AccessLog::off(),
-            refusals: crate::access_log::RefusalWarnings::default(),
         }
     }
 
     /// The access log to write to (opened by the caller, which reports a bad file).
-    pub fn with_access_log(mut self, log: crate::access_log::AccessLog) -> Proxy {
-        self.access = log;
-        self
+    pub fn with_access_log(self, log: crate::access_log::AccessLog) -> Proxy {
+        Proxy::build(self.config(), self.gates, self.metrics, log)
+    }
+
+    fn refusals(&self) -> &Refusals {
+        self.stack.refusals()
     }
 
     pub fn access_log(&self) -> &crate::access_log::AccessLog {
-        &self.access
+        &self.refusals().access
     }
 
     pub fn refusal_warnings(&self) -> &crate::access_log::RefusalWarnings {
-        &self.refusals
-    }
-
-    fn table(config: Arc<Config>, metrics: &Metrics) -> Table {
-        let rows = config.routes.iter().map(|r| metrics.row(&r.name)).collect();
-        let clients = config
-            .upstreams
-            .iter()
-            .map(|u| u.tls.as_ref().map(forward::client))
-            .collect();
-        Table {
-            config,
-            rows,
-            clients,
-        }
+        &self.refusals().warnings
     }
 
     /// New routes and upstreams for every request that starts from now on; requests
     /// under way finish with the table they started with.
     pub fn reload(&self, config: Arc<Config>) {
-        self.table
-            .store(Arc::new(Proxy::table(config, &self.metrics)));
+        self.stack.layer().reload(config);
     }
 
     pub fn config(&self) -> Arc<Config> {
-        self.table.load().config.clone()
+        self.stack.layer().config()
     }
 
     pub fn idempotency(&self) -> &Idempotency {
         &self.idempotency
     }
 
-    /// A request's answer. (A plain function returning its future: an `async fn` would
-    /// keep a second copy of its arguments in the future, which every request moves.)
-    #[allow(clippy::manual_async_fn)]
+    /// A request's answer, from the stack (a plain function returning its future).
     pub fn handle(
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
         tls: bool,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
-        // Not an `async` block around either: it would hold the request a second time.
-        if self.access.is_on() {
+        // Through the stages' unboxed futures (see `fence::Stage`), not `Service::call`.
+        let conn = Conn { peer, tls };
+        if self.refusals().access.is_on() {
             // Boxed: the logged path's state stays out of the unlogged request's future.
             Handled::Logged {
-                fut: Box::pin(self.handle_logged(req, peer, tls)),
+                fut: Box::pin(self.handle_logged(req, conn)),
             }
         } else {
             Handled::Plain {
-                fut: self.serve(self.table.load_full(), req, peer, tls, None),
+                fut: self.stack.serve(req, conn),
             }
         }
     }
@@ -309,26 +326,20 @@ impl Proxy {
     /// upstream and returned, and the request's line is queued when its response head is
     /// ready (so `duration_ms` is time to the response head, and `bytes` the body's length
     /// when known then).
-    async fn handle_logged(
-        &self,
-        mut req: Request<Incoming>,
-        peer: SocketAddr,
-        tls: bool,
-    ) -> Response<Body> {
+    async fn handle_logged(&self, mut req: Request<Incoming>, conn: Conn) -> Response<Body> {
+        let peer = conn.peer;
+        let access = &self.refusals().access;
         let started = Instant::now();
         let time = std::time::SystemTime::now();
-        let id = self.access.request_id(req.headers());
+        let id = access.request_id(req.headers());
         req.headers_mut()
             .insert(crate::access_log::X_REQUEST_ID, id.clone());
         let method = req.method().clone();
-        let table = self.table.load_full();
-        let mut note = Note {
-            id: Some(id.clone()),
-            ..Note::default()
-        };
-        let mut resp = self
-            .serve(table.clone(), req, peer, tls, Some(&mut note))
-            .await;
+        let mut resp = self.stack.serve(req, conn).await;
+        let note = resp
+            .extensions_mut()
+            .remove::<fence::Note>()
+            .unwrap_or_default();
         resp.headers_mut()
             .insert(crate::access_log::X_REQUEST_ID, id.clone());
         let result = match resp.headers().get(FENCING_RESULT) {
@@ -340,7 +351,7 @@ impl Proxy {
             request_id: id.as_bytes(),
             peer,
             method: method.as_str(),
-            route: note.route.map(|i| table.config.routes[i].name.as_str()),
+            route: note.route.as_deref(),
             scope: note.scope.as_deref(),
             token: note.token,
             highest: note.highest,
@@ -350,336 +361,213 @@ impl Proxy {
             duration: started.elapsed(),
             upstream: note.upstream,
         };
-        self.access.write(entry.line());
+        access.write(entry.line());
         resp
-    }
-
-    /// The request's way through, noting for the access log when `note` is given. (A
-    /// plain function returning its future, as [`Proxy::handle`].)
-    #[allow(clippy::manual_async_fn)]
-    fn serve<'a>(
-        &'a self,
-        table: Arc<Table>,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        tls: bool,
-        mut note: Option<&'a mut Note>,
-    ) -> impl Future<Output = Response<Body>> + Send + 'a {
-        async move {
-            let plan = match self.check(&table.config, &req).await {
-                Ok(plan) => plan,
-                Err((route, outcome)) => {
-                    let op = Op::of(req.method());
-                    match route {
-                        Some(i) => table.rows[i].count(op, outcome.result()),
-                        None => self.metrics.count_unrouted(op, outcome.result()),
-                    }
-                    let warned = matches!(
-                        outcome,
-                        Outcome::Stale { .. } | Outcome::InvalidProof { .. }
-                    );
-                    let id = if warned || note.is_some() {
-                        self.noted_refusal(&table, &req, peer, route, &outcome, note.as_deref_mut())
-                    } else {
-                        None
-                    };
-                    let mut resp = outcome.into_response();
-                    if let Some(id) = id {
-                        resp.headers_mut()
-                            .insert(crate::access_log::X_REQUEST_ID, id);
-                    }
-                    // Refused before its body was read: hyper closes the connection after
-                    // the answer, which says so, or a keep-alive client would send its next
-                    // request into the close.
-                    if req.version() < http::Version::HTTP_2
-                        && !hyper::body::Body::is_end_stream(req.body())
-                    {
-                        resp.headers_mut()
-                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                    }
-                    return resp;
-                }
-            };
-            if let Some(n) = note.as_deref_mut() {
-                n.route = Some(plan.route);
-                n.scope.clone_from(&plan.scope);
-                n.token = plan.token;
-            }
-            let req = req.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed());
-            let route = &table.config.routes[plan.route];
-            let sent = note.is_some().then(Instant::now);
-            let resp = if plan.guard.is_some() && route.idempotency != idempotency::Mode::Off {
-                // Boxed: its future is larger than the rest of this one's, and would make every
-                // request's future (moved whole as hyper sets it up) that large.
-                Box::pin(self.idempotency.handle(
-                    &self.forwarder,
-                    table.clone(),
-                    req,
-                    plan,
-                    peer,
-                    tls,
-                ))
-                .await
-            } else {
-                self.forwarder.forward(&table, req, plan, peer, tls).await
-            };
-            if let (Some(n), Some(sent)) = (note, sent) {
-                n.upstream = Some(sent.elapsed());
-            }
-            resp
-        }
-    }
-
-    /// A refusal made before forwarding, for the access log's note and (`stale_fence`,
-    /// `invalid_proof`) the rate-limited warning. Returns the request id when one was
-    /// made here, for the response.
-    fn noted_refusal(
-        &self,
-        table: &Table,
-        req: &Request<Incoming>,
-        peer: SocketAddr,
-        route: Option<usize>,
-        outcome: &Outcome,
-        note: Option<&mut Note>,
-    ) -> Option<HeaderValue> {
-        let (scope, token, highest) = outcome.fields();
-        let made;
-        let id = match note.as_ref().and_then(|n| n.id.as_ref()) {
-            Some(id) => id,
-            None => {
-                made = self.access.request_id(req.headers());
-                &made
-            }
-        };
-        if let (Some(scope), Some(token), Outcome::Stale { .. } | Outcome::InvalidProof { .. }) =
-            (scope, token, outcome)
-        {
-            self.refusals.warn(&crate::access_log::Refused {
-                result: outcome.result(),
-                scope,
-                token: *token,
-                highest,
-                peer,
-                route: route.map_or("-", |i| table.config.routes[i].name.as_str()),
-                request_id: id.to_str().unwrap_or("-"),
-            });
-        }
-        let id = id.clone();
-        match note {
-            Some(n) => {
-                n.route = route;
-                n.scope = scope.cloned();
-                n.token = token.copied();
-                n.highest = highest;
-                None
-            }
-            None => Some(id),
-        }
-    }
-
-    /// Everything before forwarding: refuse what is unsafe, admit what is fenced.
-    async fn check(
-        &self,
-        config: &Config,
-        req: &Request<Incoming>,
-    ) -> Result<Plan, (Option<usize>, Outcome)> {
-        // Decided without waiting, so that only what admission needs is kept in this
-        // future (and in every request's) while the gate is awaited.
-        let Fenced {
-            route: idx,
-            equal,
-            scope,
-            token,
-            proof,
-        } = match self.classify(config, req)? {
-            Classified::Unfenced(plan) => return Ok(plan),
-            Classified::Fenced(fenced) => fenced,
-        };
-        let proof = proof.as_ref().map(|v| Proof {
-            keys: &config.fencing.proof_keys,
-            bytes: v.as_bytes(),
-        });
-        let admission = match self.gates.admit_proved(&scope, token, equal, proof).await {
-            Ok(a) => a,
-            Err(refusal) => return Err((Some(idx), refused(refusal, scope, token))),
-        };
-        Ok(Plan {
-            route: idx,
-            op: Op::of(req.method()),
-            guard: Some(admission.guard),
-            scope: Some(scope),
-            token: Some(token),
-        })
-    }
-
-    /// [`Proxy::check`] up to the gate: routes the request, refuses what is unsafe, and
-    /// says what a fenced request asks the gate for.
-    fn classify(
-        &self,
-        config: &Config,
-        req: &Request<Incoming>,
-    ) -> Result<Classified, (Option<usize>, Outcome)> {
-        if req.method() == Method::CONNECT {
-            return Err((None, Outcome::MethodNotAllowed));
-        }
-        // h2 always carries scheme and authority; in HTTP/1.x they mean absolute form. An
-        // h2 `:path` must begin with `/` too: `?x` would be routed as `/` and forwarded as
-        // `?x`, another target than the one classified.
-        if (req.version() < http::Version::HTTP_2 && req.uri().scheme().is_some())
-            || !req
-                .uri()
-                .path_and_query()
-                .is_some_and(|p| p.as_str().starts_with('/'))
-        {
-            return Err((
-                None,
-                Outcome::InvalidPath {
-                    detail: "the request target is not in origin form".into(),
-                },
-            ));
-        }
-        let segments = route::canonicalize(req.uri().path()).map_err(|e| {
-            (
-                None,
-                Outcome::InvalidPath {
-                    detail: e.to_string(),
-                },
-            )
-        })?;
-        let head = HeadScan::of(req.headers(), &config.fencing.header);
-        if let Some(name) = head.alias {
-            return Err((
-                None,
-                Outcome::InvalidRequest {
-                    detail: format!(
-                        "header {name}: a name with `_` that backends may read as one with `-`"
-                    ),
-                },
-            ));
-        }
-        let host = request_host(req, head.host)
-            .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
-        let (idx, route, caps) =
-            route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
-        let at = |o: Outcome| (Some(idx), o);
-        if let Some(limit) = route.max_body
-            && content_length(req).is_some_and(|len| len > limit)
-        {
-            return Err(at(Outcome::PayloadTooLarge { limit }));
-        }
-        let unfenced = || {
-            Classified::Unfenced(Plan {
-                route: idx,
-                op: Op::of(req.method()),
-                guard: None,
-                scope: None,
-                token: None,
-            })
-        };
-        // A COPY or MOVE writes its Destination too: that target must be fenced by this
-        // request's own scope, or be a pass-through route's.
-        let destination = if head.retarget {
-            destination(config, req, host, head.destination)
-                .map_err(|detail| at(Outcome::InvalidRequest { detail }))?
-        } else {
-            Destination::None
-        };
-        let into_other = |theirs: &str, ours: Option<&str>| {
-            at(Outcome::InvalidRequest {
-                detail: match ours {
-                    Some(ours) => format!(
-                        "Destination is in scope {theirs}, another than the request's ({ours})"
-                    ),
-                    None => format!(
-                        "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
-                    ),
-                },
-            })
-        };
-        if !route.fenced {
-            if let Destination::Scope(theirs) = &destination {
-                return Err(into_other(theirs, None));
-            }
-            return Ok(unfenced());
-        }
-        if head.suspect {
-            refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
-        }
-        let scope = route.scope.render(&caps);
-        let token = match read_token(head.token, &config.fencing.header) {
-            Ok(Some(t)) => t,
-            Ok(None) if route.fences_method(req.method()) => {
-                return Err(at(Outcome::MissingToken { scope }));
-            }
-            // A safe method without a token is not fenced, nor may it write a fenced
-            // Destination.
-            Ok(None) => {
-                return match &destination {
-                    Destination::Scope(theirs) if *theirs == scope => {
-                        Err(at(Outcome::MissingToken { scope }))
-                    }
-                    Destination::Scope(theirs) => Err(into_other(theirs, None)),
-                    _ => Ok(unfenced()),
-                };
-            }
-            Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
-        };
-        // An admitted scope is kept in memory while hot and as a mark for good: its length
-        // is bounded (a path may be up to the head's size).
-        if scope.len() > config.fencing.max_scope_bytes {
-            return Err(at(Outcome::InvalidPath {
-                detail: format!(
-                    "the path's scope would be {} bytes, more than fencing.max_scope_bytes ({})",
-                    scope.len(),
-                    config.fencing.max_scope_bytes
-                ),
-            }));
-        }
-        check_scope_header(head.scope, &scope).map_err(|_| {
-            at(Outcome::ScopeMismatch {
-                scope: scope.clone(),
-                token,
-            })
-        })?;
-        if let Destination::Scope(theirs) = &destination
-            && *theirs != scope
-        {
-            return Err(into_other(theirs, Some(&scope)));
-        }
-        // The proof is verified at the gate (which remembers what it verified); here only
-        // whether there is exactly one.
-        let proof = match (route.proof, head.proof) {
-            (ProofMode::Off, _) => None,
-            (ProofMode::Required, Seen::One(v)) => Some(v.clone()),
-            (ProofMode::Required, seen) => {
-                return Err(at(Outcome::InvalidProof {
-                    scope,
-                    token,
-                    detail: match seen {
-                        Seen::Many => "more than one Fencing-Proof header".into(),
-                        _ => "no Fencing-Proof header".into(),
-                    },
-                }));
-            }
-        };
-        Ok(Classified::Fenced(Fenced {
-            route: idx,
-            equal: route.equal,
-            scope,
-            token,
-            proof,
-        }))
     }
 }
 
-/// What [`Proxy::classify`] found: a request to forward as it is, or one for the gate.
-enum Classified {
+/// Everything before forwarding: refuse what is unsafe ([`classify`], without waiting),
+/// admit what is fenced. Holds no reference to the request while the gate is awaited
+/// (a body need not be `Sync`), and only what admission needs.
+pub(crate) async fn check(
+    gates: &Gates,
+    config: &Config,
+    classified: Result<Classified, (Option<usize>, Outcome)>,
+    op: Op,
+) -> Result<Plan, (Option<usize>, Outcome)> {
+    let Fenced {
+        route: idx,
+        equal,
+        scope,
+        token,
+        proof,
+    } = match classified? {
+        Classified::Unfenced(plan) => return Ok(plan),
+        Classified::Fenced(fenced) => fenced,
+    };
+    let proof = proof.as_ref().map(|v| Proof {
+        keys: &config.fencing.proof_keys,
+        bytes: v.as_bytes(),
+    });
+    let admission = match gates.admit_proved(&scope, token, equal, proof).await {
+        Ok(a) => a,
+        Err(refusal) => return Err((Some(idx), refused(refusal, scope, token))),
+    };
+    Ok(Plan {
+        route: idx,
+        op,
+        guard: Some(admission.guard),
+        scope: Some(scope),
+        token: Some(token),
+    })
+}
+
+/// [`check`] up to the gate: routes the request, refuses what is unsafe, and
+/// says what a fenced request asks the gate for.
+pub(crate) fn classify<B>(
+    config: &Config,
+    req: &Request<B>,
+) -> Result<Classified, (Option<usize>, Outcome)> {
+    if req.method() == Method::CONNECT {
+        return Err((None, Outcome::MethodNotAllowed));
+    }
+    // h2 always carries scheme and authority; in HTTP/1.x they mean absolute form. An
+    // h2 `:path` must begin with `/` too: `?x` would be routed as `/` and forwarded as
+    // `?x`, another target than the one classified.
+    if (req.version() < http::Version::HTTP_2 && req.uri().scheme().is_some())
+        || !req
+            .uri()
+            .path_and_query()
+            .is_some_and(|p| p.as_str().starts_with('/'))
+    {
+        return Err((
+            None,
+            Outcome::InvalidPath {
+                detail: "the request target is not in origin form".into(),
+            },
+        ));
+    }
+    let segments = route::canonicalize(req.uri().path()).map_err(|e| {
+        (
+            None,
+            Outcome::InvalidPath {
+                detail: e.to_string(),
+            },
+        )
+    })?;
+    let head = HeadScan::of(req.headers(), &config.fencing.header);
+    if let Some(name) = head.alias {
+        return Err((
+            None,
+            Outcome::InvalidRequest {
+                detail: format!(
+                    "header {name}: a name with `_` that backends may read as one with `-`"
+                ),
+            },
+        ));
+    }
+    let host = request_host(req, head.host)
+        .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
+    let (idx, route, caps) =
+        route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
+    let at = |o: Outcome| (Some(idx), o);
+    if let Some(limit) = route.max_body
+        && content_length(req).is_some_and(|len| len > limit)
+    {
+        return Err(at(Outcome::PayloadTooLarge { limit }));
+    }
+    let unfenced = || {
+        Classified::Unfenced(Plan {
+            route: idx,
+            op: Op::of(req.method()),
+            guard: None,
+            scope: None,
+            token: None,
+        })
+    };
+    // A COPY or MOVE writes its Destination too: that target must be fenced by this
+    // request's own scope, or be a pass-through route's.
+    let destination = if head.retarget {
+        destination(config, req, host, head.destination)
+            .map_err(|detail| at(Outcome::InvalidRequest { detail }))?
+    } else {
+        Destination::None
+    };
+    let into_other = |theirs: &str, ours: Option<&str>| {
+        at(Outcome::InvalidRequest {
+            detail: match ours {
+                Some(ours) => {
+                    format!("Destination is in scope {theirs}, another than the request's ({ours})")
+                }
+                None => format!(
+                    "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
+                ),
+            },
+        })
+    };
+    if !route.fenced {
+        if let Destination::Scope(theirs) = &destination {
+            return Err(into_other(theirs, None));
+        }
+        return Ok(unfenced());
+    }
+    if head.suspect {
+        refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+    }
+    let scope = route.scope.render(&caps);
+    let token = match read_token(head.token, &config.fencing.header) {
+        Ok(Some(t)) => t,
+        Ok(None) if route.fences_method(req.method()) => {
+            return Err(at(Outcome::MissingToken { scope }));
+        }
+        // A safe method without a token is not fenced, nor may it write a fenced
+        // Destination.
+        Ok(None) => {
+            return match &destination {
+                Destination::Scope(theirs) if *theirs == scope => {
+                    Err(at(Outcome::MissingToken { scope }))
+                }
+                Destination::Scope(theirs) => Err(into_other(theirs, None)),
+                _ => Ok(unfenced()),
+            };
+        }
+        Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
+    };
+    // An admitted scope is kept in memory while hot and as a mark for good: its length
+    // is bounded (a path may be up to the head's size).
+    if scope.len() > config.fencing.max_scope_bytes {
+        return Err(at(Outcome::InvalidPath {
+            detail: format!(
+                "the path's scope would be {} bytes, more than fencing.max_scope_bytes ({})",
+                scope.len(),
+                config.fencing.max_scope_bytes
+            ),
+        }));
+    }
+    check_scope_header(head.scope, &scope).map_err(|_| {
+        at(Outcome::ScopeMismatch {
+            scope: scope.clone(),
+            token,
+        })
+    })?;
+    if let Destination::Scope(theirs) = &destination
+        && *theirs != scope
+    {
+        return Err(into_other(theirs, Some(&scope)));
+    }
+    // The proof is verified at the gate (which remembers what it verified); here only
+    // whether there is exactly one.
+    let proof = match (route.proof, head.proof) {
+        (ProofMode::Off, _) => None,
+        (ProofMode::Required, Seen::One(v)) => Some(v.clone()),
+        (ProofMode::Required, seen) => {
+            return Err(at(Outcome::InvalidProof {
+                scope,
+                token,
+                detail: match seen {
+                    Seen::Many => "more than one Fencing-Proof header".into(),
+                    _ => "no Fencing-Proof header".into(),
+                },
+            }));
+        }
+    };
+    Ok(Classified::Fenced(Fenced {
+        route: idx,
+        equal: route.equal,
+        scope,
+        token,
+        proof,
+    }))
+}
+
+/// What [`classify`] found: a request to forward as it is, or one for the gate.
+pub(crate) enum Classified {
     Unfenced(Plan),
     Fenced(Fenced),
 }
 
 /// A fenced request on its way to the gate.
-struct Fenced {
+pub(crate) struct Fenced {
     route: usize,
     equal: crate::config::EqualPolicy,
     scope: String,
@@ -744,10 +632,7 @@ impl Forwarder {
             let upstream_index = config.routes[route].upstream;
             let upstream = &config.upstreams[upstream_index];
             let tls_client = table.clients[upstream_index].as_ref();
-            let fail = |outcome: Outcome| {
-                row.count(op, outcome.result());
-                outcome.into_response()
-            };
+            let fail = |outcome: Outcome| table.refuse(route, op, outcome);
             let trusted = config
                 .server
                 .trusted_proxies
@@ -908,21 +793,9 @@ impl Forwarder {
             }
         }
     }
-
-    /// Counts a refusal made after routing (the idempotency stage uses it).
-    pub(crate) fn refuse(
-        &self,
-        table: &Table,
-        route: usize,
-        op: Op,
-        outcome: Outcome,
-    ) -> Response<Body> {
-        table.rows[route].count(op, outcome.result());
-        outcome.into_response()
-    }
 }
 
-fn content_length(req: &Request<Incoming>) -> Option<u64> {
+fn content_length<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
         .get(header::CONTENT_LENGTH)?
         .to_str()
@@ -1049,7 +922,7 @@ fn underscore_alias(name: &str, token_name: &str) -> bool {
 /// authority is refused, and so is an HTTP/1.1 or HTTP/2 request that names none (RFC 9112
 /// §3.2: an upstream would fill in its own). Only HTTP/1.0 may leave it out (`None`: no
 /// `host =` route matches).
-fn request_host<'a>(req: &'a Request<Incoming>, host: Seen<'a>) -> Result<Option<&'a str>, String> {
+fn request_host<'a, B>(req: &'a Request<B>, host: Seen<'a>) -> Result<Option<&'a str>, String> {
     let bad = |what: &str, e: &str| format!("{what} is not a valid host: {e}");
     let header = match host {
         Seen::Many => return Err("more than one Host header".into()),
@@ -1077,7 +950,7 @@ fn request_host<'a>(req: &'a Request<Incoming>, host: Seen<'a>) -> Result<Option
 
 /// Method overrides and upgrades would carry a request past the fence; refuse them.
 /// Called only when [`HeadScan`] saw one of the names it looks for.
-fn refuse_unfenceable(req: &Request<Incoming>) -> Result<(), String> {
+fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), String> {
     if let Some(h) = METHOD_OVERRIDES
         .iter()
         .find(|h| req.headers().contains_key(*h))

@@ -5,7 +5,8 @@
 //! with a fingerprint of the request before it is forwarded; the upstream's response is
 //! stored when it completes and replayed to retries without reaching the upstream.
 
-use std::net::SocketAddr;
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,9 +23,185 @@ pub mod config;
 pub use config::{IdempotencyConfig, Mode, OnUnknown};
 
 use crate::fence::InflightGuard;
-use crate::proxy::{Body, BoxError, FENCING_RESULT, Forwarder, Outcome, Plan, Table};
+use crate::proxy::fence::{Admitted, Stage};
+use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan};
 use crate::rt::timer::ReadTimedOut;
 use crate::store::MarkStore;
+
+/// The idempotency stage as a layer, under the fence: a fenced, admitted request on a
+/// route with `idempotency` on is claimed, forwarded by the inner service and recorded;
+/// every other request goes to the inner service as it is.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    state: Arc<Idempotency>,
+}
+
+impl IdempotencyLayer {
+    pub fn new(state: Arc<Idempotency>) -> IdempotencyLayer {
+        IdempotencyLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for IdempotencyLayer {
+    type Service = Idempotent<S>;
+
+    fn layer(&self, inner: S) -> Idempotent<S> {
+        Idempotent {
+            state: self.state.clone(),
+            inner,
+        }
+    }
+}
+
+/// [`IdempotencyLayer`]'s service. Always ready, as the inner one must be.
+#[derive(Clone)]
+pub struct Idempotent<S> {
+    state: Arc<Idempotency>,
+    inner: S,
+}
+
+pin_project_lite::pin_project! {
+    /// [`Idempotent`]'s future: the inner service's own, or the keyed exchange.
+    #[project = StepProj]
+    pub enum Step<F, K> {
+        Passed { #[pin] fut: F },
+        Keyed { #[pin] fut: K },
+    }
+}
+
+impl<F, K> Future for Step<F, K>
+where
+    F: Future<Output = Result<Response<Body>, Infallible>>,
+    K: Future<Output = Result<Response<Body>, Infallible>>,
+{
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            StepProj::Passed { fut } => fut.poll(cx),
+            StepProj::Keyed { fut } => fut.poll(cx),
+        }
+    }
+}
+
+type Keyed = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// [`Idempotent`]'s future as a [`Stage`]: the inner stage's, or the keyed exchange.
+    #[project = ServedProj]
+    pub(crate) enum Served<F> {
+        Passed { #[pin] fut: F },
+        Keyed { #[pin] fut: Keyed },
+    }
+}
+
+impl<F: Future<Output = Response<Body>>> Future for Served<F> {
+    type Output = Response<Body>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Body>> {
+        match self.project() {
+            ServedProj::Passed { fut } => fut.poll(cx),
+            ServedProj::Keyed { fut } => fut.poll(cx).map(|r| match r {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }),
+        }
+    }
+}
+
+impl<S, B> Stage<B> for Idempotent<S>
+where
+    S: Stage<Body>
+        + tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    // Inlined, as are the forwarder's and `Served::poll`: the exchange's future is then
+    // built where it is kept, not built and copied out (callgrind showed the copies).
+    #[inline]
+    fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_ {
+        let Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        } = a;
+        let req = req.map(|b| b.map_err(Into::into).boxed());
+        let keyed =
+            plan.guard.is_some() && table.config.routes[plan.route].idempotency != Mode::Off;
+        let a = Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        };
+        if !keyed {
+            return Served::Passed {
+                fut: self.inner.serve(a),
+            };
+        }
+        let state = self.state.clone();
+        let inner = self.inner.clone();
+        Served::Keyed {
+            fut: Box::pin(async move { Ok(state.handle(inner, a).await) }),
+        }
+    }
+}
+
+impl<S, B> tower::Service<Admitted<B>> for Idempotent<S>
+where
+    S: tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Step<S::Future, Keyed>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, a: Admitted<B>) -> Self::Future {
+        let Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        } = a;
+        let req = req.map(|b| b.map_err(Into::into).boxed());
+        let keyed =
+            plan.guard.is_some() && table.config.routes[plan.route].idempotency != Mode::Off;
+        let a = Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        };
+        if !keyed {
+            return Step::Passed {
+                fut: self.inner.call(a),
+            };
+        }
+        let state = self.state.clone();
+        let inner = self.inner.clone();
+        // Boxed: its future is larger than the rest of the request's, which hyper moves
+        // whole as it sets it up.
+        Step::Keyed {
+            fut: Box::pin(async move { Ok(state.handle(inner, a).await) }),
+        }
+    }
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 enum State {
@@ -204,16 +381,22 @@ impl Idempotency {
         collect_expired(&self.store, COLLECT_BATCH).await
     }
 
-    /// A fenced, admitted request on a route with idempotency on.
-    pub(crate) async fn handle(
-        &self,
-        fwd: &Forwarder,
-        table: Arc<Table>,
-        req: Request<Body>,
-        mut plan: Plan,
-        peer: SocketAddr,
-        tls: bool,
-    ) -> Response<Body> {
+    /// A fenced, admitted request on a route with idempotency on; `fwd` forwards it.
+    async fn handle<S>(&self, fwd: S, admitted: Admitted<Body>) -> Response<Body>
+    where
+        S: tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        let Admitted {
+            req,
+            table,
+            mut plan,
+            conn,
+        } = admitted;
+        let mut fwd = fwd;
         let route_idx = plan.route;
         let op = plan.op;
         let client_version = req.version();
@@ -226,7 +409,7 @@ impl Idempotency {
             if let Some(g) = plan.guard.as_mut() {
                 g.not_forwarded();
             }
-            fwd.refuse(&table, route_idx, op, outcome)
+            table.refuse(route_idx, op, outcome)
         };
         let mut keys = req.headers().get_all("idempotency-key").iter();
         let key = match (keys.next(), keys.next()) {
@@ -239,7 +422,10 @@ impl Idempotency {
                         },
                     );
                 }
-                return fwd.forward(&table, req, plan, peer, tls).await;
+                return match forward(&mut fwd, req, table.clone(), plan, conn).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                };
             }
             (Some(_), Some(_)) => {
                 return refuse(
@@ -355,7 +541,6 @@ impl Idempotency {
             .max(crate::fence::gate::MIN_COMMIT_WAIT);
         let claim_by = std::time::Instant::now() + claim_wait;
         let store = self.store.clone();
-        let fwd = fwd.clone();
         let boot = self.boot;
         let cap = settings.max_response_body;
         let budget = self.budget.clone();
@@ -365,7 +550,7 @@ impl Idempotency {
                 if let Some(g) = plan.guard.as_mut() {
                     g.not_forwarded();
                 }
-                fwd.refuse(&table, route_idx, op, outcome)
+                table.refuse(route_idx, op, outcome)
             };
             let mut replace_if = None;
             loop {
@@ -446,7 +631,10 @@ impl Idempotency {
             // The body's deadline counts from here, as the head's does in `forward`.
             let started = std::time::Instant::now();
             let req = Request::from_parts(parts, Full::new(body).map_err(|e| match e {}).boxed());
-            let resp = fwd.forward(&table, req, plan, peer, tls).await;
+            let resp = match forward(&mut fwd, req, table.clone(), plan, conn).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
             // The body's room is given back once the exchange has its answer: a body in
             // memory is kept (or queued to be written) until then, whichever way it went.
             drop(room);
@@ -580,6 +768,28 @@ impl Idempotency {
             .into_response(),
         }
     }
+}
+
+/// Hands a request to the inner service (always ready, and infallible). Boxed: a
+/// future of a generic service awaited in the spawned task would have to be proven
+/// `Send` for every lifetime, which the compiler cannot do.
+fn forward<S>(
+    fwd: &mut S,
+    req: Request<Body>,
+    table: Arc<crate::proxy::Table>,
+    plan: Plan,
+    conn: crate::proxy::fence::Conn,
+) -> Keyed
+where
+    S: tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    Box::pin(fwd.call(Admitted {
+        req,
+        table,
+        plan,
+        conn,
+    }))
 }
 
 /// Writes a record, waiting at most `wait` for the disk (a hung disk must not hold an

@@ -1,0 +1,723 @@
+//! The fence as a tower [`Layer`]: routing → token → (proof) → gate, and every refusal
+//! made a problem+json response, in front of any `Service<http::Request<_>>`.
+//!
+//! It lives under `proxy/`, not `fence/`, because it is the HTTP face of the fence: it
+//! reads request heads, routes them and answers with [`Outcome`]s, while `fence/` (the
+//! policy table, the gate, the marks) knows nothing of HTTP and imports nothing from here.
+//!
+//! Two ways to hand an admitted request on, chosen by the layer's type parameter:
+//! - [`InExtensions`] (the default, for a service that owns its storage, e.g. axum
+//!   handlers): the inner service gets the `http::Request` with a [`FencedRequest`] in
+//!   its extensions; the layer holds the gate's in-flight guard until the inner service's
+//!   response body is done, completing it when a response came back.
+//! - `Typed` (the binary's stack): the inner service gets an `Admitted` request that
+//!   carries the plan, guard included, so that the forwarder can apply the guard's rules
+//!   (not forwarded, settle on a lost exchange) as the upstream exchange goes. No
+//!   extension map is allocated on the hot path.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, header};
+use http_body::{Frame, SizeHint};
+use tower::{Layer, Service};
+
+use crate::access_log::{AccessLog, RefusalWarnings};
+use crate::config::Config;
+use crate::fence::{Gates, InflightGuard};
+use crate::metrics::{Metrics, Op};
+use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan, Table};
+use crate::token::Token;
+
+/// The connection a request came on: its peer (for `X-Forwarded-For`, the access log and
+/// warnings) and whether it was TLS. A layer serving one connection is given it (see
+/// [`Fence::on_connection`]); otherwise it is read from the request's extensions, if
+/// there.
+#[derive(Debug, Clone, Copy)]
+pub struct Conn {
+    pub peer: SocketAddr,
+    pub tls: bool,
+}
+
+impl Default for Conn {
+    fn default() -> Conn {
+        Conn {
+            peer: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            tls: false,
+        }
+    }
+}
+
+/// The handoff of [`FenceLayer`]'s default: the request, with a [`FencedRequest`] in
+/// its extensions when it was fenced.
+#[derive(Debug, Clone, Copy)]
+pub enum InExtensions {}
+
+/// The binary's handoff: an [`Admitted`] request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Typed {}
+
+/// What an [`InExtensions`] fence tells its inner service of an admitted, fenced request.
+#[derive(Debug, Clone)]
+pub struct FencedRequest {
+    /// The route's name.
+    pub route: String,
+    pub scope: String,
+    pub token: Token,
+}
+
+/// An admitted request on its way to the inner layers of the binary's stack: the plan
+/// holds the gate's guard, which goes on with the upstream exchange.
+pub(crate) struct Admitted<B> {
+    pub(crate) req: Request<B>,
+    /// The table the request was classified with (its route indexes this one).
+    pub(crate) table: Arc<Table>,
+    pub(crate) plan: Plan,
+    pub(crate) conn: Conn,
+}
+
+/// Where every refusal is counted, once: the route's metric row (or the unrouted one),
+/// the access log's note, and the rate-limited warning for `stale_fence` and
+/// `invalid_proof`. Every stage refuses through [`Refusals::refuse`] (the inner layers by
+/// [`Table::refuse`]).
+pub(crate) struct Refusals {
+    pub(crate) metrics: Arc<Metrics>,
+    /// `[log] access`; off unless set.
+    pub(crate) access: AccessLog,
+    /// Warnings for stale and unproven tokens, logged whether the access log is on or not.
+    pub(crate) warnings: RefusalWarnings,
+}
+
+/// A refused request's head, for what only the fence knows of a refusal made before
+/// anything was forwarded.
+pub(crate) struct Asked<'a> {
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) peer: SocketAddr,
+    /// An HTTP/1 request whose body was not read: the answer closes the connection.
+    pub(crate) unread_body: bool,
+}
+
+/// What the access log records of a request beyond its head and response, left in the
+/// response's extensions by the fence when the access log is on.
+#[derive(Default, Clone)]
+pub(crate) struct Note {
+    /// The route's name (the table may be swapped by the time the line is written).
+    pub(crate) route: Option<String>,
+    pub(crate) scope: Option<String>,
+    pub(crate) token: Option<Token>,
+    pub(crate) highest: Option<Token>,
+    /// From admission to the response head: the upstream exchange, with reading a small
+    /// request body whole before it.
+    pub(crate) upstream: Option<Duration>,
+}
+
+impl Refusals {
+    pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog) -> Refusals {
+        Refusals {
+            metrics,
+            access,
+            warnings: RefusalWarnings::default(),
+        }
+    }
+
+    /// The one place a refusal is counted and answered. `asked` is the request's head
+    /// when the refusal was made before anything was forwarded (the fence's): then it is
+    /// noted for the access log, warned about if stale or unproven, and answered with a
+    /// request id and (body unread) `Connection: close`.
+    pub(crate) fn refuse(
+        &self,
+        table: &Table,
+        route: Option<usize>,
+        op: Op,
+        outcome: Outcome,
+        asked: Option<Asked<'_>>,
+    ) -> Response<Body> {
+        match route {
+            Some(i) => table.count(i, op, outcome.result()),
+            None => self.metrics.count_unrouted(op, outcome.result()),
+        }
+        let Some(asked) = asked else {
+            return outcome.into_response();
+        };
+        let warned = matches!(
+            outcome,
+            Outcome::Stale { .. } | Outcome::InvalidProof { .. }
+        );
+        let logged = self.access.is_on();
+        let mut note = None;
+        let mut id = None;
+        if warned || logged {
+            let (scope, token, highest) = outcome.fields();
+            // With the access log on, the request already carries the id the log keeps.
+            let request_id = self.access.request_id(asked.headers);
+            if let (Some(scope), Some(token), true) = (scope, token, warned) {
+                self.warnings.warn(&crate::access_log::Refused {
+                    result: outcome.result(),
+                    scope,
+                    token: *token,
+                    highest,
+                    peer: asked.peer,
+                    route: route.map_or("-", |i| table.config.routes[i].name.as_str()),
+                    request_id: request_id.to_str().unwrap_or("-"),
+                });
+            }
+            if logged {
+                note = Some(Note {
+                    route: route.map(|i| table.config.routes[i].name.clone()),
+                    scope: scope.cloned(),
+                    token: token.copied(),
+                    highest,
+                    upstream: None,
+                });
+            } else {
+                id = Some(request_id);
+            }
+        }
+        let mut resp = outcome.into_response();
+        if let Some(id) = id {
+            resp.headers_mut()
+                .insert(crate::access_log::X_REQUEST_ID, id);
+        }
+        if let Some(note) = note {
+            resp.extensions_mut().insert(note);
+        }
+        // Refused before its body was read: hyper closes the connection after the answer,
+        // which says so, or a keep-alive client would send its next request into the close.
+        if asked.unread_body {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+}
+
+/// What every [`Fence`] of one layer shares.
+pub(crate) struct Shared {
+    /// The routing table in force, swapped whole on reload.
+    pub(crate) table: ArcSwap<Table>,
+    pub(crate) gates: Arc<Gates>,
+    pub(crate) refusals: Arc<Refusals>,
+}
+
+/// The fence in front of a service: see the module's documentation. Cloning it shares
+/// the routing table, gates and metrics.
+pub struct FenceLayer<H = InExtensions> {
+    shared: Arc<Shared>,
+    _handoff: PhantomData<fn() -> H>,
+}
+
+impl<H> Clone for FenceLayer<H> {
+    fn clone(&self) -> Self {
+        FenceLayer {
+            shared: self.shared.clone(),
+            _handoff: PhantomData,
+        }
+    }
+}
+
+impl FenceLayer {
+    /// A fence for `config`'s routes, admitting at `gates` (over the service's mark
+    /// store) and counting into `metrics`.
+    pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> FenceLayer {
+        FenceLayer::with(
+            config,
+            gates,
+            Arc::new(Refusals::new(metrics, AccessLog::off())),
+        )
+    }
+}
+
+impl<H> FenceLayer<H> {
+    pub(crate) fn with(
+        config: Arc<Config>,
+        gates: Arc<Gates>,
+        refusals: Arc<Refusals>,
+    ) -> FenceLayer<H> {
+        let table = Table::new(config, &refusals);
+        FenceLayer {
+            shared: Arc::new(Shared {
+                table: ArcSwap::from_pointee(table),
+                gates,
+                refusals,
+            }),
+            _handoff: PhantomData,
+        }
+    }
+
+    /// New routes for every request that starts from now on; requests under way finish
+    /// with the table they started with.
+    pub fn reload(&self, config: Arc<Config>) {
+        let table = Table::new(config, &self.shared.refusals);
+        self.shared.table.store(Arc::new(table));
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.shared.table.load().config.clone()
+    }
+
+    pub fn gates(&self) -> &Arc<Gates> {
+        &self.shared.gates
+    }
+}
+
+impl<S, H> Layer<S> for FenceLayer<H> {
+    type Service = Fence<S, H>;
+
+    fn layer(&self, inner: S) -> Fence<S, H> {
+        Fence {
+            shared: self.shared.clone(),
+            inner,
+            conn: None,
+            _handoff: PhantomData,
+        }
+    }
+}
+
+/// [`FenceLayer`]'s service. Always ready: it refuses by answering, never by waiting.
+pub struct Fence<S, H = InExtensions> {
+    shared: Arc<Shared>,
+    inner: S,
+    conn: Option<Conn>,
+    _handoff: PhantomData<fn() -> H>,
+}
+
+impl<S: Clone, H> Clone for Fence<S, H> {
+    fn clone(&self) -> Self {
+        Fence {
+            shared: self.shared.clone(),
+            inner: self.inner.clone(),
+            conn: self.conn,
+            _handoff: PhantomData,
+        }
+    }
+}
+
+impl<S, H> Fence<S, H> {
+    /// This service for the requests of one connection.
+    pub fn on_connection(mut self, conn: Conn) -> Self {
+        self.conn = Some(conn);
+        self
+    }
+
+    pub(crate) fn refusals(&self) -> &Refusals {
+        &self.shared.refusals
+    }
+
+    pub(crate) fn layer(&self) -> FenceLayer<H> {
+        FenceLayer {
+            shared: self.shared.clone(),
+            _handoff: PhantomData,
+        }
+    }
+}
+
+/// Whether a refused request's answer must close the connection (see [`Refusals::refuse`]).
+fn unread<B: http_body::Body>(req: &Request<B>) -> bool {
+    req.version() < http::Version::HTTP_2 && !req.body().is_end_stream()
+}
+
+type Boxed<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+/// A layer of the binary's stack as the binary calls it: like `Service::call`, but its
+/// future is an `impl Future` that borrows the stage, so the whole request is one
+/// unboxed future as before the stack was made of layers. (`Service` needs a nameable
+/// future, which without `impl Trait` in associated types is a box per layer: measured
+/// with `benches/callgrind.sh`, 29,962 instructions per W1 request against 28,820.)
+/// The `Service` impls stay for composing the layers with other tower services.
+pub(crate) trait Stage<B>: Send + Sync {
+    fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_;
+}
+
+impl<S> Fence<S, Typed> {
+    /// The binary's way in (see [`Stage`]): without a clone or a box. (A plain function
+    /// returning its future, as the stages' own.)
+    #[allow(clippy::manual_async_fn)]
+    #[inline]
+    pub(crate) fn serve<B>(
+        &self,
+        req: Request<B>,
+        conn: Conn,
+    ) -> impl Future<Output = Response<Body>> + Send + '_
+    where
+        S: Stage<B>,
+        B: http_body::Body + Send + 'static,
+    {
+        async move {
+            let shared = &self.shared;
+            let table = shared.table.load_full();
+            let op = Op::of(req.method());
+            let classified = super::classify(&table.config, &req);
+            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
+                Ok(plan) => plan,
+                Err((route, outcome)) => {
+                    let asked = Asked {
+                        headers: req.headers(),
+                        peer: conn.peer,
+                        unread_body: unread(&req),
+                    };
+                    return shared
+                        .refusals
+                        .refuse(&table, route, op, outcome, Some(asked));
+                }
+            };
+            if !shared.refusals.access.is_on() {
+                return self
+                    .inner
+                    .serve(Admitted {
+                        req,
+                        table,
+                        plan,
+                        conn,
+                    })
+                    .await;
+            }
+            let mut note = Note {
+                route: Some(table.config.routes[plan.route].name.clone()),
+                scope: plan.scope.clone(),
+                token: plan.token,
+                ..Note::default()
+            };
+            let sent = Instant::now();
+            let mut resp = self
+                .inner
+                .serve(Admitted {
+                    req,
+                    table,
+                    plan,
+                    conn,
+                })
+                .await;
+            note.upstream = Some(sent.elapsed());
+            resp.extensions_mut().insert(note);
+            resp
+        }
+    }
+}
+
+impl<S, B> Service<Request<B>> for Fence<S, Typed>
+where
+    S: Stage<B> + Clone + 'static,
+    B: http_body::Body + Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Boxed<Response<Body>, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// [`Fence::serve`] on a clone of this service, for a caller that needs a `Service`.
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let this = self.clone();
+        let conn = self.conn;
+        Box::pin(async move {
+            let conn =
+                conn.unwrap_or_else(|| req.extensions().get::<Conn>().copied().unwrap_or_default());
+            Ok(this.serve(req, conn).await)
+        })
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Fence<S, InExtensions>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<http_body_util::Either<Body, Guarded<RB>>>;
+    type Error = S::Error;
+    type Future = Boxed<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        use http_body_util::Either;
+        let shared = self.shared.clone();
+        let mut inner = self.inner.clone();
+        let conn = self.conn;
+        Box::pin(async move {
+            let conn =
+                conn.unwrap_or_else(|| req.extensions().get::<Conn>().copied().unwrap_or_default());
+            let table = shared.table.load_full();
+            let op = Op::of(req.method());
+            let classified = super::classify(&table.config, &req);
+            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
+                Ok(plan) => plan,
+                Err((route, outcome)) => {
+                    let asked = Asked {
+                        headers: req.headers(),
+                        peer: conn.peer,
+                        unread_body: unread(&req),
+                    };
+                    let resp = shared
+                        .refusals
+                        .refuse(&table, route, op, outcome, Some(asked));
+                    return Ok(resp.map(Either::Left));
+                }
+            };
+            let Plan {
+                route,
+                op,
+                mut guard,
+                scope,
+                token,
+            } = plan;
+            let fenced = guard.is_some();
+            if let (Some(scope), Some(token)) = (scope, token) {
+                req.extensions_mut().insert(FencedRequest {
+                    route: table.config.routes[route].name.clone(),
+                    scope,
+                    token,
+                });
+            }
+            // On an error the guard drops uncompleted: the scope settles, as after an
+            // exchange whose outcome is unknown.
+            let resp = inner.call(req).await?;
+            if let Some(g) = guard.as_mut() {
+                g.complete();
+            }
+            table.count(route, op, if fenced { "accepted" } else { "unfenced" });
+            let (mut parts, body) = resp.into_parts();
+            if fenced {
+                parts
+                    .headers
+                    .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
+            } else {
+                parts.headers.remove(FENCING_RESULT);
+            }
+            // The generation stays in flight while the response body is sent.
+            // A body with nothing to read (a 204, an empty body) lets go at once.
+            let guard = guard.filter(|_| !body.is_end_stream());
+            let body = Guarded { body, guard };
+            Ok(Response::from_parts(parts, Either::Right(body)))
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An inner service's response body, holding the request's in-flight guard (completed)
+    /// until the body ends or is dropped.
+    pub struct Guarded<B> {
+        #[pin]
+        body: B,
+        guard: Option<InflightGuard>,
+    }
+}
+
+impl<B> http_body::Body for Guarded<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            this.guard.take();
+        }
+        polled.map(|f| f.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::store::MarkStore;
+
+    const CONFIG: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+drain_timeout = "60s"
+settle = "0s"
+[[upstream]]
+name = "u"
+url = "http://127.0.0.1:9"
+[[route]]
+name = "docs"
+path = "/docs/{doc}"
+scope = "doc/{doc}"
+upstream = "u"
+"#;
+
+    /// A response body that stays open until its sender says so (or goes).
+    struct Open(tokio::sync::oneshot::Receiver<()>);
+
+    impl http_body::Body for Open {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Pin::new(&mut self.0).poll(cx).map(|_| None)
+        }
+    }
+
+    fn put(token: &str) -> Request<http_body_util::Empty<Bytes>> {
+        Request::put("/docs/a")
+            .header("host", "h")
+            .header("fencing-token", token)
+            .body(http_body_util::Empty::new())
+            .unwrap()
+    }
+
+    /// An admitted request's generation stays in flight while its response body is
+    /// being sent: a newer owner waits for it at the gate, and goes once it ends.
+    #[tokio::test]
+    async fn the_guard_is_held_until_the_response_body_ends() {
+        let config = Config::parse(CONFIG, std::path::Path::new(".")).unwrap();
+        let metrics = Arc::new(Metrics::new(["docs".to_string()]));
+        let store =
+            MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let gates = Arc::new(Gates::new(
+            store,
+            metrics.clone(),
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ));
+        let (end_first, first_body) = tokio::sync::oneshot::channel();
+        let bodies = Arc::new(Mutex::new(vec![first_body]));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (bodies, seen, calls) = (bodies.clone(), seen.clone(), calls.clone());
+            tower::service_fn(move |req: Request<http_body_util::Empty<Bytes>>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let fenced = req.extensions().get::<FencedRequest>().cloned();
+                seen.lock().unwrap().push(fenced);
+                let body = bodies.lock().unwrap().pop();
+                async move {
+                    let body = match body {
+                        Some(rx) => Open(rx),
+                        None => Open(tokio::sync::oneshot::channel().1),
+                    };
+                    Ok::<_, Infallible>(Response::new(body))
+                }
+            })
+        };
+        let fence = FenceLayer::new(Arc::new(config), gates.clone(), metrics).layer(handler);
+
+        let first = fence.clone().call(put("5")).await.unwrap();
+        assert_eq!(first.headers()[FENCING_RESULT], "accepted");
+        let fenced = seen.lock().unwrap()[0].clone().unwrap();
+        assert_eq!(
+            (fenced.scope.as_str(), fenced.token),
+            ("doc/a", Token::new(0, 5))
+        );
+
+        // Token 6 drains generation 5, whose body is still open.
+        let mut newer = fence.clone();
+        let second = tokio::spawn(async move { newer.call(put("6")).await });
+        let mut waited = false;
+        for _ in 0..10_000 {
+            if gates.waiting() == 1 {
+                waited = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(waited, "the newer token did not wait for the open body");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+        // The first body ends (read to its end): the newer token is admitted.
+        let _ = end_first.send(());
+        let mut body = first.into_body();
+        assert!(
+            std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut body), cx))
+                .await
+                .is_none()
+        );
+        let second = second.await.unwrap().unwrap();
+        assert_eq!(second.headers()[FENCING_RESULT], "accepted");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// Records what the typed handoff brings: the plan with its guard.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<Handed>>>);
+
+    /// Scope, token, and whether a guard came with the plan.
+    type Handed = (Option<String>, Option<Token>, bool);
+
+    impl Stage<http_body_util::Empty<Bytes>> for Recorder {
+        fn serve(
+            &self,
+            a: Admitted<http_body_util::Empty<Bytes>>,
+        ) -> impl Future<Output = Response<Body>> + Send + '_ {
+            let Admitted { mut plan, .. } = a;
+            let held = plan.guard.is_some();
+            if let Some(g) = plan.guard.as_mut() {
+                g.complete();
+            }
+            self.0.lock().unwrap().push((plan.scope, plan.token, held));
+            std::future::ready(Response::new(Body::default()))
+        }
+    }
+
+    /// The binary's handoff, called as a tower `Service`: an admitted request reaches the
+    /// inner stage with its plan and guard; a stale one is answered by the layer.
+    #[tokio::test]
+    async fn the_typed_fence_hands_the_plan_on_and_refuses_stale_tokens_itself() {
+        let config = Config::parse(CONFIG, std::path::Path::new(".")).unwrap();
+        let metrics = Arc::new(Metrics::new(["docs".to_string()]));
+        let store =
+            MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let gates = Arc::new(Gates::new(
+            store,
+            metrics.clone(),
+            Duration::from_secs(60),
+            Duration::ZERO,
+        ));
+        let refusals = Arc::new(Refusals::new(metrics, AccessLog::off()));
+        let inner = Recorder::default();
+        let mut fence =
+            FenceLayer::<Typed>::with(Arc::new(config), gates, refusals).layer(inner.clone());
+        let ok = fence.call(put("5")).await.unwrap();
+        assert_eq!(ok.status(), http::StatusCode::OK);
+        let stale = fence.call(put("4")).await.unwrap();
+        assert_eq!(stale.status(), http::StatusCode::CONFLICT);
+        assert_eq!(stale.headers()[FENCING_RESULT], "stale_fence");
+        let seen = inner.0.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            vec![(Some("doc/a".to_string()), Some(Token::new(0, 5)), true)]
+        );
+    }
+}
