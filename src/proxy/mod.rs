@@ -383,7 +383,11 @@ impl Proxy {
                     } else {
                         None
                     };
-                    let mut resp = outcome.into_response();
+                    let dialect =
+                        route.map_or_else(Default::default, |i| table.config.routes[i].errors);
+                    let shown_id = id.as_ref().or(note.as_ref().and_then(|n| n.id.as_ref()));
+                    let mut resp =
+                        outcome.into_response_in(dialect, Some(req.uri().path()), shown_id);
                     if let Some(id) = id {
                         resp.headers_mut()
                             .insert(crate::access_log::X_REQUEST_ID, id);
@@ -744,9 +748,12 @@ impl Forwarder {
             let upstream_index = config.routes[route].upstream;
             let upstream = &config.upstreams[upstream_index];
             let tls_client = table.clients[upstream_index].as_ref();
+            let dialect = config.routes[route].errors;
+            let resource =
+                (dialect != problem::Dialect::Problem).then(|| req.uri().path().to_owned());
             let fail = |outcome: Outcome| {
                 row.count(op, outcome.result());
-                outcome.into_response()
+                outcome.into_response_in(dialect, resource.as_deref(), None)
             };
             let trusted = config
                 .server
@@ -918,7 +925,7 @@ impl Forwarder {
         outcome: Outcome,
     ) -> Response<Body> {
         table.rows[route].count(op, outcome.result());
-        outcome.into_response()
+        outcome.into_response_in(table.config.routes[route].errors, None, None)
     }
 }
 
