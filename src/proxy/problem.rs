@@ -244,8 +244,9 @@ impl Outcome {
     }
 
     /// The S3 error code of this outcome on an `errors = "s3"` route. S3's own code where
-    /// one means the same (an SDK already knows it: botocore retries `SlowDown` in every
-    /// retry mode, whatever the status), else a fencegate code in S3's style.
+    /// one means the same (an SDK already knows it: botocore's standard and adaptive retry
+    /// modes retry `SlowDown` by its code, besides the 503), else a fencegate code in S3's
+    /// style.
     pub fn s3_code(&self) -> &'static str {
         match self {
             Outcome::Stale { .. } => "StaleFence",
