@@ -12,7 +12,8 @@
 # The Kubernetes manifests in deploy/kubernetes are validated offline by
 # kubernetes-validate (pip, into a virtualenv under target/), and the fencegate configs
 # they embed are checked with `fencegate check-config` (openssl makes stand-ins for the
-# files they name on Secrets).
+# files they name on Secrets). The S3 dialect's test needs s3s-fs (cargo install, into
+# target/s3s-fs) and boto3 (pip, into another virtualenv under target/).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -67,6 +68,21 @@ echo "==> kubernetes-validate --strict deploy/kubernetes/*.yaml (Kubernetes 1.29
 # binary, with the features the tests below build it with, so they reuse it.
 echo "==> fencegate check-config on the configs in deploy/kubernetes"
 FENCEGATE="cargo run -q --features etcd --" "$venv/bin/python" deploy/kubernetes/check_configs.py
+
+# The S3 dialect's end-to-end test (tests/it/s3.rs): boto3 against fencegate in front of
+# s3s-fs, an S3 server that verifies SigV4. Both installed once under target/ and reused.
+s3s=target/s3s-fs/bin/s3s-fs
+if ! [ -x "$s3s" ]; then
+    echo "==> installing s3s-fs 0.14.1 (cargo install, into target/s3s-fs)"
+    cargo install s3s-fs --version 0.14.1 --features binary --locked --root target/s3s-fs
+fi
+s3venv=target/s3-venv
+if ! "$s3venv/bin/python" -c 'import boto3' >/dev/null 2>&1; then
+    echo "==> installing boto3 (pip, into $s3venv)"
+    mkdir -p target
+    python3 -m venv "$s3venv"
+    "$s3venv/bin/python" -m pip install --quiet --disable-pip-version-check 'boto3==1.43.11'
+fi
 
 echo "==> cargo test --all-targets --features etcd $*"
 log="$(mktemp)"

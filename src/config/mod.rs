@@ -345,7 +345,7 @@ impl Config {
                 )
             };
             out.push_str(&format!(
-                "route {:<12} {}{} -> {} · {fenced}\n",
+                "route {:<12} {}{} -> {} · {fenced}{}\n",
                 r.name,
                 r.host
                     .as_ref()
@@ -353,6 +353,10 @@ impl Config {
                     .unwrap_or_default(),
                 r.path,
                 self.upstreams[r.upstream].name,
+                match r.errors {
+                    crate::proxy::problem::Dialect::Problem => "",
+                    crate::proxy::problem::Dialect::S3 => " · errors s3",
+                },
             ));
         }
         out
@@ -985,7 +989,7 @@ upstream[1].name: `u` is defined twice
 route[0].scope: `{y}` is not a capture of the path template
 route[0].upstream: no upstream named `nope`
 route[0].equal: `maybe`: expected "accept" or "reject"
-route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`
+route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`, `errors`
 ----
 admin: unknown field `colour`, expected one of `cert`, `key`, `client_ca`, `resumption`
 log.access: must be "off", "stdout" or a file path, not empty

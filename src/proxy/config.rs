@@ -12,6 +12,7 @@ use crate::config::error::Errors;
 use crate::config::value::{array, duration, parse_size, section};
 use crate::fence::policy::EqualPolicy;
 use crate::proxy::idempotency::config::{Mode, OnUnknown};
+use crate::proxy::problem::Dialect;
 use crate::route::{PathTemplate, RouteMatch, ScopeTemplate};
 use crate::tls::{RawUpstreamTls, UpstreamTls, UpstreamTlsFiles};
 
@@ -53,6 +54,8 @@ pub struct Route {
     /// A retry whose first attempt's outcome is unknown: refuse it, or forward it again.
     pub idempotency_unknown: OnUnknown,
     pub proof: ProofMode,
+    /// The dialect of fencegate's own refusals on this route.
+    pub errors: Dialect,
 }
 
 impl Route {
@@ -106,6 +109,7 @@ struct RawRoute {
     idempotency_unknown: Option<String>,
     max_body: Option<String>,
     proof: Option<String>,
+    errors: Option<String>,
 }
 
 /// One `[[upstream]]` as parsed: its TLS files are named, not read yet.
@@ -363,6 +367,16 @@ fn parse_route(
             ProofMode::Off
         }
     };
+    let errors_in = Dialect::from_option(raw.errors.as_deref()).unwrap_or_else(|| {
+        errors.push(
+            format!("{path}.errors"),
+            format!(
+                "`{}`: expected \"problem\" or \"s3\"",
+                raw.errors.as_deref().unwrap_or_default()
+            ),
+        );
+        Dialect::Problem
+    });
     let max_body = raw.max_body.as_deref().and_then(|s| {
         parse_size(s).or_else(|| {
             errors.push(
@@ -377,6 +391,7 @@ fn parse_route(
     }
     Some(Route {
         proof,
+        errors: errors_in,
         max_body,
         idempotency,
         idempotency_unknown,
@@ -389,4 +404,63 @@ fn parse_route(
         methods,
         equal,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+    use crate::proxy::problem::Dialect;
+
+    const ROUTES: &str = r#"
+[store]
+path = "x.redb"
+[[upstream]]
+name = "objects"
+url = "http://127.0.0.1:9000"
+[[route]]
+name = "plain"
+path = "/plain/{*rest}"
+scope = "plain"
+upstream = "objects"
+[[route]]
+name = "s3"
+path = "/{bucket}/{*key}"
+scope = "object/{bucket}/{key}"
+upstream = "objects"
+"#;
+
+    #[test]
+    fn errors_dialect_per_route() {
+        let c = Config::parse(ROUTES, Path::new(".")).expect("parses");
+        assert_eq!(c.routes[0].errors, Dialect::Problem);
+        assert_eq!(c.routes[1].errors, Dialect::Problem);
+        assert!(!c.describe().contains("errors s3"));
+        let s3 = format!("{ROUTES}errors = \"s3\"\n");
+        let c = Config::parse(&s3, Path::new(".")).expect("parses");
+        assert_eq!(c.routes[0].errors, Dialect::Problem);
+        assert_eq!(c.routes[1].errors, Dialect::S3);
+        let described = c.describe();
+        let line = described
+            .lines()
+            .find(|l| l.starts_with("route s3"))
+            .expect("the s3 route is described");
+        assert!(line.ends_with(" · errors s3"), "{line}");
+        let explicit = format!("{ROUTES}errors = \"problem\"\n");
+        let c = Config::parse(&explicit, Path::new(".")).expect("parses");
+        assert_eq!(c.routes[1].errors, Dialect::Problem);
+    }
+
+    #[test]
+    fn unknown_errors_dialect_is_refused_at_its_key() {
+        let bad = format!("{ROUTES}errors = \"xml\"\n");
+        let errs = Config::parse(&bad, Path::new(".")).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "route[1].errors");
+        assert_eq!(errs[0].message, "`xml`: expected \"problem\" or \"s3\"");
+        let typed = format!("{ROUTES}errors = 3\n");
+        let errs = Config::parse(&typed, Path::new(".")).unwrap_err().0;
+        assert_eq!(errs[0].path, "route[1]", "{errs:?}");
+    }
 }

@@ -34,6 +34,7 @@ use crate::access_log::{AccessLog, RefusalWarnings};
 use crate::config::Config;
 use crate::fence::{Gates, InflightGuard};
 use crate::metrics::{Metrics, Op};
+use crate::proxy::problem::Dialect;
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan, Table};
 use crate::token::Token;
 
@@ -100,6 +101,8 @@ pub(crate) struct Refusals {
 /// anything was forwarded.
 pub(crate) struct Asked<'a> {
     pub(crate) headers: &'a HeaderMap,
+    /// The request's path, named in an S3 error document.
+    pub(crate) path: &'a str,
     pub(crate) peer: SocketAddr,
     /// An HTTP/1 request whose body was not read: the answer closes the connection.
     pub(crate) unread_body: bool,
@@ -131,7 +134,9 @@ impl Refusals {
     /// The one place a refusal is counted and answered. `asked` is the request's head
     /// when the refusal was made before anything was forwarded (the fence's): then it is
     /// noted for the access log, warned about if stale or unproven, and answered with a
-    /// request id and (body unread) `Connection: close`.
+    /// request id and (body unread) `Connection: close`. The answer is in the route's
+    /// dialect (`errors`); `resource`, the request's path, is named in an S3 document
+    /// (`asked`'s path when there is one).
     pub(crate) fn refuse(
         &self,
         table: &Table,
@@ -139,13 +144,15 @@ impl Refusals {
         op: Op,
         outcome: Outcome,
         asked: Option<Asked<'_>>,
+        resource: Option<&str>,
     ) -> Response<Body> {
         match route {
             Some(i) => table.count(i, op, outcome.result()),
             None => self.metrics.count_unrouted(op, outcome.result()),
         }
+        let dialect = route.map_or_else(Default::default, |i| table.config.routes[i].errors);
         let Some(asked) = asked else {
-            return outcome.into_response();
+            return outcome.into_response_in(dialect, resource, None);
         };
         let warned = matches!(
             outcome,
@@ -181,7 +188,13 @@ impl Refusals {
                 id = Some(request_id);
             }
         }
-        let mut resp = outcome.into_response();
+        let shown_id = match (&id, dialect) {
+            (_, Dialect::Problem) => None,
+            (Some(id), _) => Some(id.clone()),
+            // With the access log on, the request carries the id the log keeps.
+            (None, _) => asked.headers.get(crate::access_log::X_REQUEST_ID).cloned(),
+        };
+        let mut resp = outcome.into_response_in(dialect, Some(asked.path), shown_id.as_ref());
         if let Some(id) = id {
             resp.headers_mut()
                 .insert(crate::access_log::X_REQUEST_ID, id);
@@ -361,12 +374,13 @@ impl<S> Fence<S, Typed> {
                 Err((route, outcome)) => {
                     let asked = Asked {
                         headers: req.headers(),
+                        path: req.uri().path(),
                         peer: conn.peer,
                         unread_body: unread(&req),
                     };
                     return shared
                         .refusals
-                        .refuse(&table, route, op, outcome, Some(asked));
+                        .refuse(&table, route, op, outcome, Some(asked), None);
                 }
             };
             if !shared.refusals.access.is_on() {
@@ -460,12 +474,14 @@ where
                 Err((route, outcome)) => {
                     let asked = Asked {
                         headers: req.headers(),
+                        path: req.uri().path(),
                         peer: conn.peer,
                         unread_body: unread(&req),
                     };
-                    let resp = shared
-                        .refusals
-                        .refuse(&table, route, op, outcome, Some(asked));
+                    let resp =
+                        shared
+                            .refusals
+                            .refuse(&table, route, op, outcome, Some(asked), None);
                     return Ok(resp.map(Either::Left));
                 }
             };

@@ -400,7 +400,10 @@ impl Idempotency {
         let route_idx = plan.route;
         let op = plan.op;
         let client_version = req.version();
+        // Named in an S3 error document, on routes that answer in that dialect.
+        let req_path: Arc<str> = req.uri().path().into();
         let route = &table.config.routes[route_idx];
+        let dialect = route.errors;
         let settings = &table.config.idempotency;
         let scope = plan.scope.clone().unwrap_or_default();
         let token = plan.token.unwrap_or(crate::token::Token::new(0, 0));
@@ -409,7 +412,7 @@ impl Idempotency {
             if let Some(g) = plan.guard.as_mut() {
                 g.not_forwarded();
             }
-            table.refuse(route_idx, op, outcome)
+            table.refuse(route_idx, op, outcome, Some(&req_path))
         };
         let mut keys = req.headers().get_all("idempotency-key").iter();
         let key = match (keys.next(), keys.next()) {
@@ -544,13 +547,14 @@ impl Idempotency {
         let boot = self.boot;
         let cap = settings.max_response_body;
         let budget = self.budget.clone();
+        let task_path = req_path.clone();
         let task = crate::rt::drain::spawn_detached(async move {
             let refuse = |plan: &mut Plan, outcome: Outcome| {
                 // Nothing was forwarded under this admission.
                 if let Some(g) = plan.guard.as_mut() {
                     g.not_forwarded();
                 }
-                table.refuse(route_idx, op, outcome)
+                table.refuse(route_idx, op, outcome, Some(&task_path))
             };
             let mut replace_if = None;
             loop {
@@ -693,7 +697,11 @@ impl Idempotency {
                                     "the response body did not arrive within {timeout:?}"
                                 ),
                             }
-                            .into_response();
+                            .into_response_in(
+                                dialect,
+                                Some(&task_path),
+                                None,
+                            );
                         }
                     };
                     complete(held);
@@ -765,7 +773,7 @@ impl Idempotency {
                 scope: None,
                 detail: "the forwarding task failed".into(),
             }
-            .into_response(),
+            .into_response_in(dialect, Some(&req_path), None),
         }
     }
 }

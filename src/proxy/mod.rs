@@ -182,9 +182,17 @@ impl Table {
         self.rows[route].count(op, result);
     }
 
-    /// Refuses a routed request after admission (see [`Refusals::refuse`]).
-    pub(crate) fn refuse(&self, route: usize, op: Op, outcome: Outcome) -> Response<Body> {
-        self.refusals.refuse(self, Some(route), op, outcome, None)
+    /// Refuses a routed request after admission (see [`Refusals::refuse`]); `resource`
+    /// is the request's path, named in an S3 error document.
+    pub(crate) fn refuse(
+        &self,
+        route: usize,
+        op: Op,
+        outcome: Outcome,
+        resource: Option<&str>,
+    ) -> Response<Body> {
+        self.refusals
+            .refuse(self, Some(route), op, outcome, None, resource)
     }
 }
 
@@ -632,7 +640,8 @@ impl Forwarder {
             let upstream_index = config.routes[route].upstream;
             let upstream = &config.upstreams[upstream_index];
             let tls_client = table.clients[upstream_index].as_ref();
-            let fail = |outcome: Outcome| table.refuse(route, op, outcome);
+            let resource = req.uri().path().to_owned();
+            let fail = |outcome: Outcome| table.refuse(route, op, outcome, Some(&resource));
             let trusted = config
                 .server
                 .trusted_proxies

@@ -1,5 +1,6 @@
 //! The one place that turns fencegate's own decisions into HTTP responses (RFC 9457
-//! problem+json with a `Fencing-Result` header), so statuses stay consistent.
+//! problem+json with a `Fencing-Result` header, or on an `errors = "s3"` route an S3 XML
+//! error document), so statuses and headers stay the same in every dialect.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -9,6 +10,35 @@ use crate::proxy::Body;
 use crate::token::Token;
 
 pub const FENCING_RESULT: http::HeaderName = http::HeaderName::from_static("fencing-result");
+
+/// The body a route's refusals are written in (`[[route]] errors`). Status and headers
+/// are the same in both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// RFC 9457 `application/problem+json`.
+    #[default]
+    Problem,
+    /// An S3 `<Error>` document (`application/xml`), so S3 SDKs surface the code.
+    S3,
+}
+
+impl Dialect {
+    /// The config value, `None` for an unknown one.
+    pub fn from_option(v: Option<&str>) -> Option<Dialect> {
+        match v {
+            None | Some("problem") => Some(Dialect::Problem),
+            Some("s3") => Some(Dialect::S3),
+            Some(_) => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Problem => "problem",
+            Dialect::S3 => "s3",
+        }
+    }
+}
 
 /// Everything fencegate can answer by itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,6 +243,98 @@ impl Outcome {
         }
     }
 
+    /// The S3 error code of this outcome on an `errors = "s3"` route. S3's own code where
+    /// one means the same (an SDK already knows it: botocore's standard and adaptive retry
+    /// modes retry `SlowDown` by its code, besides the 503), else a fencegate code in S3's
+    /// style.
+    pub fn s3_code(&self) -> &'static str {
+        match self {
+            Outcome::Stale { .. } => "StaleFence",
+            Outcome::MissingToken { .. } => "MissingFencingToken",
+            Outcome::InvalidToken { .. } => "InvalidFencingToken",
+            Outcome::ScopeMismatch { .. } => "FencingScopeMismatch",
+            Outcome::InvalidPath { .. } => "InvalidURI",
+            Outcome::InvalidRequest { .. } => "InvalidRequest",
+            Outcome::MethodNotAllowed => "MethodNotAllowed",
+            Outcome::NoRoute => "NoSuchRoute",
+            // Retry with the same token after Retry-After: S3's "reduce your request rate".
+            Outcome::Draining { .. } => "SlowDown",
+            Outcome::Unavailable { .. } => "ServiceUnavailable",
+            Outcome::UpstreamUnavailable { .. } => "BadGateway",
+            Outcome::UpstreamTimeout { .. } => "GatewayTimeout",
+            Outcome::PayloadTooLarge { .. } => "EntityTooLarge",
+            Outcome::InvalidProof { .. } => "InvalidProof",
+            // S3's "a conflicting operation is in progress; try again".
+            Outcome::InProgress { .. } => "OperationAborted",
+            Outcome::KeyReused { .. } => "IdempotencyKeyReused",
+            Outcome::OutcomeUnknown { .. } => "IdempotencyOutcomeUnknown",
+        }
+    }
+
+    /// The response in the route's dialect. `resource` is the request's path, and
+    /// `request_id` its `X-Request-Id`, where the caller has them; both are named only in
+    /// the S3 document (and left out when not given).
+    pub fn into_response_in(
+        self,
+        dialect: Dialect,
+        resource: Option<&str>,
+        request_id: Option<&HeaderValue>,
+    ) -> Response<Body> {
+        match dialect {
+            Dialect::Problem => self.into_response(),
+            Dialect::S3 => {
+                let body = self.s3_body(resource, request_id.map(HeaderValue::as_bytes));
+                self.respond(body, "application/xml")
+            }
+        }
+    }
+
+    fn s3_body(&self, resource: Option<&str>, request_id: Option<&[u8]>) -> Vec<u8> {
+        let (scope, token, highest) = self.fields();
+        let mut body: Vec<u8> = Vec::with_capacity(480);
+        body.extend_from_slice(b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>");
+        body.extend_from_slice(self.s3_code().as_bytes());
+        body.extend_from_slice(b"</Code><Message>");
+        xml_text(&mut body, &self.title());
+        body.extend_from_slice(b"</Message>");
+        if let Some(resource) = resource {
+            body.extend_from_slice(b"<Resource>");
+            xml_text(&mut body, resource);
+            body.extend_from_slice(b"</Resource>");
+        }
+        if let Some(id) = request_id {
+            body.extend_from_slice(b"<RequestId>");
+            xml_text(&mut body, &String::from_utf8_lossy(id));
+            body.extend_from_slice(b"</RequestId>");
+        }
+        body.extend_from_slice(b"<FencingResult>");
+        body.extend_from_slice(self.result().as_bytes());
+        body.extend_from_slice(b"</FencingResult>");
+        if let Some(scope) = scope {
+            body.extend_from_slice(b"<Scope>");
+            xml_text(&mut body, scope);
+            body.extend_from_slice(b"</Scope>");
+        }
+        if let Some(t) = token {
+            body.extend_from_slice(b"<Presented>");
+            t.write_to(&mut body);
+            body.extend_from_slice(b"</Presented>");
+        }
+        if let Some(h) = highest {
+            body.extend_from_slice(b"<HighestAccepted>");
+            h.write_to(&mut body);
+            body.extend_from_slice(b"</HighestAccepted>");
+        }
+        if let Outcome::PayloadTooLarge { limit } = self {
+            // S3's own element for EntityTooLarge.
+            body.extend_from_slice(b"<MaxSizeAllowed>");
+            body.extend_from_slice(limit.to_string().as_bytes());
+            body.extend_from_slice(b"</MaxSizeAllowed>");
+        }
+        body.extend_from_slice(b"</Error>");
+        body
+    }
+
     pub fn into_response(self) -> Response<Body> {
         let fields = self.fields();
         // Written directly into one buffer, not through a JSON value or `fmt`: a stale
@@ -243,14 +365,16 @@ impl Outcome {
             body.push(b'"');
         }
         body.push(b'}');
+        self.respond(body, "application/problem+json")
+    }
+
+    /// `body` with the outcome's status and headers, the same in every dialect.
+    fn respond(&self, body: Vec<u8>, content_type: &'static str) -> Response<Body> {
         let bytes = Bytes::from(body);
         let mut resp = Response::new(Full::new(bytes).map_err(|e| match e {}).boxed());
         *resp.status_mut() = self.status();
         let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         h.insert(FENCING_RESULT, HeaderValue::from_static(self.result()));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(secs) = self.retry_after() {
@@ -271,6 +395,37 @@ fn json_string(out: &mut Vec<u8>, v: &str) {
         out.push(b'"');
     } else if serde_json::to_writer(&mut *out, v).is_err() {
         out.extend_from_slice(b"\"\"");
+    }
+}
+
+/// `v` as XML character data (element text or attribute value): `&`, `<`, `>`, `"` and
+/// `'` escaped, `\r` as a reference (a parser would turn a bare one into `\n`), and the
+/// characters XML 1.0 cannot carry at all (other C0 controls, U+FFFE, U+FFFF) replaced
+/// by U+FFFD.
+fn xml_text(out: &mut Vec<u8>, v: &str) {
+    if v.bytes()
+        .all(|b| b >= 0x20 && !matches!(b, b'&' | b'<' | b'>' | b'"' | b'\'' | 0xef))
+    {
+        out.extend_from_slice(v.as_bytes());
+        return;
+    }
+    for c in v.chars() {
+        match c {
+            '&' => out.extend_from_slice(b"&amp;"),
+            '<' => out.extend_from_slice(b"&lt;"),
+            '>' => out.extend_from_slice(b"&gt;"),
+            '"' => out.extend_from_slice(b"&quot;"),
+            '\'' => out.extend_from_slice(b"&apos;"),
+            '\r' => out.extend_from_slice(b"&#13;"),
+            '\t' | '\n' => out.push(c as u8),
+            '\u{0}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}' => {
+                out.extend_from_slice("\u{fffd}".as_bytes());
+            }
+            c => {
+                let mut buf = [0; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
     }
 }
 
@@ -306,5 +461,227 @@ mod tests {
         .await;
         assert_eq!(v["title"], "Non-canonical or unsafe path: bad \"escape\"");
         assert!(v.get("scope").is_none());
+    }
+}
+
+#[cfg(test)]
+mod s3_tests {
+    use super::*;
+
+    /// One of each outcome. `variant` below matches them exhaustively, so a new outcome
+    /// fails to compile until it is listed here.
+    fn every_outcome() -> Vec<Outcome> {
+        let scope = || "reports/<q&a>".to_string();
+        let token = Token::new(1, 6);
+        vec![
+            Outcome::Stale {
+                scope: scope(),
+                token,
+                highest: Some(Token::new(0, 12)),
+            },
+            Outcome::MissingToken { scope: scope() },
+            Outcome::InvalidToken {
+                scope: scope(),
+                detail: "x".into(),
+            },
+            Outcome::ScopeMismatch {
+                scope: scope(),
+                token,
+            },
+            Outcome::InvalidPath { detail: "x".into() },
+            Outcome::InvalidRequest { detail: "x".into() },
+            Outcome::MethodNotAllowed,
+            Outcome::NoRoute,
+            Outcome::Draining {
+                scope: scope(),
+                token,
+                highest: None,
+            },
+            Outcome::Unavailable {
+                scope: scope(),
+                token,
+            },
+            Outcome::UpstreamUnavailable {
+                scope: Some(scope()),
+                detail: "x".into(),
+            },
+            Outcome::UpstreamTimeout {
+                scope: None,
+                detail: "x".into(),
+            },
+            Outcome::PayloadTooLarge { limit: 1024 },
+            Outcome::InvalidProof {
+                scope: scope(),
+                token,
+                detail: "x".into(),
+            },
+            Outcome::InProgress {
+                scope: scope(),
+                token,
+            },
+            Outcome::KeyReused {
+                scope: scope(),
+                token,
+            },
+            Outcome::OutcomeUnknown {
+                scope: scope(),
+                token,
+            },
+        ]
+    }
+
+    fn variant(o: &Outcome) -> usize {
+        match o {
+            Outcome::Stale { .. } => 0,
+            Outcome::MissingToken { .. } => 1,
+            Outcome::InvalidToken { .. } => 2,
+            Outcome::ScopeMismatch { .. } => 3,
+            Outcome::InvalidPath { .. } => 4,
+            Outcome::InvalidRequest { .. } => 5,
+            Outcome::MethodNotAllowed => 6,
+            Outcome::NoRoute => 7,
+            Outcome::Draining { .. } => 8,
+            Outcome::Unavailable { .. } => 9,
+            Outcome::UpstreamUnavailable { .. } => 10,
+            Outcome::UpstreamTimeout { .. } => 11,
+            Outcome::PayloadTooLarge { .. } => 12,
+            Outcome::InvalidProof { .. } => 13,
+            Outcome::InProgress { .. } => 14,
+            Outcome::KeyReused { .. } => 15,
+            Outcome::OutcomeUnknown { .. } => 16,
+        }
+    }
+
+    async fn text(resp: Response<Body>) -> String {
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    /// The text of `<tag>` in `doc`, unescaped, for the few entities `xml_text` writes.
+    fn element(doc: &str, tag: &str) -> Option<String> {
+        let open = format!("<{tag}>");
+        let start = doc.find(&open)? + open.len();
+        let end = start + doc[start..].find(&format!("</{tag}>"))?;
+        Some(
+            doc[start..end]
+                .replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&quot;", "\"")
+                .replace("&apos;", "'")
+                .replace("&#13;", "\r")
+                .replace("&amp;", "&"),
+        )
+    }
+
+    #[test]
+    fn every_outcome_is_listed_once() {
+        let seen: std::collections::BTreeSet<usize> = every_outcome().iter().map(variant).collect();
+        assert_eq!(seen, (0..17).collect());
+    }
+
+    #[tokio::test]
+    async fn every_outcome_has_a_code_and_keeps_status_and_headers() {
+        let mut codes = std::collections::HashSet::new();
+        for o in every_outcome() {
+            let code = o.s3_code();
+            assert!(
+                !code.is_empty() && code.bytes().all(|b| b.is_ascii_alphanumeric()),
+                "{code}"
+            );
+            assert!(codes.insert(code), "{code} used twice");
+            let problem = o.clone().into_response();
+            let id = HeaderValue::from_static("req-1");
+            let s3 = o
+                .clone()
+                .into_response_in(Dialect::S3, Some("/b/k"), Some(&id));
+            assert_eq!(s3.status(), problem.status(), "{o:?}");
+            for name in [FENCING_RESULT, header::CACHE_CONTROL, header::RETRY_AFTER] {
+                assert_eq!(
+                    s3.headers().get(&name),
+                    problem.headers().get(&name),
+                    "{o:?}"
+                );
+            }
+            assert_eq!(s3.headers()[header::CONTENT_TYPE], "application/xml");
+            assert_eq!(s3.headers().len(), problem.headers().len(), "{o:?}");
+            let doc = text(s3).await;
+            assert!(
+                doc.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"),
+                "{doc}"
+            );
+            assert!(doc.ends_with("</Error>"), "{doc}");
+            assert_eq!(element(&doc, "Code").as_deref(), Some(code));
+            assert_eq!(element(&doc, "Message"), Some(o.title().into_owned()));
+            assert_eq!(element(&doc, "Resource").as_deref(), Some("/b/k"));
+            assert_eq!(element(&doc, "RequestId").as_deref(), Some("req-1"));
+            assert_eq!(element(&doc, "FencingResult").as_deref(), Some(o.result()));
+            let (scope, token, highest) = o.fields();
+            assert_eq!(element(&doc, "Scope").as_ref(), scope);
+            assert_eq!(element(&doc, "Presented"), token.map(|t| t.to_string()));
+            assert_eq!(
+                element(&doc, "HighestAccepted"),
+                highest.map(|t| t.to_string())
+            );
+            // The problem dialect is the plain response.
+            let same = o
+                .clone()
+                .into_response_in(Dialect::Problem, Some("/b/k"), Some(&id));
+            assert_eq!(
+                same.headers()[header::CONTENT_TYPE],
+                "application/problem+json"
+            );
+            assert_eq!(text(same).await, text(o.into_response()).await);
+        }
+    }
+
+    #[tokio::test]
+    async fn s3_codes_that_sdks_know() {
+        let by_code = |o: &Outcome| o.s3_code();
+        let all = every_outcome();
+        assert_eq!(by_code(&all[0]), "StaleFence");
+        assert_eq!(by_code(&all[8]), "SlowDown");
+        assert_eq!(by_code(&all[12]), "EntityTooLarge");
+        let doc = text(all[12].clone().into_response_in(Dialect::S3, None, None)).await;
+        assert_eq!(element(&doc, "MaxSizeAllowed").as_deref(), Some("1024"));
+        // No request id or path given: no element rather than an empty one.
+        assert!(!doc.contains("<RequestId>"), "{doc}");
+        assert!(!doc.contains("<Resource>"), "{doc}");
+    }
+
+    #[tokio::test]
+    async fn s3_values_are_escaped() {
+        for scope in [
+            "plain/key",
+            "a&b<c>d\"e'f",
+            "]]><x/>&amp;",
+            "cr\rlf\ntab\t",
+            "é/ü 中",
+        ] {
+            let o = Outcome::Stale {
+                scope: scope.into(),
+                token: Token::new(3, 7),
+                highest: Some(Token::new(0, 12_345_678_901)),
+            };
+            let id = HeaderValue::from_static("<id>&");
+            let doc = text(o.into_response_in(Dialect::S3, Some("/b/<k>&'"), Some(&id))).await;
+            assert_eq!(element(&doc, "Scope").as_deref(), Some(scope), "{doc}");
+            assert_eq!(element(&doc, "Resource").as_deref(), Some("/b/<k>&'"));
+            assert_eq!(element(&doc, "RequestId").as_deref(), Some("<id>&"));
+            assert_eq!(element(&doc, "Presented").as_deref(), Some("3:7"));
+            assert_eq!(
+                element(&doc, "HighestAccepted").as_deref(),
+                Some("12345678901")
+            );
+            // Markup only where fencegate wrote it: the declaration and 9 elements.
+            assert_eq!(doc.matches('<').count(), 1 + 2 * 9, "{doc}");
+            assert!(!doc.contains('\r'), "{doc}");
+        }
+        // What XML 1.0 cannot carry is replaced, not written.
+        let mut out = Vec::new();
+        xml_text(&mut out, "a\u{1}b\u{0}c\u{fffe}d\u{ffff}e\u{7f}");
+        assert_eq!(
+            String::from_utf8(out).expect("utf-8"),
+            "a\u{fffd}b\u{fffd}c\u{fffd}d\u{fffd}e\u{7f}"
+        );
     }
 }

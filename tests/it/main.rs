@@ -18,6 +18,7 @@ mod nginx_harness;
 mod ops;
 mod pool;
 mod responses;
+mod s3;
 mod send_timeout;
 mod store;
 mod streaming;

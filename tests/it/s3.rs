@@ -1,0 +1,319 @@
+//! `errors = "s3"`: over the test double, what the dialect changes and what it leaves;
+//! and end to end, boto3 against fencegate in front of `s3s-fs`, a real S3 server that
+//! verifies SigV4. Both are installed by `scripts/test.sh` (s3s-fs with `cargo install`
+//! into `target/s3s-fs`, boto3 into the virtualenv `target/s3-venv`); the end-to-end test
+//! run without them fails and says so.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support;
+
+const ACCESS_KEY: &str = "AKFENCEGATETEST";
+const SECRET_KEY: &str = "SKFENCEGATETESTsecret";
+/// How long the boto3 script may take (it uploads about 5 MiB twice over loopback).
+const SCRIPT_BOUND: Duration = Duration::from_secs(120);
+const POLL: Duration = Duration::from_millis(20);
+
+fn in_target(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(rel)
+}
+
+/// The installed tool at `rel` under target/, or a failure saying how to get it.
+fn tool(rel: &str, what: &str) -> PathBuf {
+    let path = in_target(rel);
+    assert!(
+        path.is_file(),
+        "{what} is missing ({}): run `bash scripts/test.sh`, which installs it",
+        path.display()
+    );
+    path
+}
+
+/// An `s3s-fs` process on loopback, its data under a temporary root; killed on drop.
+struct S3sFs {
+    child: Child,
+    addr: SocketAddr,
+    _root: tempfile::TempDir,
+}
+
+impl S3sFs {
+    fn start() -> S3sFs {
+        let bin = tool("s3s-fs/bin/s3s-fs", "s3s-fs");
+        let root = tempfile::tempdir().expect("s3s-fs root");
+        let port = support::free_port();
+        let child = Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(root.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn s3s-fs");
+        let mut server = S3sFs {
+            child,
+            addr: ([127, 0, 0, 1], port).into(),
+            _root: root,
+        };
+        let deadline = Instant::now() + support::BOUND;
+        while std::net::TcpStream::connect(server.addr).is_err() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("s3s-fs exited before listening: {status}");
+            }
+            assert!(Instant::now() < deadline, "s3s-fs did not listen");
+            std::thread::sleep(POLL);
+        }
+        server
+    }
+}
+
+impl Drop for S3sFs {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config(upstream: SocketAddr) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+settle = "0s"
+[[upstream]]
+name = "s3"
+url = "http://{upstream}"
+[[route]]
+name = "objects"
+path = "/{{bucket}}/{{*key}}"
+scope = "object/{{bucket}}/{{key}}"
+upstream = "s3"
+methods = ["PUT", "POST", "DELETE"]
+errors = "s3"
+[[route]]
+name = "buckets"
+path = "/{{bucket}}"
+upstream = "s3"
+fenced = false
+errors = "s3"
+"#
+    )
+}
+
+/// Runs the boto3 script against `endpoint`; its exit status and what it printed.
+async fn boto3(endpoint: SocketAddr) -> (std::process::ExitStatus, String, String) {
+    let python = tool("s3-venv/bin/python", "the boto3 virtualenv");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/s3_sdk.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .arg(format!("http://{endpoint}"))
+        .args([ACCESS_KEY, SECRET_KEY])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn python");
+    // Read on their own threads, so a full pipe never stalls the script.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + SCRIPT_BOUND;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait python") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the boto3 script took over {SCRIPT_BOUND:?}");
+        }
+        // The proxy runs on this runtime's other threads meanwhile.
+        tokio::time::sleep(POLL).await;
+    };
+    let out = out.join().expect("stdout reader");
+    let err = err.join().expect("stderr reader");
+    (status, out, err)
+}
+
+/// Put, multipart upload, stale put and stale delete through boto3, every request signed
+/// with SigV4 and verified by s3s-fs behind fencegate: the refusals surface in boto3 as
+/// `ClientError` with `Error.Code` "StaleFence" and fencegate's fields, and the object
+/// keeps the token-6 content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_through_fencegate_to_a_sigv4_server() {
+    let s3 = S3sFs::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let proxy = support::start_text(&config(s3.addr), dir.path()).await;
+    let (status, out, err) = boto3(proxy.proxy_addr).await;
+    println!("{out}");
+    assert!(
+        status.success(),
+        "boto3 script failed ({status}):\n{out}\n{err}"
+    );
+    for step in [
+        "create_bucket: ok",
+        "put token 5: ok",
+        "multipart token 6: ok",
+        "get: token 6 content",
+        "unsigned token header: ok",
+        "wrong secret: refused by the server code=SignatureDoesNotMatch",
+        "s3 sdk: all ok",
+    ] {
+        assert!(out.contains(step), "no `{step}` in:\n{out}");
+    }
+    for (what, presented) in [
+        ("put token 4", "4"),
+        ("delete token 4", "4"),
+        ("unsigned put token 3", "3"),
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{what}: refused")))
+            .unwrap_or_else(|| panic!("no refusal of `{what}` in:\n{out}"));
+        assert!(line.contains("code=StaleFence status=409"), "{line}");
+        assert!(line.contains("result=stale_fence"), "{line}");
+        assert!(line.contains(&format!("presented={presented} ")), "{line}");
+        assert!(line.contains("message=A newer lock generation"), "{line}");
+    }
+    let put4 = out
+        .lines()
+        .find(|l| l.starts_with("put token 4: refused"))
+        .expect("put token 4");
+    assert!(
+        put4.contains("scope=object/reports/2026/july.csv "),
+        "{put4}"
+    );
+    assert!(put4.contains("highest=6 "), "{put4}");
+}
+
+/// The same routes twice over the test double, one in each dialect: fencegate's refusals
+/// differ only in body and `Content-Type`; answers from the upstream, and a pass-through
+/// route's, are the same bytes in both.
+#[tokio::test]
+async fn the_dialect_changes_only_fencegates_own_bodies() {
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+settle = "0s"
+[[upstream]]
+name = "u"
+url = "http://{}"
+[[route]]
+name = "xml"
+path = "/xml/{{bucket}}/{{*key}}"
+scope = "xml/{{key}}"
+upstream = "u"
+errors = "s3"
+[[route]]
+name = "xml-open"
+path = "/xml-open/{{*key}}"
+upstream = "u"
+fenced = false
+errors = "s3"
+[[route]]
+name = "json"
+path = "/json/{{bucket}}/{{*key}}"
+scope = "json/{{key}}"
+upstream = "u"
+"#,
+        double.addr
+    );
+    let proxy = support::start_text(&text, dir.path()).await;
+    let client = support::Client::new(proxy.proxy_addr);
+    // Headers fencegate sets on every answer it makes; the rest must match too.
+    let same_heads = |a: &support::Resp, b: &support::Resp| {
+        assert_eq!(a.status, b.status);
+        for name in [
+            "fencing-result",
+            "cache-control",
+            "retry-after",
+            "connection",
+        ] {
+            assert_eq!(a.headers.get(name), b.headers.get(name), "{name}");
+        }
+        let names = |r: &support::Resp| {
+            let mut v: Vec<String> = r.headers.keys().map(|k| k.to_string()).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(a), names(b));
+    };
+
+    for (dialect, base) in [("xml", "/xml/b"), ("json", "/json/b")] {
+        let ok = client.put(&format!("{base}/a&b'c.txt"), "7", "x").await;
+        assert_eq!(ok.status, 200, "{dialect}: {ok:?}");
+        assert_eq!(ok.result(), "accepted");
+        assert_eq!(ok.headers["x-upstream"], "double");
+        assert_eq!(ok.body, format!("PUT {base}/a&b'c.txt token=7"));
+    }
+
+    let stale_xml = client.put("/xml/b/a&b'c.txt", "6", "x").await;
+    let stale_json = client.put("/json/b/a&b'c.txt", "6", "x").await;
+    same_heads(&stale_xml, &stale_json);
+    assert_eq!(stale_xml.status, 409);
+    assert_eq!(stale_xml.headers["content-type"], "application/xml");
+    assert_eq!(
+        stale_json.headers["content-type"],
+        "application/problem+json"
+    );
+    let id = stale_xml.headers["x-request-id"]
+        .to_str()
+        .expect("request id");
+    assert_eq!(
+        stale_xml.body,
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>StaleFence</Code>\
+             <Message>A newer lock generation reached this scope; discard this work and re-acquire</Message>\
+             <Resource>/xml/b/a&amp;b&apos;c.txt</Resource><RequestId>{id}</RequestId>\
+             <FencingResult>stale_fence</FencingResult><Scope>xml/a&amp;b&apos;c.txt</Scope>\
+             <Presented>6</Presented><HighestAccepted>7</HighestAccepted></Error>"
+        )
+    );
+    assert_eq!(stale_json.json()["result"], "stale_fence");
+
+    let missing_xml = client.send("DELETE", "/xml/b/k", &[], "").await;
+    let missing_json = client.send("DELETE", "/json/b/k", &[], "").await;
+    same_heads(&missing_xml, &missing_json);
+    assert_eq!(missing_xml.status, 428);
+    assert!(
+        missing_xml
+            .body
+            .contains("<Code>MissingFencingToken</Code>"),
+        "{}",
+        missing_xml.body
+    );
+    assert!(missing_xml.body.contains("<Scope>xml/k</Scope>"));
+    assert!(!missing_xml.body.contains("<Presented>"));
+
+    // A pass-through route on the S3 dialect: the upstream's answer as it is.
+    let open = client.get("/xml-open/any/thing").await;
+    assert_eq!(open.status, 200);
+    assert_eq!(open.headers["x-upstream"], "double");
+    assert_eq!(open.body, "GET /xml-open/any/thing token=-");
+    assert!(open.headers.get("fencing-result").is_none());
+}
