@@ -354,7 +354,6 @@ impl<S> Fence<S, Typed> {
     /// The binary's way in (see [`Stage`]): without a clone or a box. (A plain function
     /// returning its future, as the stages' own.)
     #[allow(clippy::manual_async_fn)]
-    #[inline]
     pub(crate) fn serve<B>(
         &self,
         req: Request<B>,

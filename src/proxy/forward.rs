@@ -780,7 +780,6 @@ where
 
 /// The forwarder as the binary calls it (see [`crate::proxy::fence::Stage`]).
 impl crate::proxy::fence::Stage<Body> for super::Forwarder {
-    #[inline]
     fn serve(
         &self,
         a: crate::proxy::fence::Admitted<Body>,

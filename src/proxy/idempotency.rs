@@ -98,7 +98,6 @@ pin_project_lite::pin_project! {
 impl<F: Future<Output = Response<Body>>> Future for Served<F> {
     type Output = Response<Body>;
 
-    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Body>> {
         match self.project() {
             ServedProj::Passed { fut } => fut.poll(cx),
@@ -122,9 +121,6 @@ where
     B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,
 {
-    // Inlined, as are the forwarder's and `Served::poll`: the exchange's future is then
-    // built where it is kept, not built and copied out (callgrind showed the copies).
-    #[inline]
     fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_ {
         let Admitted {
             req,
