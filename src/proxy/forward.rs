@@ -622,7 +622,7 @@ pub fn client_response(
 }
 
 /// Whether a response body that fails may hold its error back one poll, so that what came
-/// before it (the head at least) reaches the client first: see [`GuardedBody::poll_frame`].
+/// before it (the head at least) reaches the client first: see `GuardedBody`'s `poll_frame`.
 /// Not for an HTTP/1.0 client of a response without `Content-Length` (`headers`: the
 /// response's), which ends where the connection closes: a cut there would read as the
 /// body's end, where no answer at all cannot.
@@ -704,7 +704,7 @@ struct GuardedBody<B> {
     held: Option<(Arc<Held>, Deadline, Duration)>,
     /// Whether an error is held back for one poll ([`holds_back`]).
     hold_back: bool,
-    /// An error held back for one poll: see [`GuardedBody::poll_frame`].
+    /// An error held back for one poll: see `GuardedBody`'s `poll_frame`.
     failed: Option<BoxError>,
 }
 
