@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::fence::Gates;
 use crate::listen::{ConnLimits, Flaw, Hooks, closing_if_unread, spawn_listener, spawn_workers};
 use crate::metrics::Metrics;
-use crate::proxy::{Body, Proxy};
+use crate::proxy::{Outcome, Proxy};
 use crate::store::MarkStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -230,7 +230,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         &config.server,
         limits,
         tls.clone(),
-        proxy_hooks(app.metrics.clone()),
+        proxy_hooks(&app),
         move |req, peer| {
             let app = proxy_app.clone();
             async move { app.proxy.handle(req, peer, https).await }
@@ -317,11 +317,16 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
 }
 
 /// What the proxy's workers ask of it beyond the handler: its own answer to a head with a
-/// flaw hyper hides (counted as unrouted), and per-thread sweeps of idle upstream
-/// connections (they close on time even when no request comes).
-fn proxy_hooks(metrics: Arc<Metrics>) -> Hooks {
+/// flaw hyper hides (through the proxy's one refusal path, counted as unrouted), and
+/// per-thread sweeps of idle upstream connections (they close on time even when no
+/// request comes).
+fn proxy_hooks(app: &Arc<State>) -> Hooks {
+    let app = Arc::downgrade(app);
     Hooks {
-        refuse: Arc::new(move |flaw, method| refuse_flaw(flaw, method, Some(&metrics))),
+        refuse: Arc::new(move |flaw, method| match app.upgrade() {
+            Some(app) => app.proxy.refuse_unrouted(method, flawed(flaw)),
+            None => flawed(flaw).into_response(),
+        }),
         per_worker: Some(|| {
             Box::pin(async {
                 let mut tick = tokio::time::interval(crate::proxy::upstream::SWEEP_EVERY);
@@ -337,34 +342,27 @@ fn proxy_hooks(metrics: Arc<Metrics>) -> Hooks {
 /// The admin and authority listeners': the same answer to a flawed head, counted nowhere.
 pub(crate) fn service_hooks() -> Hooks {
     Hooks {
-        refuse: Arc::new(|flaw, method| refuse_flaw(flaw, method, None)),
+        refuse: Arc::new(|flaw, _method| flawed(flaw).into_response()),
         per_worker: None,
     }
 }
 
-/// The answer to an HTTP/1 request whose head has a flaw hyper hides (see
-/// [`crate::listen::h1_scan`]): 400, and the connection closes after it (what follows the head
-/// is not read as this request's body, nor as another request). Nothing is forwarded.
-fn refuse_flaw(
-    flaw: Flaw,
-    method: &http::Method,
-    counts: Option<&Metrics>,
-) -> hyper::Response<Body> {
-    let outcome = match flaw {
-        Flaw::Fragment => crate::proxy::Outcome::InvalidPath {
+/// The refusal of an HTTP/1 request whose head has a flaw hyper hides (see
+/// [`crate::listen::h1_scan`]): 400; the listener closes the connection after it (what
+/// follows the head is not read as this request's body, nor as another request).
+/// Nothing is forwarded.
+fn flawed(flaw: Flaw) -> Outcome {
+    match flaw {
+        Flaw::Fragment => Outcome::InvalidPath {
             detail: "the request target has a #fragment (a client sends none; it would be cut off before routing)".into(),
         },
-        Flaw::LengthAndEncoding => crate::proxy::Outcome::InvalidRequest {
+        Flaw::LengthAndEncoding => Outcome::InvalidRequest {
             detail: "both Content-Length and Transfer-Encoding".into(),
         },
-        Flaw::Unfollowed => crate::proxy::Outcome::InvalidRequest {
+        Flaw::Unfollowed => Outcome::InvalidRequest {
             detail: "the framing of an earlier request on this connection could not be followed (a length, a chunk or a head beyond what is checked); open a new connection".into(),
         },
-    };
-    if let Some(metrics) = counts {
-        metrics.count_unrouted(crate::metrics::Op::of(method), outcome.result());
     }
-    outcome.into_response()
 }
 
 /// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new

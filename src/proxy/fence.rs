@@ -325,6 +325,19 @@ impl<S, H> Fence<S, H> {
         &self.shared.refusals
     }
 
+    /// Refuses a request that was never routed (the listener's own refusals, e.g. a head
+    /// with a flaw hyper hides), through the one refusal path: counted as unrouted.
+    pub(crate) fn refuse_unrouted(
+        &self,
+        method: &http::Method,
+        outcome: Outcome,
+    ) -> Response<Body> {
+        let table = self.shared.table.load();
+        self.shared
+            .refusals
+            .refuse(&table, None, Op::of(method), outcome, None, None)
+    }
+
     pub(crate) fn layer(&self) -> FenceLayer<H> {
         FenceLayer {
             shared: self.shared.clone(),

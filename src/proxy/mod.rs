@@ -287,6 +287,11 @@ impl Proxy {
         self.stack.refusals()
     }
 
+    /// Refuses a request the listener does not hand on (see [`Fence::refuse_unrouted`]).
+    pub(crate) fn refuse_unrouted(&self, method: &Method, outcome: Outcome) -> Response<Body> {
+        self.stack.refuse_unrouted(method, outcome)
+    }
+
     pub fn access_log(&self) -> &crate::access_log::AccessLog {
         &self.refusals().access
     }
