@@ -122,21 +122,7 @@ where
     B::Error: Into<BoxError>,
 {
     fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_ {
-        let Admitted {
-            req,
-            table,
-            plan,
-            conn,
-        } = a;
-        let req = req.map(|b| b.map_err(Into::into).boxed());
-        let keyed =
-            plan.guard.is_some() && table.config.routes[plan.route].idempotency != Mode::Off;
-        let a = Admitted {
-            req,
-            table,
-            plan,
-            conn,
-        };
+        let (a, keyed) = boxed_and_keyed(a);
         if !keyed {
             return Served::Passed {
                 fut: self.inner.serve(a),
@@ -148,6 +134,33 @@ where
             fut: Box::pin(async move { Ok(state.handle(inner, a).await) }),
         }
     }
+}
+
+/// The admitted request with its body boxed, and whether this stage keys it (a fenced
+/// generation on a route with `idempotency` on); both ways in ([`Stage`] and `Service`)
+/// decide with it.
+fn boxed_and_keyed<B>(a: Admitted<B>) -> (Admitted<Body>, bool)
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    let Admitted {
+        req,
+        table,
+        plan,
+        conn,
+    } = a;
+    let req = req.map(|b| b.map_err(Into::into).boxed());
+    let keyed = plan.guard.is_some() && table.config.routes[plan.route].idempotency != Mode::Off;
+    (
+        Admitted {
+            req,
+            table,
+            plan,
+            conn,
+        },
+        keyed,
+    )
 }
 
 impl<S, B> tower::Service<Admitted<B>> for Idempotent<S>
@@ -169,21 +182,7 @@ where
     }
 
     fn call(&mut self, a: Admitted<B>) -> Self::Future {
-        let Admitted {
-            req,
-            table,
-            plan,
-            conn,
-        } = a;
-        let req = req.map(|b| b.map_err(Into::into).boxed());
-        let keyed =
-            plan.guard.is_some() && table.config.routes[plan.route].idempotency != Mode::Off;
-        let a = Admitted {
-            req,
-            table,
-            plan,
-            conn,
-        };
+        let (a, keyed) = boxed_and_keyed(a);
         if !keyed {
             return Step::Passed {
                 fut: self.inner.call(a),

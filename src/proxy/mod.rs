@@ -645,8 +645,10 @@ impl Forwarder {
             let upstream_index = config.routes[route].upstream;
             let upstream = &config.upstreams[upstream_index];
             let tls_client = table.clients[upstream_index].as_ref();
-            let resource = req.uri().path().to_owned();
-            let fail = |outcome: Outcome| table.refuse(route, op, outcome, Some(&resource));
+            // The path is named only in an S3 error document: copied only on such routes.
+            let resource = (config.routes[route].errors != problem::Dialect::Problem)
+                .then(|| req.uri().path().to_owned());
+            let fail = |outcome: Outcome| table.refuse(route, op, outcome, resource.as_deref());
             let trusted = config
                 .server
                 .trusted_proxies
