@@ -5,6 +5,7 @@
 #
 #   bash benches/callgrind.sh            # 1,000- and 3,000-request runs of each, 3 times
 #   SHORT=500 LONG=1500 REPEAT=1 bash benches/callgrind.sh
+#   MODES=plain REPEAT=5 bash benches/callgrind.sh  # plain W1 only, 5 pairs
 #   KEEP=/tmp/cg bash benches/callgrind.sh  # keeps the callgrind.out files there, for
 #                                           # callgrind_annotate --diff (or one by one)
 #
@@ -29,6 +30,21 @@ SHORT="${SHORT:-1000}"
 LONG="${LONG:-3000}"
 KEEP="${KEEP:-}"
 REPEAT="${REPEAT:-3}"
+# Which W1 variants: plain (always), header, proofed.
+MODES="${MODES:-plain header proofed}"
+for mode in $MODES; do
+    case "$mode" in
+    plain | header | proofed) ;;
+    *)
+        echo "MODES: unknown mode $mode (plain, header, proofed)" >&2
+        exit 2
+        ;;
+    esac
+done
+if [[ " $MODES " != *" plain "* ]]; then
+    echo "MODES must include plain (the other rows are ratios to it)" >&2
+    exit 2
+fi
 if ! [[ "$REPEAT" =~ ^[1-9]$ ]]; then
     echo "REPEAT must be 1 to 9" >&2
     exit 2
@@ -230,7 +246,7 @@ EOF
     rm -rf "$dir"
 }
 
-modes=(plain header proofed)
+read -r -a modes <<<"$MODES"
 declare -A each
 for r in $(seq "$REPEAT"); do
     for mode in "${modes[@]}"; do
@@ -260,5 +276,9 @@ row() {
         "$(python3 -c "print(f'{$v / $plain:.3f}')")" "${each[$mode]}"
 }
 row "W1 (equal token)" plain
-row "W1 + the same Fencing-Proof, on a proof = off route" header
-row "W1 with proofs required" proofed
+if [ -n "${each[header]:-}" ]; then
+    row "W1 + the same Fencing-Proof, on a proof = off route" header
+fi
+if [ -n "${each[proofed]:-}" ]; then
+    row "W1 with proofs required" proofed
+fi

@@ -780,6 +780,10 @@ where
 
 /// The forwarder as the binary calls it (see [`crate::proxy::fence::Stage`]).
 impl crate::proxy::fence::Stage<Body> for super::Forwarder {
+    // Forced inline, as the idempotency stage's: with the exchange's future returned as
+    // it is, 29,285 instructions per W1 request against 29,597 with neither (see
+    // docs/PERFORMANCE.md).
+    #[inline(always)]
     fn serve(
         &self,
         a: crate::proxy::fence::Admitted<Body>,
@@ -790,7 +794,9 @@ impl crate::proxy::fence::Stage<Body> for super::Forwarder {
             plan,
             conn,
         } = a;
-        async move { self.forward(&table, req, plan, conn.peer, conn.tls).await }
+        // The exchange's own future, not one wrapped around it: one state machine less
+        // per request.
+        self.forward(table, req, plan, conn.peer, conn.tls)
     }
 }
 
@@ -821,7 +827,7 @@ impl tower::Service<crate::proxy::fence::Admitted<Body>> for super::Forwarder {
                 plan,
                 conn,
             } = a;
-            Ok(fwd.forward(&table, req, plan, conn.peer, conn.tls).await)
+            Ok(fwd.forward(table, req, plan, conn.peer, conn.tls).await)
         })
     }
 }

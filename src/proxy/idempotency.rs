@@ -121,6 +121,9 @@ where
     B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,
 {
+    // Forced inline with the forwarder's (see there): the unkeyed request's path is a
+    // pass-through.
+    #[inline(always)]
     fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_ {
         let (a, keyed) = boxed_and_keyed(a);
         if !keyed {

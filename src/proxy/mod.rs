@@ -622,9 +622,10 @@ impl Forwarder {
     /// Forwards an admitted request. (A plain function returning its future, as
     /// [`Proxy::handle`].)
     #[allow(clippy::manual_async_fn)]
+    #[inline(always)]
     pub(crate) fn forward<'a>(
         &'a self,
-        table: &'a Table,
+        table: Arc<Table>,
         req: Request<Body>,
         plan: Plan,
         peer: SocketAddr,
@@ -639,6 +640,7 @@ impl Forwarder {
                 ..
             } = plan;
             let fenced = guard.is_some();
+            let table = &*table;
             let config = &table.config;
             let row = &table.rows[route];
             let max_body = config.routes[route].max_body;
