@@ -141,7 +141,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
         spans.push((name, value));
     }
     let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    // Room for one more: the proxy adds `Fencing-Result` to every fenced answer, and a
+    // map made for exactly the upstream's headers would grow (allocate anew) for it.
+    let mut headers = HeaderMap::with_capacity(spans.len() + 1);
     let mut close = minor == 0;
     let mut has_length = false;
     for (name, value) in spans {
