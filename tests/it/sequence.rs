@@ -408,3 +408,78 @@ async fn a_recorded_sequence_survives_a_kill() {
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
 }
+
+/// The Rust client numbers the requests of a lease by itself: every numbered fence of one
+/// lease shares one count from 1, the backend sees them in order, and a request the
+/// caller gave its own number keeps it (here an old one: refused, typed).
+#[tokio::test]
+async fn the_client_numbers_a_leases_requests() {
+    use fencegate::client::{Fence, FenceResult, FencedHttp, Lease};
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start_text(&config_with_sequence_routes(double.addr), dir.path()).await;
+    let http = FencedHttp::new(&format!("http://{}", proxy.proxy_addr)).unwrap();
+    let lease = Lease::from_parts(
+        "catalog/daily".into(),
+        "l".into(),
+        t(7),
+        tokio::time::Instant::now() + Duration::from_secs(60),
+    );
+    let first = lease.fence().unwrap().numbered();
+    let second = lease.fence().unwrap().numbered();
+    for (fence, body) in [(&first, "v1"), (&second, "v2"), (&first, "v3")] {
+        let r = http.put(fence, "/catalog/daily", body).await.unwrap();
+        assert!(matches!(r, FenceResult::Applied { .. }), "{body}: {r:?}");
+    }
+    let numbers: Vec<_> = double
+        .seen()
+        .iter()
+        .map(|s| s.header("fencing-sequence").unwrap_or("-").to_string())
+        .collect();
+    assert_eq!(numbers, ["1", "2", "3"]);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("fencing-sequence", http::HeaderValue::from_static("2"));
+    let r = http
+        .send(
+            &first,
+            http::Method::PUT,
+            "/catalog/daily",
+            headers,
+            bytes::Bytes::from_static(b"late"),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            r,
+            FenceResult::StaleSequence {
+                highest_sequence: Some(3)
+            }
+        ),
+        "{r:?}"
+    );
+    assert!(
+        lease.is_held(),
+        "an out-of-order request does not lose the lease"
+    );
+    // A fence apart from a lease counts on its own; an unnumbered one sends none (and
+    // the route requires one).
+    let apart = Fence::new("catalog/daily", t(8)).numbered();
+    assert!(matches!(
+        http.put(&apart, "/catalog/daily", "v4").await.unwrap(),
+        FenceResult::Applied { .. }
+    ));
+    assert_eq!(
+        double
+            .seen()
+            .last()
+            .and_then(|s| s.header("fencing-sequence").map(str::to_string)),
+        Some("1".into())
+    );
+    let plain = Fence::new("catalog/daily", t(8));
+    assert!(matches!(
+        http.put(&plain, "/catalog/daily", "v5").await,
+        Err(fencegate::client::FencedError::Refused { status: 400, .. })
+    ));
+    proxy.shutdown().await;
+}
