@@ -656,7 +656,11 @@ fn w2s_row(w2s: &Series, w2: &Series) -> (Row, String) {
         median(&cpu)
     );
     let note = format!(
-        "W2S: like W2, connection `c` owns the scopes `i ≡ c (mod 64)` of 1,000 fresh ones per          round and visits them in turn, but every scope was taken once with token 1 before the          run (not measured) and each request carries token 1 and the scope's next          `Fencing-Sequence` (1, 2, …): a durable record per request, of the sequence rather          than of a new mark. Per-round ratios W2S / W2: req/s {}, proxy CPU per request {}",
+        "W2S: like W2, connection `c` owns the scopes `i ≡ c (mod 64)` of 1,000 fresh ones per \
+         round and visits them in turn, but every scope was taken once with token 1 before the \
+         run (not measured) and each request carries token 1 and the scope's next \
+         `Fencing-Sequence` (1, 2, …): a durable record per request, of the sequence rather \
+         than of a new mark. Per-round ratios W2S / W2: req/s {}, proxy CPU per request {}",
         each(&rps),
         each(&cpu)
     );

@@ -1133,6 +1133,18 @@ impl Gates {
         self.store.get(scope)
     }
 
+    /// The mark with its `Fencing-Sequence`, as the gates see it (memory if hot, else disk).
+    pub fn mark_with_sequence(&self, scope: &str) -> Result<Option<Mark>, StoreError> {
+        if let Some(g) = self.shard(scope).gates.get(scope) {
+            let st = g.lock();
+            return Ok(st.current.map(|token| Mark {
+                token,
+                sequence: st.sequence,
+            }));
+        }
+        self.store.get_mark(scope)
+    }
+
     /// Requests waiting at a gate for an older generation to drain or settle.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)

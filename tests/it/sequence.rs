@@ -216,14 +216,33 @@ async fn publish(client: &Client, path: &str, token: &str, seq: &str, body: &str
         .await
 }
 
+/// Waits (bounded) until the access log at `path` holds `n` lines; answers them.
+async fn access_log(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
+    tokio::time::timeout(BOUND, async {
+        loop {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if text.lines().count() >= n {
+                return text
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("a JSON line"))
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("access log lines")
+}
+
 /// One owner publishes #1 then #2; the network delivers #2 first. #2 lands, #1 is
 /// refused `stale_sequence` with the highest sequence, and the catalog still points at
-/// #2. Counted in the request metrics.
+/// #2. Counted in the request metrics and written to the access log.
 #[tokio::test]
 async fn a_reordered_publish_cannot_move_the_catalog_back() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = support::start_text(&config_with_sequence_routes(double.addr), dir.path()).await;
+    let text = config_with_sequence_routes(double.addr) + "\n[log]\naccess = \"access.log\"\n";
+    let proxy = support::start_text(&text, dir.path()).await;
     let client = Client::new(proxy.proxy_addr);
     let path = "/catalog/daily";
 
@@ -244,6 +263,22 @@ async fn a_reordered_publish_cannot_move_the_catalog_back() {
     assert_eq!((next.status, next.result()), (200, "accepted"));
     assert_eq!(catalog(&double, path).as_deref(), Some("v3"));
 
+    let log = access_log(&dir.path().join("access.log"), 3).await;
+    let (accepted, refused) = (&log[0], &log[1]);
+    assert_eq!(
+        (accepted["result"].as_str(), accepted["sequence"].as_str()),
+        (Some("accepted"), Some("2"))
+    );
+    assert!(accepted["highest_sequence"].is_null(), "{accepted}");
+    assert_eq!(
+        (
+            refused["result"].as_str(),
+            refused["sequence"].as_str(),
+            refused["highest_sequence"].as_str()
+        ),
+        (Some("stale_sequence"), Some("1"), Some("2")),
+        "{refused}"
+    );
     let metrics = Client::new(proxy.admin_addr).get("/metrics").await.body;
     assert_eq!(
         support::metric_value(
@@ -405,8 +440,31 @@ async fn a_recorded_sequence_survives_a_kill() {
     assert_eq!(r.result(), "stale_sequence", "the last acknowledged one");
     let r = publish(&client, path, "7", "3", "v3").await;
     assert_eq!((r.status, r.result()), (200, "accepted"));
+    // The admin API and the offline CLI show the sequence with the mark.
+    let v = Client::new(proc.admin)
+        .get("/v1/scopes/report%2Fdaily")
+        .await
+        .json();
+    assert_eq!(
+        (
+            v["highest_accepted"].as_str(),
+            v["highest_sequence"].as_str()
+        ),
+        (Some("7"), Some("3"))
+    );
     proc.child.kill().unwrap();
     proc.child.wait().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(["marks", "get", "report/daily", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "7\nsequence 3\n");
 }
 
 /// The Rust client numbers the requests of a lease by itself: every numbered fence of one
