@@ -541,3 +541,37 @@ async fn the_client_numbers_a_leases_requests() {
     ));
     proxy.shutdown().await;
 }
+
+/// A retry of a forwarded sequenced request is the Idempotency-Key's job: with the same
+/// sequence it is out of order; with the same key and the next sequence (what the Rust
+/// client sends) it is the stored answer, and the backend sees the request once.
+#[tokio::test]
+async fn a_keyed_retry_takes_the_next_sequence_and_is_a_duplicate() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start(support::config(double.addr, dir.path())).await;
+    let client = Client::new(proxy.proxy_addr);
+    let send = |seq: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .send(
+                    "PUT",
+                    "/idem/k",
+                    &[
+                        ("fencing-token", "7"),
+                        ("fencing-sequence", seq),
+                        ("idempotency-key", "\"op-1\""),
+                    ],
+                    "v",
+                )
+                .await
+        }
+    };
+    assert_eq!(send("1").await.result(), "accepted");
+    assert_eq!(send("1").await.result(), "stale_sequence");
+    let retry = send("2").await;
+    assert_eq!((retry.status, retry.result()), (200, "duplicate"));
+    assert_eq!(double.seen().len(), 1);
+    proxy.shutdown().await;
+}
