@@ -12,8 +12,8 @@
 //! `server.workers` and nginx proxy_pass's worker processes, default 2), `--rounds N`
 //! (rounds of the null-backend workloads and their baselines, default 5, smoke 1: each
 //! round measures direct, bare hyper, nginx proxy_pass, W1, W1 with proofs, W3, the bare
-//! 409 server, W2, W2 with proofs and PostgreSQL in a row, and every ratio is the median
-//! of its per-round ratios).
+//! 409 server, W2, W2 with proofs, W2S (one token, a new `Fencing-Sequence` per request)
+//! and PostgreSQL in a row, and every ratio is the median of its per-round ratios).
 //!
 //! It starts everything itself on 127.0.0.1: nginx null (`return 204`), nginx WebDAV,
 //! nginx proxy_pass (keepalive upstream, 2 workers) in front of each, fencegate (the
@@ -26,7 +26,7 @@
 //!
 //! Writes `RESULTS.md` (machine, table, details) and `load.svg` to the output directory
 //! and prints the table. Exits non-zero if any workload got an answer it should not
-//! have (W1/W2, with or without proofs, anything but 2xx `accepted`, W3 anything but 409 `stale_fence`, a
+//! have (W1/W2/W2S, with or without proofs, anything but 2xx `accepted`, W3 anything but 409 `stale_fence`, a
 //! baseline anything but 2xx, a request without response): correctness, never speed.
 
 #[path = "load/bare.rs"]
@@ -608,6 +608,65 @@ impl Bench<'_> {
     }
 }
 
+const W2S_NAME: &str = "W2S sequenced (one token, a durable Fencing-Sequence per request)";
+
+/// One round of W2S: fresh scopes, each taken with token 1 first (not measured), then
+/// every request under that token with the scope's next `Fencing-Sequence`, so that each
+/// is a durable record of its sequence (in the journal, like W2's advances), never an
+/// advance of the token.
+async fn measure_w2s(b: &mut Bench<'_>, proxy: SocketAddr, round: usize, watch: &Watch) -> Row {
+    let prefix = format!("/reports/w2sr{round}-s");
+    b.prime(proxy, &prefix, SCOPES, 1).await;
+    let (o, cpu) = b
+        .load(
+            proxy,
+            &prefix,
+            Plan::Sequenced {
+                scopes: SCOPES,
+                token: 1,
+            },
+            Expect::Accepted,
+            watch,
+        )
+        .await;
+    measured(
+        "null backend (nginx `return 204`)",
+        W2S_NAME,
+        Kind::Fencegate,
+        &o,
+        cpu,
+    )
+}
+
+/// W2S's median row, judged against W2 of the same rounds, and its note.
+fn w2s_row(w2s: &Series, w2: &Series) -> (Row, String) {
+    let rps = w2s.over(w2, |a, b| a.rps / b.rps);
+    let cpu = w2s.over(w2, |a, b| a.proxy_us / b.proxy_us);
+    let each = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut row = w2s.median_row();
+    row.target = "— (its cost against W2 is reported)".into();
+    row.ratio = format!(
+        "{:.2}× W2 req/s; {:.2}× W2's proxy CPU per request",
+        median(&rps),
+        median(&cpu)
+    );
+    let note = format!(
+        "W2S: like W2, connection `c` owns the scopes `i ≡ c (mod 64)` of 1,000 fresh ones per \
+         round and visits them in turn, but every scope was taken once with token 1 before the \
+         run (not measured) and each request carries token 1 and the scope's next \
+         `Fencing-Sequence` (1, 2, …): a durable record per request, of the sequence rather \
+         than of a new mark. Per-round ratios W2S / W2: req/s {}, proxy CPU per request {}",
+        each(&rps),
+        each(&cpu)
+    );
+    (row, note)
+}
+
 async fn run(args: &Args) -> Result<bool, Error> {
     let mode = if args.smoke {
         format!(
@@ -765,6 +824,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
         mut w2p,
         mut pg_s,
     ] = std::array::from_fn(|_| Series::default());
+    let mut w2s = Series::default();
     let mut w2p_signed = 0;
     let (mut w1_metrics, mut w2_metrics) = (Scrape::default(), Scrape::default());
     let secs = args.duration.as_secs().max(1) as u32;
@@ -772,7 +832,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
         step(&format!(
             "null backend, round {round} of {}: direct, bare hyper, nginx proxy_pass, \
              fencegate W1, W1 with proofs, W3, bare 409 server, fencegate W2, W2 with proofs, \
-             PostgreSQL",
+             W2S, PostgreSQL",
             args.rounds
         ));
         let null_only = Watch::of(None, null.pid());
@@ -888,6 +948,7 @@ async fn run(args: &Args) -> Result<bool, Error> {
             .await;
         w2p_signed += w2_proofs.signed();
         w2p.push(measured(NULL, W2P_NAME, Kind::Fencegate, &o, cpu));
+        w2s.push(measure_w2s(&mut b, fg.proxy, round, &fenced).await);
         if let Some(pg) = &pg {
             let res = pg.bench(CONNS as u32, 2, secs, true)?;
             let mut r = Row::new(PG, PG_NAME, Kind::Postgres);
@@ -1020,6 +1081,9 @@ async fn run(args: &Args) -> Result<bool, Error> {
         ratio3(w2p_cpu)
     );
     b.push(w2p_row);
+    let (row, note) = w2s_row(&w2s, &w2);
+    b.push(row);
+    b.notes.push(note);
     b.notes.push(format!(
         "Token proofs: the route `/proofed/{{report}}/{{*rest}}` (scope `proofed/{{report}}`, the null \
          backend) has `proof = \"required\"` and `[fencing] proof_keys` holds a key made with \

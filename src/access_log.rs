@@ -292,6 +292,10 @@ pub struct Entry<'a> {
     pub scope: Option<&'a str>,
     pub token: Option<crate::token::Token>,
     pub highest: Option<crate::token::Token>,
+    /// The request's `Fencing-Sequence`, and the highest recorded for its token when it
+    /// was refused `stale_sequence` (SPEC §11).
+    pub sequence: Option<u64>,
+    pub highest_sequence: Option<u64>,
     pub result: &'a str,
     pub status: u16,
     /// Body bytes of the response when its length is known at its head (`Content-Length`
@@ -319,6 +323,13 @@ impl Entry<'_> {
         json_opt(&mut s, self.token.map(|t| t.to_string()).as_deref());
         s.push_str(",\"highest\":");
         json_opt(&mut s, self.highest.map(|t| t.to_string()).as_deref());
+        s.push_str(",\"sequence\":");
+        json_opt(&mut s, self.sequence.map(|n| n.to_string()).as_deref());
+        s.push_str(",\"highest_sequence\":");
+        json_opt(
+            &mut s,
+            self.highest_sequence.map(|n| n.to_string()).as_deref(),
+        );
         s.push_str(",\"result\":");
         json_str(&mut s, self.result);
         let _ = write!(s, ",\"status\":{},\"bytes\":", self.status);

@@ -287,8 +287,14 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
                 }
             };
             if !raise {
-                return match app.gates.mark(&scope) {
-                    Ok(m) => json(StatusCode::OK, mark_json(&scope, m)),
+                return match app.gates.mark_with_sequence(&scope) {
+                    Ok(m) => {
+                        let mut v = mark_json(&scope, m.map(|m| m.token));
+                        // As a string, as tokens are (SPEC §11).
+                        v["highest_sequence"] =
+                            m.and_then(|m| m.sequence).map(|n| n.to_string()).into();
+                        json(StatusCode::OK, v)
+                    }
                     Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
                 };
             }

@@ -47,6 +47,16 @@ impl Token {
     }
 }
 
+/// Parses a `Fencing-Sequence` value (SPEC §11): 1 to 20 ASCII digits, at most 2^64−1,
+/// no leading zero (except `0`), as a token's counter, so that one number has one
+/// spelling.
+pub fn parse_sequence(raw: &[u8]) -> Result<u64, TokenError> {
+    if raw.is_empty() {
+        return Err(TokenError::Empty);
+    }
+    parse_part(raw)
+}
+
 fn parse_part(part: &[u8]) -> Result<u64, TokenError> {
     if part.is_empty() || part.len() > 20 || !part.iter().all(u8::is_ascii_digit) {
         return Err(TokenError::NotDigits);

@@ -45,6 +45,10 @@ pub enum Plan {
     Sweep { scopes: u32, token: u64 },
     /// Every scope of the list exactly once (partitioned like `Sweep`), with `token`.
     Each { scopes: Arc<Vec<u32>>, token: u64 },
+    /// Owned and visited like `Churn`, but always with `token`, each request with the
+    /// scope's next `Fencing-Sequence` (1, 2, …): a durable record of the sequence per
+    /// request, the token's mark left as it is (W2S).
+    Sequenced { scopes: u32, token: u64 },
 }
 
 /// What a correct answer looks like.
@@ -217,14 +221,16 @@ struct ConnPlan {
 impl ConnPlan {
     fn new(plan: &Plan, conn: usize, conns: usize) -> ConnPlan {
         let owned: Vec<u32> = match plan {
-            Plan::Churn { scopes, .. } | Plan::Sweep { scopes, .. } => {
-                (conn as u32..*scopes).step_by(conns).collect()
-            }
+            Plan::Churn { scopes, .. }
+            | Plan::Sweep { scopes, .. }
+            | Plan::Sequenced { scopes, .. } => (conn as u32..*scopes).step_by(conns).collect(),
             Plan::Each { scopes, .. } => scopes.iter().skip(conn).step_by(conns).copied().collect(),
             Plan::Random { .. } => Vec::new(),
         };
         let tokens = match plan {
             Plan::Churn { start, .. } => vec![*start; owned.len()],
+            // The last sequence sent per owned scope.
+            Plan::Sequenced { .. } => vec![0; owned.len()],
             _ => Vec::new(),
         };
         ConnPlan {
@@ -245,14 +251,29 @@ impl ConnPlan {
         mix64(self.rng)
     }
 
-    /// The next (scope index, token), or `None` when this connection's share is done.
-    fn next(&mut self) -> Option<(u32, u64)> {
+    /// The next (scope index, token, sequence), or `None` when this connection's share is
+    /// done.
+    fn next(&mut self) -> Option<(u32, u64, Option<u64>)> {
+        if let Plan::Sequenced { token, .. } = self.plan {
+            if self.owned.is_empty() {
+                return None;
+            }
+            let i = self.pos;
+            self.pos = (self.pos + 1) % self.owned.len();
+            self.tokens[i] += 1;
+            return Some((self.owned[i], token, Some(self.tokens[i])));
+        }
+        self.next_unsequenced().map(|(s, t)| (s, t, None))
+    }
+
+    fn next_unsequenced(&mut self) -> Option<(u32, u64)> {
         let dice = self.random();
         match &self.plan {
             Plan::Random { scopes, token } => {
                 let n = scopes.len() as u64;
                 (n > 0).then(|| (scopes[(dice % n) as usize], *token))
             }
+            Plan::Sequenced { .. } => None,
             Plan::Churn { .. } => {
                 if self.owned.is_empty() {
                     return None;
@@ -347,7 +368,13 @@ async fn ready(sender: &mut Sender) -> bool {
     )
 }
 
-fn put(prefix: &str, scope: u32, token: u64, proof: Option<&Prover>) -> Request<Full<Bytes>> {
+fn put(
+    prefix: &str,
+    scope: u32,
+    token: u64,
+    sequence: Option<u64>,
+    proof: Option<&Prover>,
+) -> Request<Full<Bytes>> {
     let mut req = Request::builder()
         .method(Method::PUT)
         .uri(format!("{prefix}{scope}/obj"))
@@ -356,6 +383,9 @@ fn put(prefix: &str, scope: u32, token: u64, proof: Option<&Prover>) -> Request<
         .header("fencing-token", token);
     if let Some(p) = proof {
         req = req.header("fencing-proof", p.proof(scope, token));
+    }
+    if let Some(n) = sequence {
+        req = req.header("fencing-sequence", n);
     }
     req.body(Full::new(Bytes::from_static(BODY)))
         .expect("a valid request")
@@ -403,13 +433,13 @@ async fn run_conn(
             continue;
         }
         used += 1;
-        let Some((scope, token)) = plan.next() else {
+        let Some((scope, token, sequence)) = plan.next() else {
             r.finished_share = true;
             break;
         };
         sent += 1;
         // Built (and a proof signed, if it must be) before the clock starts.
-        let req = put(&spec.prefix, scope, token, spec.proof.as_deref());
+        let req = put(&spec.prefix, scope, token, sequence, spec.proof.as_deref());
         let started = Instant::now();
         match exchange(s, req).await {
             Ok(answer) => {

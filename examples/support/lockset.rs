@@ -234,7 +234,9 @@ impl Shared {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;
                     }
-                    Ok(FenceResult::Duplicate { .. }) => return Err("unexpected duplicate".into()),
+                    Ok(FenceResult::Duplicate { .. } | FenceResult::StaleSequence { .. }) => {
+                        return Err("unexpected answer for an unnumbered fence".into());
+                    }
                     Err(e) => return Err(e.to_string()),
                 },
             };
@@ -269,7 +271,9 @@ impl Shared {
                         continue;
                     }
                     FenceResult::Unknown { .. } => return Ok(Write::Unknown),
-                    FenceResult::Duplicate { .. } => return Err("unexpected duplicate".into()),
+                    FenceResult::Duplicate { .. } | FenceResult::StaleSequence { .. } => {
+                        return Err("unexpected answer for an unnumbered fence".into());
+                    }
                 },
             };
             return match status {

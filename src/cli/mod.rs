@@ -350,17 +350,30 @@ fn marks(command: MarksCommand) -> Result<ExitCode, ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         MarksCommand::Get { scope, config } => {
-            let mark: Option<Token> = match source(load(&config)?)? {
-                Source::File(reader) => reader.get(&scope).map_err(fail)?,
+            let mark: Option<(Token, Option<u64>)> = match source(load(&config)?)? {
+                Source::File(reader) => reader
+                    .get_mark(&scope)
+                    .map_err(fail)?
+                    .map(|m| (m.token, m.sequence)),
                 Source::Server(c) => {
                     let text = admin_get(&c, &format!("/v1/scopes/{}", enc(&scope)))?;
                     let v: serde_json::Value = serde_json::from_str(&text).map_err(fail)?;
-                    v["highest_accepted"].as_str().and_then(|t| t.parse().ok())
+                    v["highest_accepted"]
+                        .as_str()
+                        .and_then(|t| t.parse().ok())
+                        .map(|t| {
+                            let seq = v["highest_sequence"].as_str().and_then(|n| n.parse().ok());
+                            (t, seq)
+                        })
                 }
             };
             match mark {
-                Some(t) => {
+                Some((t, sequence)) => {
                     println!("{t}");
+                    // The token's highest `Fencing-Sequence`, on a line of its own.
+                    if let Some(n) = sequence {
+                        println!("sequence {n}");
+                    }
                     Ok(ExitCode::SUCCESS)
                 }
                 None => {

@@ -1,5 +1,6 @@
 //! Talking to the lease authority: acquire, renew, release, status.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,6 +81,8 @@ struct LeaseState {
     renewals: Mutex<Renewals>,
     /// Carries the deadline (None once lost) to [`Lease::lost`] waiters.
     changes: watch::Sender<Option<Instant>>,
+    /// The last `Fencing-Sequence` taken by a numbered fence of this lease (SPEC §11).
+    sequence: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -167,6 +170,7 @@ impl Lease {
                 validity: Mutex::new(validity),
                 renewals: Mutex::default(),
                 changes,
+                sequence: Arc::default(),
             }),
         }
     }
@@ -237,6 +241,8 @@ impl Lease {
             token: self.token,
             proof: self.proof.clone(),
             lease: Some(self.clone()),
+            sequence: Some(self.state.sequence.clone()),
+            numbered: false,
         })
     }
 

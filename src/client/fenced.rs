@@ -2,6 +2,8 @@
 //! `Fencing-Scope` (and `Fencing-Proof`, when the fence has one), and every answer is read from `Fencing-Result` into a [`FenceResult`]
 //! that says what the caller may do next.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,6 +25,11 @@ pub struct Fence {
     /// Shared with the lease, so a fence kept past its lease's loss (the local deadline
     /// passed, a renewal answered lost, a release) is refused before sending.
     pub(super) lease: Option<Lease>,
+    /// The last `Fencing-Sequence` taken: the lease's counter (shared by every fence of
+    /// it), or this fence's own.
+    pub(super) sequence: Option<Arc<AtomicU64>>,
+    /// Requests with this fence carry the next `Fencing-Sequence` (see [`Fence::numbered`]).
+    pub(super) numbered: bool,
 }
 
 impl Fence {
@@ -35,7 +42,28 @@ impl Fence {
             token,
             proof: None,
             lease: None,
+            sequence: None,
+            numbered: false,
         }
+    }
+
+    /// The fence numbering its requests (SPEC §11): each request sent with it carries
+    /// `Fencing-Sequence: n`, n counting from 1 per lease (every numbered fence of one
+    /// lease shares the count; a fence not made from a lease counts on its own). The
+    /// proxy then refuses a request overtaken by a later one of the same lease
+    /// ([`FenceResult::StaleSequence`]) and forwards a later one only once the earlier
+    /// ones in flight have finished. A request given a `Fencing-Sequence` header by the
+    /// caller keeps it (a retry of a request answered "retry": the same number again).
+    pub fn numbered(mut self) -> Fence {
+        self.sequence.get_or_insert_with(Arc::default);
+        self.numbered = true;
+        self
+    }
+
+    /// The number the next request with this fence takes, if it is [`numbered`](Fence::numbered).
+    fn take_sequence(&self) -> Option<u64> {
+        let counter = self.sequence.as_ref().filter(|_| self.numbered)?;
+        Some(counter.fetch_add(1, Ordering::AcqRel).saturating_add(1))
     }
 
     /// The fence with the authority's `proof` for its scope and token.
@@ -71,6 +99,10 @@ pub enum FenceResult {
     /// Definitive: a newer lock generation reached the scope. Stop, discard the work,
     /// re-acquire; never retry with this token.
     StaleFence { highest_accepted: Option<Token> },
+    /// Definitive for this request: a later-numbered request of the same lease reached
+    /// the scope first ([`Fence::numbered`]), so this one is out of order and was not
+    /// applied. Do not retry it; the lease is still good.
+    StaleSequence { highest_sequence: Option<u64> },
     /// Not applied; retry later with the same token (`draining`, `unavailable`,
     /// `upstream_unavailable`, `in_progress`, or the proxy could not be reached).
     Transient {
@@ -177,6 +209,11 @@ impl FencedHttp {
                 .map_err(|e| FencedError::Request(format!("proof is not a header value: {e}")))?;
             h.insert("fencing-proof", proof);
         }
+        if !h.contains_key("fencing-sequence")
+            && let Some(n) = fence.take_sequence()
+        {
+            h.insert("fencing-sequence", HeaderValue::from(n));
+        }
         let timeout = self.options.request_timeout;
         let exchange = async {
             let resp = self.http.request(req).await.map_err(|e| {
@@ -274,6 +311,12 @@ fn classify(
                 .get("highest_accepted")
                 .and_then(|v| v.as_str())
                 .and_then(|t| t.parse().ok()),
+        },
+        "stale_sequence" => FenceResult::StaleSequence {
+            highest_sequence: problem()
+                .get("highest_sequence")
+                .and_then(|v| v.as_str())
+                .and_then(|n| n.parse().ok()),
         },
         "draining" | "unavailable" | "upstream_unavailable" | "in_progress" => {
             FenceResult::Transient {
@@ -392,6 +435,17 @@ mod tests {
         assert!(matches!(
             stale,
             FenceResult::StaleFence { highest_accepted: Some(t) } if t == Token::new(1, 7)
+        ));
+        assert!(matches!(
+            classify(
+                StatusCode::CONFLICT,
+                with_result("stale_sequence"),
+                Bytes::from_static(br#"{"sequence":"1","highest_sequence":"2"}"#),
+            )
+            .unwrap(),
+            FenceResult::StaleSequence {
+                highest_sequence: Some(2)
+            }
         ));
         let mut draining = with_result("draining");
         draining.insert("retry-after", HeaderValue::from_static("1"));

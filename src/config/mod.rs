@@ -30,7 +30,7 @@ use crate::fence::config::{FencingDraft, RawFencing};
 pub use crate::fence::policy::EqualPolicy;
 pub use crate::listen::config::{IpNet, ServerConfig};
 use crate::listen::config::{RawServer, ServerDraft};
-pub use crate::proxy::config::{ProofMode, Route, Upstream};
+pub use crate::proxy::config::{ProofMode, Route, SequenceMode, Upstream};
 use crate::proxy::config::{RouteContext, UpstreamDraft};
 pub use crate::proxy::idempotency::config::IdempotencyConfig;
 use crate::proxy::idempotency::config::RawIdempotency;
@@ -325,7 +325,7 @@ impl Config {
                     None => "all but GET,HEAD,OPTIONS,TRACE".into(),
                 };
                 format!(
-                    "scope {:?}{} · fenced methods: {methods} · equal={}{}",
+                    "scope {:?}{} · fenced methods: {methods} · equal={}{}{}",
                     r.scope.to_string(),
                     if r.scope.is_constant() {
                         " (whole route)"
@@ -339,6 +339,11 @@ impl Config {
                     },
                     if r.proof == ProofMode::Required {
                         " · proof required"
+                    } else {
+                        ""
+                    },
+                    if r.sequence == SequenceMode::Required {
+                        " · sequence required"
                     } else {
                         ""
                     }
@@ -989,7 +994,7 @@ upstream[1].name: `u` is defined twice
 route[0].scope: `{y}` is not a capture of the path template
 route[0].upstream: no upstream named `nope`
 route[0].equal: `maybe`: expected "accept" or "reject"
-route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`, `errors`
+route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`, `sequence`, `errors`
 ----
 admin: unknown field `colour`, expected one of `cert`, `key`, `client_ca`, `resumption`
 log.access: must be "off", "stdout" or a file path, not empty

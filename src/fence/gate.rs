@@ -5,6 +5,11 @@
 //! must settle after an abandoned upstream request. A higher token is made durable first,
 //! then waits until every older in-flight request has finished and the scope has settled.
 //! Gates of idle scopes are dropped; the mark store stays the truth.
+//!
+//! Requests of one token that carry a `Fencing-Sequence` (SPEC §11) are ordered the same
+//! way within their generation: a sequence is recorded durably with the mark before its
+//! request is forwarded, one not above the recorded one is refused, and a higher one
+//! waits until every lower one of its token in flight has finished (or settled).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -18,6 +23,7 @@ use tokio::time::Instant;
 use crate::config::EqualPolicy;
 use crate::fence::policy::{Decision, decide};
 use crate::metrics::Metrics;
+use crate::store::Mark;
 use crate::store::marks::{MarkStore, StoreError, writer_stopped};
 use crate::token::Token;
 
@@ -44,6 +50,12 @@ pub enum Refusal {
     Unavailable,
     /// The `Fencing-Proof` did not verify (SPEC §9); nothing was advanced.
     InvalidProof(String),
+    /// The request's `Fencing-Sequence` is not above `sequence`, the highest recorded for
+    /// its token (SPEC §11).
+    StaleSequence {
+        highest: Option<Token>,
+        sequence: u64,
+    },
 }
 
 /// A proof to check before admission: the request's `Fencing-Proof` bytes and the keys
@@ -58,8 +70,22 @@ pub struct Proof<'a> {
 struct GateState {
     /// The durable mark as far as this process has seen it; never ahead of disk.
     current: Option<Token>,
+    /// The highest sequence recorded for `current`, as far as this process has seen it;
+    /// never ahead of disk.
+    sequence: Option<u64>,
     /// The highest advance being committed right now, if any.
     advancing: Option<Token>,
+    /// The highest sequence being recorded right now, with its token.
+    seq_advancing: Option<(Token, u64)>,
+    /// Sequenced requests forwarded and not yet finished: (token, sequence), a handful.
+    seq_inflight: Vec<(Token, u64)>,
+    /// (token, sequence, until): a sequenced request was abandoned; no higher sequence of
+    /// its token is forwarded before `until`.
+    seq_settle: Option<(Token, u64, Instant)>,
+    /// The recorded sequence of the current token whose request was never forwarded
+    /// (refused after its record, or gone): its retry may take it, once, as an
+    /// `equal = "reject"` retry takes an unclaimed advance.
+    seq_unclaimed: Option<(Token, u64)>,
     /// Requests forwarded and not yet finished, per generation, oldest first. Rarely more
     /// than one generation: a vector keeps its buffer when it empties, where a map would
     /// allocate and free a node for every request.
@@ -154,6 +180,8 @@ pub struct Admission {
 pub struct InflightGuard {
     gate: Arc<Gate>,
     token: Token,
+    /// The request's recorded `Fencing-Sequence`, if it had one.
+    sequence: Option<u64>,
     settle: Duration,
     completed: bool,
     /// This admission's request advanced the mark (or took an unclaimed advance).
@@ -182,6 +210,11 @@ impl InflightGuard {
         self.token
     }
 
+    /// The `Fencing-Sequence` this request was admitted with.
+    pub fn sequence(&self) -> Option<u64> {
+        self.sequence
+    }
+
     /// One more count for this request's generation, with the same rules: for a stage
     /// that goes on after this guard has been handed over (the idempotency stage reads the
     /// response body the guard travels with). It keeps the generation in flight until it
@@ -189,10 +222,16 @@ impl InflightGuard {
     ///
     /// [`complete`]: InflightGuard::complete
     pub fn hold(&self) -> InflightGuard {
-        self.gate.lock().inflight.add(self.token);
+        let mut st = self.gate.lock();
+        st.inflight.add(self.token);
+        if let Some(n) = self.sequence {
+            st.seq_inflight.push((self.token, n));
+        }
+        drop(st);
         InflightGuard {
             gate: self.gate.clone(),
             token: self.token,
+            sequence: self.sequence,
             settle: self.settle,
             completed: false,
             advanced: false,
@@ -205,6 +244,11 @@ impl Drop for InflightGuard {
     fn drop(&mut self) {
         let mut st = self.gate.lock();
         st.inflight.remove(self.token);
+        if let Some(n) = self.sequence
+            && let Some(i) = st.seq_inflight.iter().position(|e| *e == (self.token, n))
+        {
+            st.seq_inflight.swap_remove(i);
+        }
         // A completed request leaves `last_used` at its admission (no clock read on the
         // common path): a gate idle for `IDLE_TTL` since then, with nothing in flight, may
         // be swept; its mark is on disk.
@@ -215,9 +259,18 @@ impl Drop for InflightGuard {
                 Some((g, u)) => (g.max(self.token), u.max(until)),
                 None => (self.token, until),
             });
+            if let Some(n) = self.sequence {
+                st.seq_settle = Some(match st.seq_settle {
+                    Some((t, s, u)) if t == self.token => (t, s.max(n), u.max(until)),
+                    _ => (self.token, n, until),
+                });
+            }
             st.last_used = Some(now);
         }
         if self.unused {
+            if let Some(n) = self.sequence {
+                unclaim_sequence(&mut st, self.token, n);
+            }
             if let Some((t, n)) = &mut st.admitted
                 && *t == self.token
             {
@@ -235,22 +288,24 @@ impl Drop for InflightGuard {
 /// An advance queued at the writer; dropping it before the commit landed leaves a task
 /// to finish the gate's bookkeeping when it does.
 struct PendingCommit {
-    rx: Option<oneshot::Receiver<Result<Token, StoreError>>>,
+    rx: Option<oneshot::Receiver<Result<Mark, StoreError>>>,
     gate: Arc<Gate>,
-    token: Token,
-    /// A request's advance (not an admin raise): if it lands with nobody waiting, the
-    /// request was never forwarded and its token is left unclaimed.
+    mark: Mark,
+    /// The commit raises the token (else it records a sequence of the current one).
+    advance: bool,
+    /// A request's commit (not an admin raise): if it lands with nobody waiting, the
+    /// request was never forwarded and its token (or sequence) is left unclaimed.
     for_request: bool,
 }
 
 impl PendingCommit {
-    async fn wait(mut self) -> Result<Token, StoreError> {
+    async fn wait(mut self) -> Result<Mark, StoreError> {
         let result = match self.rx.as_mut() {
             Some(rx) => rx.await.unwrap_or_else(|_| Err(writer_stopped())),
             None => Err(writer_stopped()),
         };
         self.rx = None;
-        finish_commit(&self.gate, self.token, &result, false);
+        finish_commit(&self.gate, self.mark, self.advance, &result, false);
         result
     }
 }
@@ -263,7 +318,8 @@ impl Drop for PendingCommit {
         let finish = Finish {
             rx: Some(rx),
             gate: self.gate.clone(),
-            token: self.token,
+            mark: self.mark,
+            advance: self.advance,
             for_request: self.for_request,
         };
         // With no runtime, or one shutting down (which drops the task unrun), `finish` is
@@ -278,9 +334,10 @@ impl Drop for PendingCommit {
 /// Dropped before that (its runtime stopped), it clears the advance without trusting it:
 /// memory stays at or behind disk, and the next request of the token advances again.
 struct Finish {
-    rx: Option<oneshot::Receiver<Result<Token, StoreError>>>,
+    rx: Option<oneshot::Receiver<Result<Mark, StoreError>>>,
     gate: Arc<Gate>,
-    token: Token,
+    mark: Mark,
+    advance: bool,
     for_request: bool,
 }
 
@@ -292,14 +349,26 @@ impl Finish {
         };
         self.rx = None;
         // Its request is gone (or was answered `unavailable`): nobody used the token.
-        finish_commit(&self.gate, self.token, &result, self.for_request);
+        finish_commit(
+            &self.gate,
+            self.mark,
+            self.advance,
+            &result,
+            self.for_request,
+        );
     }
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
         if self.rx.take().is_some() {
-            finish_commit(&self.gate, self.token, &Err(writer_stopped()), false);
+            finish_commit(
+                &self.gate,
+                self.mark,
+                self.advance,
+                &Err(writer_stopped()),
+                false,
+            );
         }
     }
 }
@@ -318,15 +387,64 @@ fn unclaim(st: &mut GateState, token: Token) {
     }
 }
 
-fn leave_unclaimed(gate: &Gate, token: Token) {
-    unclaim(&mut gate.lock(), token);
+/// Under the gate's lock: sequence `n` of `token` was recorded and its request never
+/// forwarded. If it is still the highest, its retry may take it.
+fn unclaim_sequence(st: &mut GateState, token: Token, n: u64) {
+    if st.current == Some(token) && st.sequence == Some(n) {
+        st.seq_unclaimed = Some((token, n));
+        st.last_used = Some(Instant::now());
+    }
 }
 
-/// A request that advanced the mark (or took an unclaimed advance) and has not been
-/// admitted yet: if it never is, the advance is left unclaimed.
+/// The gate's view takes a stored mark: a higher token starts its sequence over.
+fn observe(st: &mut GateState, stored: Mark) {
+    match st.current {
+        Some(c) if c > stored.token => {}
+        Some(c) if c == stored.token => st.sequence = st.sequence.max(stored.sequence),
+        _ => {
+            st.current = Some(stored.token);
+            st.sequence = stored.sequence;
+        }
+    }
+}
+
+/// A request that advanced the mark (or took an unclaimed advance), or recorded its
+/// sequence, and has not been admitted yet: if it never is, what it committed is left
+/// unclaimed for its retry.
 struct Claim<'a> {
     gate: &'a Gate,
     token: Token,
+    advanced: bool,
+    sequence: Option<u64>,
+}
+
+impl<'a> Claim<'a> {
+    /// Keeps `claim` up to date with what the request has committed so far.
+    fn note(
+        claim: &mut Option<Claim<'a>>,
+        gate: &'a Gate,
+        token: Token,
+        advanced: bool,
+        sequence: Option<u64>,
+    ) {
+        if !advanced && sequence.is_none() {
+            return;
+        }
+        match claim {
+            Some(c) => {
+                c.advanced = advanced;
+                c.sequence = sequence;
+            }
+            None => {
+                *claim = Some(Claim {
+                    gate,
+                    token,
+                    advanced,
+                    sequence,
+                })
+            }
+        }
+    }
 }
 
 impl Claim<'_> {
@@ -338,21 +456,45 @@ impl Claim<'_> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        leave_unclaimed(self.gate, self.token);
+        let mut st = self.gate.lock();
+        if self.advanced {
+            unclaim(&mut st, self.token);
+        }
+        if let Some(n) = self.sequence {
+            unclaim_sequence(&mut st, self.token, n);
+        }
     }
 }
 
-/// A commit of `token` landed (or failed): the gate takes the stored mark and wakes its
-/// waiters. `unclaimed`: nobody waits for it any more, and nothing of it was forwarded.
-fn finish_commit(gate: &Gate, token: Token, result: &Result<Token, StoreError>, unclaimed: bool) {
+/// A commit of `mark` landed (or failed): the gate takes the stored mark and wakes its
+/// waiters. `advance`: it raised the token (else it recorded a sequence). `unclaimed`:
+/// nobody waits for it any more, and nothing of it was forwarded.
+fn finish_commit(
+    gate: &Gate,
+    mark: Mark,
+    advance: bool,
+    result: &Result<Mark, StoreError>,
+    unclaimed: bool,
+) {
+    let token = mark.token;
     let mut st = gate.lock();
-    if st.advancing == Some(token) {
+    if advance && st.advancing == Some(token) {
         st.advancing = None;
     }
+    if let Some(n) = mark.sequence
+        && st.seq_advancing == Some((token, n))
+    {
+        st.seq_advancing = None;
+    }
     if let Ok(stored) = result {
-        st.current = st.current.max(Some(*stored));
+        observe(&mut st, *stored);
         if unclaimed {
-            unclaim(&mut st, token);
+            if advance {
+                unclaim(&mut st, token);
+            }
+            if let Some(n) = mark.sequence {
+                unclaim_sequence(&mut st, token, n);
+            }
         }
     }
     drop(st);
@@ -401,9 +543,24 @@ fn evictable(
         && st
             .settle
             .is_none_or(|settle| now >= settle.1 || settle == restart)
+        && st.seq_settle.is_none_or(|(_, _, until)| now >= until)
         && st
             .last_used
             .is_none_or(|t| now.duration_since(t) >= idle_for)
+}
+
+/// What one request brings to a look at its gate ([`Gates::step`]), and what it has
+/// done so far.
+struct At<'a> {
+    token: Token,
+    sequence: Option<u64>,
+    equal: EqualPolicy,
+    /// This request advanced the mark (or took an unclaimed advance).
+    advanced: &'a mut bool,
+    /// This request's sequence is recorded (or it took an unclaimed record).
+    recorded: &'a mut bool,
+    arrived: Instant,
+    now: Instant,
 }
 
 enum Step {
@@ -411,6 +568,9 @@ enum Step {
     Admit(Admission),
     /// Commit the advance to `token` (the gate now records it as advancing).
     Commit,
+    /// Record the request's sequence for the current token (the gate now records it as
+    /// being recorded).
+    CommitSequence,
     /// Wait for a wake-up, or until this instant (for an older generation to drain or
     /// settle; refused `Draining` at the drain deadline).
     Wait(Instant),
@@ -545,7 +705,7 @@ impl Gates {
             shard.evicted
         };
         // Read outside the shard lock: a read may wait for the disk.
-        let mark = self.store.get(scope)?;
+        let mark = self.store.get_mark(scope)?;
         self.insert(scope, mark, evicted)
     }
 
@@ -554,7 +714,7 @@ impl Gates {
     fn insert(
         &self,
         scope: &str,
-        mut mark: Option<Token>,
+        mut mark: Option<Mark>,
         evicted: u64,
     ) -> Result<(Arc<str>, Arc<Gate>), StoreError> {
         let settle_until = self.started + self.settle;
@@ -567,7 +727,7 @@ impl Gates {
         // gate made stale would accept the old mark's token, now stale): read it again,
         // with the lock keeping new gates out. Rare: it takes an eviction in this shard.
         if shard.evicted != evicted {
-            mark = self.store.get(scope)?;
+            mark = self.store.get_mark(scope)?;
         }
         if shard.gates.len() >= self.shard_capacity || shard.bytes + scope.len() > self.shard_bytes
         {
@@ -586,7 +746,8 @@ impl Gates {
         let key: Arc<str> = Arc::from(scope);
         let gate = Arc::new(Gate {
             state: Mutex::new(GateState {
-                current: mark,
+                current: mark.map(|m| m.token),
+                sequence: mark.and_then(|m| m.sequence),
                 settle,
                 ..GateState::default()
             }),
@@ -617,6 +778,22 @@ impl Gates {
         equal: EqualPolicy,
         proof: Option<Proof<'_>>,
     ) -> Result<Admission, Refusal> {
+        self.admit_sequenced(scope, token, None, equal, proof).await
+    }
+
+    /// [`Gates::admit_proved`] for a request that may carry a `Fencing-Sequence`
+    /// (SPEC §11): the sequence is recorded durably with the mark before admission (one
+    /// commit with the advance, if the token is new), one not above the recorded sequence
+    /// of the token is refused [`Refusal::StaleSequence`], and a higher one waits for the
+    /// lower ones of its token in flight, as a generation waits for older ones.
+    pub async fn admit_sequenced(
+        &self,
+        scope: &str,
+        token: Token,
+        sequence: Option<u64>,
+        equal: EqualPolicy,
+        proof: Option<Proof<'_>>,
+    ) -> Result<Admission, Refusal> {
         let arrived = Instant::now();
         let deadline = arrived + self.drain_timeout;
         let (key, gate) = self.gate(scope).map_err(|_| Refusal::Unavailable)?;
@@ -624,7 +801,9 @@ impl Gates {
             verify_at(&gate, scope, token, proof)?;
         }
         let mut advanced = false;
-        // Held from our advance (or our taking an unclaimed one) until admission.
+        // Our sequence is recorded (by our commit, or our taking an unclaimed one).
+        let mut recorded = false;
+        // Held from our advance or record (or our taking an unclaimed one) until admission.
         let mut claim: Option<Claim<'_>> = None;
         let mut waiting = None;
         let mut looked = false;
@@ -636,7 +815,16 @@ impl Gates {
             // registering as a waiter.
             let step = {
                 let mut st = gate.lock();
-                self.step(&mut st, &gate, token, equal, &mut advanced, arrived, now)
+                let mut at = At {
+                    token,
+                    sequence,
+                    equal,
+                    advanced: &mut advanced,
+                    recorded: &mut recorded,
+                    arrived,
+                    now,
+                };
+                self.step(&mut st, &gate, &mut at)
             };
             // Made only to wait (boxed: the admitted request's future stays small).
             let mut notified = None;
@@ -647,13 +835,26 @@ impl Gates {
                     let registered = notified.insert(Box::pin(gate.notify.notified()));
                     registered.as_mut().enable();
                     let mut st = gate.lock();
-                    self.step(&mut st, &gate, token, equal, &mut advanced, arrived, now)
+                    let mut at = At {
+                        token,
+                        sequence,
+                        equal,
+                        advanced: &mut advanced,
+                        recorded: &mut recorded,
+                        arrived,
+                        now,
+                    };
+                    self.step(&mut st, &gate, &mut at)
                 }
                 decided => decided,
             };
-            if advanced && claim.is_none() {
-                claim = Some(Claim { gate: &gate, token });
-            }
+            Claim::note(
+                &mut claim,
+                &gate,
+                token,
+                advanced,
+                sequence.filter(|_| recorded),
+            );
             let (wake_at, give_up, for_commit) = match step {
                 Step::Refuse(r) => return Err(r),
                 Step::Admit(a) => {
@@ -666,17 +867,26 @@ impl Gates {
                     }
                     return Ok(a);
                 }
-                Step::Commit => {
+                Step::Commit | Step::CommitSequence => {
+                    let advance = matches!(step, Step::Commit);
                     self.commit(
                         &key,
                         &gate,
-                        token,
+                        Mark { token, sequence },
+                        advance,
                         commit_deadline(arrived, self.drain_timeout),
                         true,
                     )
                     .await?;
-                    advanced = true;
-                    claim = Some(Claim { gate: &gate, token });
+                    advanced |= advance;
+                    recorded = sequence.is_some();
+                    Claim::note(
+                        &mut claim,
+                        &gate,
+                        token,
+                        advanced,
+                        sequence.filter(|_| recorded),
+                    );
                     continue;
                 }
                 Step::Wait(until) => (until, deadline, false),
@@ -720,18 +930,10 @@ impl Gates {
         }
     }
 
-    /// One look at the gate under its lock, at `now`: what this request does next.
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &self,
-        st: &mut GateState,
-        gate: &Arc<Gate>,
-        token: Token,
-        equal: EqualPolicy,
-        advanced: &mut bool,
-        arrived: Instant,
-        now: Instant,
-    ) -> Step {
+    /// One look at the gate under its lock, at `at.now`: what this request does next.
+    fn step(&self, st: &mut GateState, gate: &Arc<Gate>, at: &mut At<'_>) -> Step {
+        let (token, equal, arrived, now) = (at.token, at.equal, at.arrived, at.now);
+        let advanced = &mut *at.advanced;
         let deadline = arrived + self.drain_timeout;
         let floor = self.store.floor();
         let decision = match decide(st.current, token, equal, floor) {
@@ -765,13 +967,36 @@ impl Gates {
                 Step::Commit
             }
             Decision::Accept => {
+                if let Some(n) = at.sequence
+                    && let Some(step) = self.sequence_step(st, token, n, at.recorded, arrived)
+                {
+                    return step;
+                }
                 let older_in_flight = st.inflight.older_than(token);
                 let settling = st
                     .settle
                     .filter(|(g, until)| token > *g && now < *until)
                     .map(|(_, until)| until);
-                if older_in_flight || settling.is_some() {
-                    return Step::Wait(settling.map_or(deadline, |s| s.min(deadline)));
+                // Within the generation: lower sequences of this token first.
+                let lower_in_flight = at
+                    .sequence
+                    .is_some_and(|n| st.seq_inflight.iter().any(|(t, s)| *t == token && *s < n));
+                let seq_settling = st
+                    .seq_settle
+                    .filter(|(t, s, until)| {
+                        *t == token && at.sequence.is_some_and(|n| n > *s) && now < *until
+                    })
+                    .map(|(_, _, until)| until);
+                if older_in_flight
+                    || settling.is_some()
+                    || lower_in_flight
+                    || seq_settling.is_some()
+                {
+                    let until = match (settling, seq_settling) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    return Step::Wait(until.map_or(deadline, |s| s.min(deadline)));
                 }
                 if st.inflight.count(token) >= self.max_inflight {
                     return Step::Refuse(Refusal::Draining {
@@ -779,6 +1004,9 @@ impl Gates {
                     });
                 }
                 st.inflight.add(token);
+                if let Some(n) = at.sequence {
+                    st.seq_inflight.push((token, n));
+                }
                 st.last_used = Some(now);
                 st.admitted = Some(match st.admitted {
                     Some((t, n)) if t == token => (t, n.saturating_add(1)),
@@ -793,6 +1021,7 @@ impl Gates {
                     guard: InflightGuard {
                         gate: gate.clone(),
                         token,
+                        sequence: at.sequence,
                         settle: self.settle,
                         completed: false,
                         advanced: *advanced,
@@ -805,6 +1034,42 @@ impl Gates {
         }
     }
 
+    /// Under the lock, for a request of the current token with sequence `n`: refused if
+    /// `n` is not above the recorded sequence (unless it is this request's own record, or
+    /// the retry of an unclaimed one), or it records `n`, or waits for another request's
+    /// record that covers it. `None`: `n` is recorded, for this request.
+    fn sequence_step(
+        &self,
+        st: &mut GateState,
+        token: Token,
+        n: u64,
+        recorded: &mut bool,
+        arrived: Instant,
+    ) -> Option<Step> {
+        if *recorded && st.sequence == Some(n) {
+            return None;
+        }
+        if st.seq_unclaimed == Some((token, n)) && st.sequence == Some(n) {
+            st.seq_unclaimed = None;
+            *recorded = true;
+            return None;
+        }
+        if let Some(h) = st.sequence.filter(|h| *h >= n) {
+            return Some(Step::Refuse(Refusal::StaleSequence {
+                highest: st.current,
+                sequence: h,
+            }));
+        }
+        if st.seq_advancing.is_some_and(|(t, a)| t == token && a >= n) {
+            return Some(Step::AwaitCommit(commit_deadline(
+                arrived,
+                self.drain_timeout,
+            )));
+        }
+        st.seq_advancing = Some((token, n));
+        Some(Step::CommitSequence)
+    }
+
     /// Commits an advance and brings the gate up to date. Cancel-safe: if the request
     /// goes away mid-commit, a task finishes the bookkeeping when the commit lands, so
     /// the gate never believes an advance is still under way. A commit that has not
@@ -815,19 +1080,21 @@ impl Gates {
         &self,
         key: &Arc<str>,
         gate: &Arc<Gate>,
-        token: Token,
+        mark: Mark,
+        advance: bool,
         deadline: Instant,
         for_request: bool,
-    ) -> Result<Token, Refusal> {
-        let pending = match self.store.begin_advance(key.clone(), token) {
+    ) -> Result<Mark, Refusal> {
+        let pending = match self.store.begin_advance(key.clone(), mark) {
             Ok(rx) => PendingCommit {
                 rx: Some(rx),
                 gate: gate.clone(),
-                token,
+                mark,
+                advance,
                 for_request,
             },
             Err(e) => {
-                finish_commit(gate, token, &Err(e), false);
+                finish_commit(gate, mark, advance, &Err(e), false);
                 return Err(Refusal::Unavailable);
             }
         };
@@ -849,11 +1116,13 @@ impl Gates {
         self.commit(
             &key,
             &gate,
-            token,
+            Mark::of(token),
+            true,
             commit_deadline(Instant::now(), self.drain_timeout),
             false,
         )
         .await
+        .map(|m| m.token)
     }
 
     /// The mark as the gates see it (memory if hot, else disk).
@@ -862,6 +1131,18 @@ impl Gates {
             return Ok(g.lock().current);
         }
         self.store.get(scope)
+    }
+
+    /// The mark with its `Fencing-Sequence`, as the gates see it (memory if hot, else disk).
+    pub fn mark_with_sequence(&self, scope: &str) -> Result<Option<Mark>, StoreError> {
+        if let Some(g) = self.shard(scope).gates.get(scope) {
+            let st = g.lock();
+            return Ok(st.current.map(|token| Mark {
+                token,
+                sequence: st.sequence,
+            }));
+        }
+        self.store.get_mark(scope)
     }
 
     /// Requests waiting at a gate for an older generation to drain or settle.
@@ -895,7 +1176,8 @@ impl Gates {
                 let st = gate.lock();
                 let busy = !st.inflight.is_empty()
                     || st.advancing.is_some()
-                    || st.settle.is_some_and(|(_, until)| now < until);
+                    || st.settle.is_some_and(|(_, until)| now < until)
+                    || st.seq_settle.is_some_and(|(_, _, until)| now < until);
                 busy || st
                     .last_used
                     .is_some_and(|t| now.duration_since(t) < IDLE_TTL)
@@ -976,8 +1258,8 @@ mod tests {
         idle_out(&g);
         // Request A: no gate for "s"; it reads mark 5 and is held up before inserting.
         let evicted = g.shard("s").evicted;
-        let read = g.store.get("s").expect("read");
-        assert_eq!(read, Some(t5));
+        let read = g.store.get_mark("s").expect("read");
+        assert_eq!(read, Some(Mark::of(t5)));
         // Meanwhile B makes the gate, advances to 6, finishes, and the gate is evicted.
         let mut b = g.admit("s", t6, EqualPolicy::Accept).await.expect("6");
         b.guard.complete();
@@ -998,7 +1280,7 @@ mod tests {
         );
         // Without an eviction in between, the read is used as it is (no second read).
         let evicted = g.shard("t").evicted;
-        let (_, gate) = g.insert("t", Some(t5), evicted).expect("insert");
+        let (_, gate) = g.insert("t", Some(Mark::of(t5)), evicted).expect("insert");
         assert_eq!(gate.lock().current, Some(t5));
     }
 

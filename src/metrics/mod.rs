@@ -242,6 +242,7 @@ pub const RESULTS: &[&str] = &[
     "key_reused",
     "outcome_unknown",
     "invalid_proof",
+    "stale_sequence",
     "unfenced",
 ];
 

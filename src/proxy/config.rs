@@ -35,6 +35,16 @@ pub enum ProofMode {
     Required,
 }
 
+/// Whether a fenced route asks for a `Fencing-Sequence` beside the token (SPEC §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SequenceMode {
+    /// A sequence is checked and recorded when the request carries one.
+    #[default]
+    Optional,
+    /// A fenced request without one is refused 400 `invalid_token`.
+    Required,
+}
+
 #[derive(Debug, Clone)]
 pub struct Route {
     pub name: String,
@@ -54,6 +64,8 @@ pub struct Route {
     /// A retry whose first attempt's outcome is unknown: refuse it, or forward it again.
     pub idempotency_unknown: OnUnknown,
     pub proof: ProofMode,
+    /// `Fencing-Sequence`: checked when present, or required.
+    pub sequence: SequenceMode,
     /// The dialect of fencegate's own refusals on this route.
     pub errors: Dialect,
 }
@@ -109,6 +121,7 @@ struct RawRoute {
     idempotency_unknown: Option<String>,
     max_body: Option<String>,
     proof: Option<String>,
+    sequence: Option<String>,
     errors: Option<String>,
 }
 
@@ -367,6 +380,24 @@ fn parse_route(
             ProofMode::Off
         }
     };
+    let sequence = match raw.sequence.as_deref() {
+        None | Some("optional") => SequenceMode::Optional,
+        Some("required") if !fenced => {
+            errors.push(
+                format!("{path}.sequence"),
+                "only for fenced routes: a pass-through route reads no token",
+            );
+            SequenceMode::Optional
+        }
+        Some("required") => SequenceMode::Required,
+        Some(other) => {
+            errors.push(
+                format!("{path}.sequence"),
+                format!("`{other}`: expected \"optional\" or \"required\""),
+            );
+            SequenceMode::Optional
+        }
+    };
     let errors_in = Dialect::from_option(raw.errors.as_deref()).unwrap_or_else(|| {
         errors.push(
             format!("{path}.errors"),
@@ -391,6 +422,7 @@ fn parse_route(
     }
     Some(Route {
         proof,
+        sequence,
         errors: errors_in,
         max_body,
         idempotency,
@@ -450,6 +482,32 @@ upstream = "objects"
         let explicit = format!("{ROUTES}errors = \"problem\"\n");
         let c = Config::parse(&explicit, Path::new(".")).expect("parses");
         assert_eq!(c.routes[1].errors, Dialect::Problem);
+    }
+
+    /// `sequence` is optional by default, "required" on fenced routes only, and any
+    /// other value is refused at its key.
+    #[test]
+    fn sequence_mode_per_route() {
+        use super::SequenceMode;
+        let c = Config::parse(ROUTES, Path::new(".")).expect("parses");
+        assert_eq!(c.routes[1].sequence, SequenceMode::Optional);
+        let required = format!("{ROUTES}sequence = \"required\"\n");
+        let c = Config::parse(&required, Path::new(".")).expect("parses");
+        assert_eq!(c.routes[1].sequence, SequenceMode::Required);
+        assert!(c.describe().contains(" · sequence required"));
+        let explicit = format!("{ROUTES}sequence = \"optional\"\n");
+        let c = Config::parse(&explicit, Path::new(".")).expect("parses");
+        assert_eq!(c.routes[1].sequence, SequenceMode::Optional);
+        let bad = format!("{ROUTES}sequence = \"always\"\n");
+        let errs = Config::parse(&bad, Path::new(".")).unwrap_err().0;
+        assert_eq!(errs[0].path, "route[1].sequence");
+        assert_eq!(
+            errs[0].message,
+            "`always`: expected \"optional\" or \"required\""
+        );
+        let unfenced = format!("{ROUTES}fenced = false\nsequence = \"required\"\n");
+        let errs = Config::parse(&unfenced, Path::new(".")).unwrap_err().0;
+        assert_eq!(errs[0].path, "route[1].sequence", "{errs:?}");
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub(crate) struct Note {
     pub(crate) scope: Option<String>,
     pub(crate) token: Option<Token>,
     pub(crate) highest: Option<Token>,
+    /// The request's `Fencing-Sequence`, and on `stale_sequence` the highest recorded.
+    pub(crate) sequence: Option<u64>,
+    pub(crate) highest_sequence: Option<u64>,
     /// From admission to the response head: the upstream exchange, with reading a small
     /// request body whole before it.
     pub(crate) upstream: Option<Duration>,
@@ -182,6 +185,8 @@ impl Refusals {
                     scope: scope.cloned(),
                     token: token.copied(),
                     highest,
+                    sequence: outcome.sequences().map(|s| s.0),
+                    highest_sequence: outcome.sequences().map(|s| s.1),
                     upstream: None,
                 });
             } else {
@@ -410,6 +415,7 @@ impl<S> Fence<S, Typed> {
                 route: Some(table.config.routes[plan.route].name.clone()),
                 scope: plan.scope.clone(),
                 token: plan.token,
+                sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
                 ..Note::default()
             };
             let sent = Instant::now();

@@ -25,7 +25,7 @@ use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::config::{Config, ProofMode};
+use crate::config::{Config, ProofMode, SequenceMode};
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
 use crate::metrics::{Metrics, Op, RouteRow};
 use crate::route;
@@ -368,6 +368,8 @@ impl Proxy {
             scope: note.scope.as_deref(),
             token: note.token,
             highest: note.highest,
+            sequence: note.sequence,
+            highest_sequence: note.highest_sequence,
             result,
             status: resp.status().as_u16(),
             bytes: http_body::Body::size_hint(resp.body()).exact(),
@@ -393,6 +395,7 @@ pub(crate) async fn check(
         equal,
         scope,
         token,
+        sequence,
         proof,
     } = match classified? {
         Classified::Unfenced(plan) => return Ok(plan),
@@ -402,9 +405,12 @@ pub(crate) async fn check(
         keys: &config.fencing.proof_keys,
         bytes: v.as_bytes(),
     });
-    let admission = match gates.admit_proved(&scope, token, equal, proof).await {
+    let admission = match gates
+        .admit_sequenced(&scope, token, sequence, equal, proof)
+        .await
+    {
         Ok(a) => a,
-        Err(refusal) => return Err((Some(idx), refused(refusal, scope, token))),
+        Err(refusal) => return Err((Some(idx), refused(refusal, scope, token, sequence))),
     };
     Ok(Plan {
         route: idx,
@@ -526,6 +532,16 @@ pub(crate) fn classify<B>(
         }
         Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
     };
+    let sequence = match (read_sequence(head.sequence), route.sequence) {
+        (Ok(None), SequenceMode::Required) => {
+            return Err(at(Outcome::InvalidToken {
+                scope,
+                detail: "this route requires a Fencing-Sequence header".into(),
+            }));
+        }
+        (Ok(sequence), _) => sequence,
+        (Err(detail), _) => return Err(at(Outcome::InvalidToken { scope, detail })),
+    };
     // An admitted scope is kept in memory while hot and as a mark for good: its length
     // is bounded (a path may be up to the head's size).
     if scope.len() > config.fencing.max_scope_bytes {
@@ -569,6 +585,7 @@ pub(crate) fn classify<B>(
         equal: route.equal,
         scope,
         token,
+        sequence,
         proof,
     }))
 }
@@ -585,12 +602,14 @@ pub(crate) struct Fenced {
     equal: crate::config::EqualPolicy,
     scope: String,
     token: Token,
+    /// The request's `Fencing-Sequence` (SPEC §11).
+    sequence: Option<u64>,
     /// The `Fencing-Proof` to verify, on a `proof = "required"` route.
     proof: Option<HeaderValue>,
 }
 
 /// The answer to a request the gate did not admit.
-fn refused(refusal: Refusal, scope: String, token: Token) -> Outcome {
+fn refused(refusal: Refusal, scope: String, token: Token, presented: Option<u64>) -> Outcome {
     match refusal {
         Refusal::Stale { highest } => Outcome::Stale {
             scope,
@@ -607,6 +626,12 @@ fn refused(refusal: Refusal, scope: String, token: Token) -> Outcome {
             scope,
             token,
             detail,
+        },
+        Refusal::StaleSequence { sequence, .. } => Outcome::StaleSequence {
+            scope,
+            token,
+            sequence: presented.unwrap_or_default(),
+            highest_sequence: sequence,
         },
     }
 }
@@ -846,6 +871,7 @@ struct HeadScan<'a> {
     token: Seen<'a>,
     scope: Seen<'a>,
     proof: Seen<'a>,
+    sequence: Seen<'a>,
     /// A method override, `Upgrade` or `Connection` is present (see
     /// [`refuse_unfenceable`]).
     suspect: bool,
@@ -865,6 +891,7 @@ impl<'a> HeadScan<'a> {
             token: Seen::None,
             scope: Seen::None,
             proof: Seen::None,
+            sequence: Seen::None,
             suspect: false,
             destination: Seen::None,
             retarget: false,
@@ -881,6 +908,7 @@ impl<'a> HeadScan<'a> {
                 "host" => scan.host.add(value),
                 "fencing-scope" => scan.scope.add(value),
                 "fencing-proof" => scan.proof.add(value),
+                "fencing-sequence" => scan.sequence.add(value),
                 "connection" | "upgrade" => scan.suspect = true,
                 "destination" => {
                     scan.destination.add(value);
@@ -987,6 +1015,21 @@ fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), String> {
         return Err("protocol upgrade on a fenced route".into());
     }
     Ok(())
+}
+
+/// `Ok(None)`: no `Fencing-Sequence`. More than one header, or a malformed value, is an
+/// error (answered as a malformed token is).
+fn read_sequence(seen: Seen<'_>) -> Result<Option<u64>, String> {
+    match seen {
+        Seen::None => Ok(None),
+        Seen::Many => Err("more than one Fencing-Sequence header".into()),
+        Seen::One(v) => crate::token::parse_sequence(v.as_bytes())
+            .map(Some)
+            .map_err(|_| {
+                "Fencing-Sequence must be 1 to 20 ASCII digits, no leading zero, at most 2^64-1"
+                    .into()
+            }),
+    }
 }
 
 /// `Ok(None)`: no token. More than one header, or any malformed value, is an error.

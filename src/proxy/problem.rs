@@ -48,6 +48,14 @@ pub enum Outcome {
         token: Token,
         highest: Option<Token>,
     },
+    /// The request's `Fencing-Sequence` is not above the highest recorded for its token
+    /// on this scope (SPEC §11).
+    StaleSequence {
+        scope: String,
+        token: Token,
+        sequence: u64,
+        highest_sequence: u64,
+    },
     MissingToken {
         scope: String,
     },
@@ -118,6 +126,7 @@ impl Outcome {
     pub fn result(&self) -> &'static str {
         match self {
             Outcome::Stale { .. } => "stale_fence",
+            Outcome::StaleSequence { .. } => "stale_sequence",
             Outcome::MissingToken { .. } => "missing_token",
             Outcome::InvalidToken { .. } => "invalid_token",
             Outcome::ScopeMismatch { .. } => "scope_mismatch",
@@ -138,7 +147,9 @@ impl Outcome {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Outcome::Stale { .. } | Outcome::ScopeMismatch { .. } => StatusCode::CONFLICT,
+            Outcome::Stale { .. }
+            | Outcome::StaleSequence { .. }
+            | Outcome::ScopeMismatch { .. } => StatusCode::CONFLICT,
             Outcome::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
             Outcome::InvalidToken { .. }
             | Outcome::InvalidPath { .. }
@@ -162,6 +173,9 @@ impl Outcome {
             Outcome::Stale { .. } => {
                 "A newer lock generation reached this scope; discard this work and re-acquire"
                     .into()
+            }
+            Outcome::StaleSequence { .. } => {
+                "A request of this token with a higher Fencing-Sequence was accepted first; this one is out of order".into()
             }
             Outcome::MissingToken { .. } => "This method needs a fencing token".into(),
             Outcome::InvalidToken { detail, .. } => {
@@ -228,6 +242,7 @@ impl Outcome {
                 highest,
             } => (Some(scope), Some(token), *highest),
             Outcome::ScopeMismatch { scope, token }
+            | Outcome::StaleSequence { scope, token, .. }
             | Outcome::Unavailable { scope, token }
             | Outcome::InProgress { scope, token }
             | Outcome::KeyReused { scope, token }
@@ -243,6 +258,18 @@ impl Outcome {
         }
     }
 
+    /// The presented and the highest recorded `Fencing-Sequence` of a `stale_sequence`.
+    pub fn sequences(&self) -> Option<(u64, u64)> {
+        match self {
+            Outcome::StaleSequence {
+                sequence,
+                highest_sequence,
+                ..
+            } => Some((*sequence, *highest_sequence)),
+            _ => None,
+        }
+    }
+
     /// The S3 error code of this outcome on an `errors = "s3"` route. S3's own code where
     /// one means the same (an SDK already knows it: botocore's standard and adaptive retry
     /// modes retry `SlowDown` by its code, besides the 503), else a fencegate code in S3's
@@ -250,6 +277,7 @@ impl Outcome {
     pub fn s3_code(&self) -> &'static str {
         match self {
             Outcome::Stale { .. } => "StaleFence",
+            Outcome::StaleSequence { .. } => "StaleFencingSequence",
             Outcome::MissingToken { .. } => "MissingFencingToken",
             Outcome::InvalidToken { .. } => "InvalidFencingToken",
             Outcome::ScopeMismatch { .. } => "FencingScopeMismatch",
@@ -325,6 +353,13 @@ impl Outcome {
             h.write_to(&mut body);
             body.extend_from_slice(b"</HighestAccepted>");
         }
+        if let Some((presented, highest)) = self.sequences() {
+            body.extend_from_slice(b"<Sequence>");
+            body.extend_from_slice(presented.to_string().as_bytes());
+            body.extend_from_slice(b"</Sequence><HighestSequence>");
+            body.extend_from_slice(highest.to_string().as_bytes());
+            body.extend_from_slice(b"</HighestSequence>");
+        }
         if let Outcome::PayloadTooLarge { limit } = self {
             // S3's own element for EntityTooLarge.
             body.extend_from_slice(b"<MaxSizeAllowed>");
@@ -362,6 +397,14 @@ impl Outcome {
         if let Some(h) = fields.2 {
             body.extend_from_slice(b",\"highest_accepted\":\"");
             h.write_to(&mut body);
+            body.push(b'"');
+        }
+        // As strings, as tokens are: a u64 is beyond what JSON numbers carry exactly.
+        if let Some((presented, highest)) = self.sequences() {
+            body.extend_from_slice(b",\"sequence\":\"");
+            body.extend_from_slice(presented.to_string().as_bytes());
+            body.extend_from_slice(b"\",\"highest_sequence\":\"");
+            body.extend_from_slice(highest.to_string().as_bytes());
             body.push(b'"');
         }
         body.push(b'}');
@@ -455,6 +498,18 @@ mod tests {
             assert_eq!(v["result"], "stale_fence");
             assert_eq!(v["type"], "urn:fencegate:stale_fence");
         }
+        let v = body_of(Outcome::StaleSequence {
+            scope: "report/july".into(),
+            token: Token::new(0, 7),
+            sequence: 1,
+            highest_sequence: u64::MAX,
+        })
+        .await;
+        assert_eq!(v["status"], 409);
+        assert_eq!(v["result"], "stale_sequence");
+        assert_eq!(v["token"], "7");
+        assert_eq!(v["sequence"], "1");
+        assert_eq!(v["highest_sequence"], "18446744073709551615");
         let v = body_of(Outcome::InvalidPath {
             detail: "bad \"escape\"".into(),
         })
@@ -527,6 +582,12 @@ mod s3_tests {
                 scope: scope(),
                 token,
             },
+            Outcome::StaleSequence {
+                scope: scope(),
+                token,
+                sequence: 3,
+                highest_sequence: 4,
+            },
         ]
     }
 
@@ -549,6 +610,7 @@ mod s3_tests {
             Outcome::InProgress { .. } => 14,
             Outcome::KeyReused { .. } => 15,
             Outcome::OutcomeUnknown { .. } => 16,
+            Outcome::StaleSequence { .. } => 17,
         }
     }
 
@@ -576,7 +638,7 @@ mod s3_tests {
     #[test]
     fn every_outcome_is_listed_once() {
         let seen: std::collections::BTreeSet<usize> = every_outcome().iter().map(variant).collect();
-        assert_eq!(seen, (0..17).collect());
+        assert_eq!(seen, (0..18).collect());
     }
 
     #[tokio::test]

@@ -14,7 +14,9 @@
 //!
 //! Layout: a header (`MAGIC`, generation, check), then records, each a header (body
 //! length, generation, check) and a body of entries (scope length, scope, epoch, counter;
-//! little-endian). A record counts only when it is whole, its check matches and it
+//! little-endian). An entry that carries a `Fencing-Sequence` has [`WITH_SEQUENCE`] set in
+//! its scope length and the sequence after its counter: entries without one are written
+//! as before sequences existed, so a journal left by an earlier build reads the same. A record counts only when it is whole, its check matches and it
 //! belongs to the header's generation; reading stops at the first that does not (a torn
 //! tail, or what is left of an earlier generation: the file is overwritten from the start
 //! after each checkpoint, cut back to [`JOURNAL_BYTES`] only when a batch made it longer).
@@ -26,7 +28,12 @@ use std::sync::Arc;
 use redb::StorageBackend;
 use sha2::{Digest, Sha256};
 
+use super::Mark;
 use crate::token::Token;
+
+/// Set in an entry's scope length: a sequence (8 bytes) follows the counter. Scopes are
+/// far shorter than 2^31 bytes (`fencing.max_scope_bytes`).
+const WITH_SEQUENCE: u32 = 1 << 31;
 
 const MAGIC: [u8; 8] = *b"fgjrnl\x00\x01";
 const HEADER: u64 = 24;
@@ -100,8 +107,8 @@ pub struct Journal {
     buf: Vec<u8>,
 }
 
-/// Advances read back from a journal: the highest token per scope.
-pub type Pending = HashMap<Arc<str>, Token>;
+/// Advances read back from a journal: the highest mark per scope.
+pub type Pending = HashMap<Arc<str>, Mark>;
 
 impl Journal {
     /// Reads every whole record of the current generation. The journal is then ready for
@@ -174,16 +181,27 @@ impl Journal {
     }
 
     /// Appends one record and makes it durable.
-    pub fn append(&mut self, entries: &[(Arc<str>, Token)]) -> std::io::Result<()> {
+    pub fn append(&mut self, entries: &[(Arc<str>, Mark)]) -> std::io::Result<()> {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         buf.resize(RECORD_HEADER, 0);
-        for (scope, token) in entries {
-            let n = u32::try_from(scope.len()).map_err(std::io::Error::other)?;
-            buf.extend_from_slice(&n.to_le_bytes());
+        for (scope, mark) in entries {
+            let n = u32::try_from(scope.len())
+                .ok()
+                .filter(|n| n & WITH_SEQUENCE == 0)
+                .ok_or_else(|| std::io::Error::other("a scope of 2 GiB or more"))?;
+            let flag = if mark.sequence.is_some() {
+                WITH_SEQUENCE
+            } else {
+                0
+            };
+            buf.extend_from_slice(&(n | flag).to_le_bytes());
             buf.extend_from_slice(scope.as_bytes());
-            buf.extend_from_slice(&token.epoch.to_le_bytes());
-            buf.extend_from_slice(&token.counter.to_le_bytes());
+            buf.extend_from_slice(&mark.token.epoch.to_le_bytes());
+            buf.extend_from_slice(&mark.token.counter.to_le_bytes());
+            if let Some(seq) = mark.sequence {
+                buf.extend_from_slice(&seq.to_le_bytes());
+            }
         }
         let body_len = u32::try_from(buf.len() - RECORD_HEADER).map_err(std::io::Error::other)?;
         let c = check(self.generation, &buf[RECORD_HEADER..]);
@@ -324,9 +342,9 @@ fn read(file: &impl StorageBackend, len: u64, applied: Option<u64>) -> Result<Co
             torn = Some(at);
             break;
         };
-        for (scope, token) in entries {
-            let e = pending.entry(scope).or_insert(token);
-            *e = (*e).max(token);
+        for (scope, mark) in entries {
+            let e = pending.entry(scope).or_insert(mark);
+            *e = (*e).max(mark);
         }
         at = start + u64::from(n);
     }
@@ -348,8 +366,8 @@ fn read(file: &impl StorageBackend, len: u64, applied: Option<u64>) -> Result<Co
     })
 }
 
-/// The (scope, token) entries of one record.
-type Entries = Vec<(Arc<str>, Token)>;
+/// The (scope, mark) entries of one record.
+type Entries = Vec<(Arc<str>, Mark)>;
 
 /// Which records a scan looks for, by generation.
 #[derive(Debug, Clone, Copy)]
@@ -485,10 +503,10 @@ pub fn salvage(file: &impl StorageBackend) -> std::io::Result<Salvage> {
         Want::Above(0),
         &mut |_, _, entries| {
             out.records += 1;
-            for (scope, token) in entries {
-                out.max_epoch = out.max_epoch.max(token.epoch);
-                let e = out.pending.entry(scope).or_insert(token);
-                *e = (*e).max(token);
+            for (scope, mark) in entries {
+                out.max_epoch = out.max_epoch.max(mark.token.epoch);
+                let e = out.pending.entry(scope).or_insert(mark);
+                *e = (*e).max(mark);
             }
             true
         },
@@ -512,17 +530,31 @@ fn stop_at_eof(
     }
 }
 
-fn parse(body: &[u8]) -> Option<Vec<(Arc<str>, Token)>> {
+fn parse(body: &[u8]) -> Option<Entries> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < body.len() {
-        let n = u32_at(body, at)? as usize;
+        let len = u32_at(body, at)?;
+        let n = (len & !WITH_SEQUENCE) as usize;
         let s = body.get(at + 4..(at + 4).checked_add(n)?)?;
         let scope: Arc<str> = Arc::from(std::str::from_utf8(s).ok()?);
         let epoch = u64_at(body, at + 4 + n)?;
         let counter = u64_at(body, at + 12 + n)?;
-        out.push((scope, Token::new(epoch, counter)));
         at += 20 + n;
+        let sequence = if len & WITH_SEQUENCE != 0 {
+            let seq = u64_at(body, at)?;
+            at += 8;
+            Some(seq)
+        } else {
+            None
+        };
+        out.push((
+            scope,
+            Mark {
+                token: Token::new(epoch, counter),
+                sequence,
+            },
+        ));
     }
     Some(out)
 }
@@ -559,12 +591,56 @@ mod tests {
         }
     }
 
-    fn t(c: u64) -> Token {
-        Token::new(0, c)
+    fn t(c: u64) -> Mark {
+        Mark::of(Token::new(0, c))
     }
 
-    fn e(s: &str, c: u64) -> (Arc<str>, Token) {
+    fn e(s: &str, c: u64) -> (Arc<str>, Mark) {
         (Arc::from(s), t(c))
+    }
+
+    fn seq(c: u64, n: u64) -> Mark {
+        Mark {
+            token: Token::new(0, c),
+            sequence: Some(n),
+        }
+    }
+
+    /// Entries with a sequence and without share records; the max per scope is taken as
+    /// (token, sequence), so a higher token without one outranks a lower token's sequence.
+    /// An entry without a sequence is written byte for byte as before sequences existed.
+    #[test]
+    fn sequences_are_read_back_with_their_marks() {
+        let file = Shared::default();
+        let (mut j, _) = Journal::open(file.clone(), None).unwrap();
+        j.reset().unwrap();
+        let s = |name: &str, m: Mark| (Arc::<str>::from(name), m);
+        j.append(&[s("a", seq(3, 1)), e("b", 1), s("c", seq(4, 9))])
+            .unwrap();
+        j.append(&[s("a", seq(3, 2)), s("b", seq(1, 5)), e("c", 5)])
+            .unwrap();
+        j.append(&[s("a", seq(3, 1))]).unwrap();
+        let (_, pending) = Journal::open(file, None).unwrap();
+        assert_eq!(pending.get("a"), Some(&seq(3, 2)));
+        assert_eq!(pending.get("b"), Some(&seq(1, 5)));
+        assert_eq!(pending.get("c"), Some(&t(5)), "a new token starts over");
+
+        // The layout of an entry without a sequence: length, scope, epoch, counter.
+        let mut j = Journal {
+            file: Box::new(Shared::default()),
+            generation: 1,
+            end: HEADER,
+            len: 0,
+            buf: Vec::new(),
+        };
+        j.append(&[e("ab", 7)]).unwrap();
+        let body = &j.buf[RECORD_HEADER..];
+        let mut old = 2u32.to_le_bytes().to_vec();
+        old.extend_from_slice(b"ab");
+        old.extend_from_slice(&0u64.to_le_bytes());
+        old.extend_from_slice(&7u64.to_le_bytes());
+        assert_eq!(body, &old[..]);
+        assert_eq!(parse(&old), Some(vec![e("ab", 7)]));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use redb::{
 };
 use tokio::sync::oneshot;
 
+use super::Mark;
 use super::journal::{self, Journal, OpenError, Pending};
 use crate::metrics::histogram::Histogram;
 use crate::token::Token;
@@ -26,6 +27,11 @@ use crate::token::Token;
 const MARKS: TableDefinition<&str, (u64, u64)> = TableDefinition::new("marks");
 /// Store-wide facts: format version, epoch floor, and the journal's bookkeeping
 /// ([`JOURNAL_APPLIED`], [`JOURNAL_CLEAN`]).
+/// scope → (epoch, counter, sequence): the highest `Fencing-Sequence` accepted for that
+/// token (SPEC §11). It counts only while that token is the scope's mark: a higher token
+/// starts the sequence over without a write here. A table of its own, so that a store
+/// file from before sequences opens as it is (the table is made at the first open).
+const SEQUENCES: TableDefinition<&str, (u64, u64, u64)> = TableDefinition::new("sequences");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Idempotency records: "scope\0key" → 8 bytes expiry (unix seconds, big-endian) + record.
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
@@ -79,8 +85,8 @@ pub fn writer_stopped() -> StoreError {
 enum Op {
     Advance {
         scope: Arc<str>,
-        token: Token,
-        reply: oneshot::Sender<Result<Token, StoreError>>,
+        mark: Mark,
+        reply: oneshot::Sender<Result<Mark, StoreError>>,
     },
     Floor {
         epoch: u64,
@@ -340,24 +346,22 @@ impl MarkStore {
     /// Durably raises `scope` to at least `token`. Answers the stored mark, which may be
     /// higher than `token` if a higher advance got there first. Never lowers a mark.
     pub async fn advance(&self, scope: Arc<str>, token: Token) -> Result<Token, StoreError> {
-        self.begin_advance(scope, token)?
+        self.begin_advance(scope, Mark::of(token))?
             .await
             .unwrap_or_else(|_| Err(writer_stopped()))
+            .map(|m| m.token)
     }
 
-    /// [`advance`](MarkStore::advance) in two steps: queue it now, read the stored mark
+    /// [`advance`](MarkStore::advance) in two steps, for a whole [`Mark`] (a sequence is
+    /// recorded with its token, in the same record): queue it now, read the stored mark
     /// from the receiver once committed. The commit lands whether or not anyone waits.
     pub fn begin_advance(
         &self,
         scope: Arc<str>,
-        token: Token,
-    ) -> Result<oneshot::Receiver<Result<Token, StoreError>>, StoreError> {
+        mark: Mark,
+    ) -> Result<oneshot::Receiver<Result<Mark, StoreError>>, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.send(Op::Advance {
-            scope,
-            token,
-            reply,
-        })?;
+        self.send(Op::Advance { scope, mark, reply })?;
         Ok(rx)
     }
 
@@ -452,6 +456,11 @@ impl MarkStore {
 
     /// The durable mark of one scope.
     pub fn get(&self, scope: &str) -> Result<Option<Token>, StoreError> {
+        Ok(self.get_mark(scope)?.map(|m| m.token))
+    }
+
+    /// The durable mark of one scope with its sequence.
+    pub fn get_mark(&self, scope: &str) -> Result<Option<Mark>, StoreError> {
         if self.is_failed() {
             return Err(StoreError::Failed("an earlier commit failed".into()));
         }
@@ -518,6 +527,7 @@ fn initialize(db: &Database) -> Result<u64, redb::Error> {
         }
         floor = meta.get("epoch_floor")?.map(|g| g.value()).unwrap_or(0);
         txn.open_table(MARKS)?;
+        txn.open_table(SEQUENCES)?;
         txn.open_table(RECORDS)?;
         txn.open_table(RECORD_EXPIRY)?;
     }
@@ -757,7 +767,7 @@ fn recover(db: &Database, file: impl StorageBackend, name: &str) -> Result<Journ
             ));
         }
     }
-    let mut marks: Vec<(Arc<str>, Token)> = pending.into_iter().collect();
+    let mut marks: Vec<(Arc<str>, Mark)> = pending.into_iter().collect();
     if !marks.is_empty() {
         marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         tracing::info!(
@@ -787,7 +797,7 @@ fn journal_meta(db: &Database) -> Result<(Option<u64>, bool), redb::Error> {
 /// (see [`JOURNAL_APPLIED`]).
 fn raise_marks(
     db: &Database,
-    marks: &mut [(Arc<str>, Token)],
+    marks: &mut [(Arc<str>, Mark)],
     journal: Option<(u64, bool)>,
 ) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
@@ -796,8 +806,9 @@ fn raise_marks(
     let mut changed = false;
     {
         let mut table = txn.open_table(MARKS)?;
-        for (scope, token) in marks.iter_mut() {
-            changed |= raise(&mut table, scope, token)?;
+        let mut sequences = txn.open_table(SEQUENCES)?;
+        for (scope, mark) in marks.iter_mut() {
+            changed |= raise(&mut table, &mut sequences, scope, mark)?;
         }
     }
     if let Some((generation, clean)) = journal {
@@ -821,9 +832,39 @@ fn raise_marks(
     Ok(())
 }
 
-/// Raises one mark to at least `token` in one walk down the tree; `token` becomes the
-/// mark stored. Answers whether anything changed.
+/// Raises one mark (and its sequence) to at least `mark`; `mark` becomes what is stored.
+/// Answers whether anything changed.
 fn raise(
+    marks: &mut redb::Table<&str, (u64, u64)>,
+    sequences: &mut redb::Table<&str, (u64, u64, u64)>,
+    scope: &str,
+    mark: &mut Mark,
+) -> Result<bool, redb::Error> {
+    let mut token = mark.token;
+    let mut changed = raise_token(marks, scope, &mut token)?;
+    let held = sequence_of(sequences.get(scope)?.map(|g| g.value()), token);
+    // A sequence counts for its own token only: under a higher stored one it is void.
+    let wanted = mark.sequence.filter(|_| mark.token == token);
+    if let Some(n) = wanted.filter(|n| held.is_none_or(|h| *n > h)) {
+        sequences.insert(scope, (token.epoch, token.counter, n))?;
+        changed = true;
+    }
+    *mark = Mark {
+        token,
+        sequence: wanted.max(held),
+    };
+    Ok(changed)
+}
+
+/// The sequence a `SEQUENCES` row holds for `token` (none if it is another token's).
+fn sequence_of(row: Option<(u64, u64, u64)>, token: Token) -> Option<u64> {
+    row.filter(|(e, c, _)| Token::new(*e, *c) == token)
+        .map(|(_, _, n)| n)
+}
+
+/// Raises one token to at least `token` in one walk down the tree; `token` becomes the
+/// mark stored. Answers whether anything changed.
+fn raise_token(
     marks: &mut redb::Table<&str, (u64, u64)>,
     scope: &str,
     token: &mut Token,
@@ -845,14 +886,22 @@ fn raise(
     })
 }
 
-fn get_mark(db: &impl ReadableDatabase, scope: &str) -> Result<Option<Token>, StoreError> {
+fn get_mark(db: &impl ReadableDatabase, scope: &str) -> Result<Option<Mark>, StoreError> {
     let txn = db.begin_read().map_err(read_err)?;
     let table = txn.open_table(MARKS).map_err(read_err)?;
-    let got = table.get(scope).map_err(read_err)?;
-    Ok(got.map(|g| {
+    let Some(token) = table.get(scope).map_err(read_err)?.map(|g| {
         let (e, c) = g.value();
         Token::new(e, c)
-    }))
+    }) else {
+        return Ok(None);
+    };
+    let sequence = match txn.open_table(SEQUENCES) {
+        Ok(t) => sequence_of(t.get(scope).map_err(read_err)?.map(|g| g.value()), token),
+        // A store file from before sequences, read without a writer's open: none yet.
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(read_err(e)),
+    };
+    Ok(Some(Mark { token, sequence }))
 }
 
 fn list_marks(
@@ -1005,6 +1054,11 @@ impl MarkReader {
     }
 
     pub fn get(&self, scope: &str) -> Result<Option<Token>, StoreError> {
+        Ok(get_mark(&self.db, scope)?.map(|m| m.token))
+    }
+
+    /// The mark of one scope with its sequence.
+    pub fn get_mark(&self, scope: &str) -> Result<Option<Mark>, StoreError> {
         get_mark(&self.db, scope)
     }
 
@@ -1087,7 +1141,7 @@ impl Writer {
     /// Applies the journal's advances to redb, then empties the journal. A failure fails
     /// the store closed (what the journal holds is durable and applied at the next open).
     fn checkpoint(&mut self) -> Result<(), StoreError> {
-        let mut marks: Vec<(Arc<str>, Token)> = self
+        let mut marks: Vec<(Arc<str>, Mark)> = self
             .lock_pending()
             .iter()
             .map(|(s, t)| (s.clone(), *t))
@@ -1202,10 +1256,10 @@ impl Writer {
     /// Raises each wanted token to the mark already held for its scope (the journal's
     /// pending one, else redb's), so that what is journaled and answered is the mark.
     /// Answers whether any wanted token is above what is held (else nothing needs writing).
-    fn stored(&self, wanted: &mut [(Arc<str>, Token)]) -> Result<bool, String> {
+    fn stored(&self, wanted: &mut [(Arc<str>, Mark)]) -> Result<bool, String> {
         let mut raised = false;
-        let mut hold = |token: &mut Token, held: Option<Token>| match held {
-            Some(h) if h >= *token => *token = h,
+        let mut hold = |mark: &mut Mark, held: Option<Mark>| match held {
+            Some(h) if h >= *mark => *mark = h,
             _ => raised = true,
         };
         let mut missing = Vec::new();
@@ -1222,13 +1276,24 @@ impl Writer {
         if !missing.is_empty() {
             let txn = self.db.begin_read().map_err(|e| e.to_string())?;
             let table = txn.open_table(MARKS).map_err(|e| e.to_string())?;
+            let sequences = txn.open_table(SEQUENCES).map_err(|e| e.to_string())?;
             for i in missing {
-                let (scope, token) = &mut wanted[i];
+                let (scope, mark) = &mut wanted[i];
                 let held = table.get(&**scope).map_err(|e| e.to_string())?.map(|g| {
                     let (e, c) = g.value();
                     Token::new(e, c)
                 });
-                hold(token, held);
+                let held = match held {
+                    Some(token) => {
+                        let row = sequences.get(&**scope).map_err(|e| e.to_string())?;
+                        Some(Mark {
+                            token,
+                            sequence: sequence_of(row.map(|g| g.value()), token),
+                        })
+                    }
+                    None => None,
+                };
+                hold(mark, held);
             }
         }
         Ok(raised)
@@ -1302,7 +1367,7 @@ impl Writer {
     fn apply(
         &self,
         batch: &[Op],
-    ) -> Result<(Vec<(Arc<str>, Token)>, u64, Vec<Answer>, bool), redb::Error> {
+    ) -> Result<(Vec<(Arc<str>, Mark)>, u64, Vec<Answer>, bool), redb::Error> {
         let mut wanted = wanted(batch);
         let floor_wanted = batch
             .iter()
@@ -1327,8 +1392,9 @@ impl Writer {
         let mut floor = self.floor.load(Ordering::Acquire);
         {
             let mut marks = txn.open_table(MARKS)?;
-            for (scope, token) in wanted.iter_mut() {
-                changed |= raise(&mut marks, scope, token)?;
+            let mut sequences = txn.open_table(SEQUENCES)?;
+            for (scope, mark) in wanted.iter_mut() {
+                changed |= raise(&mut marks, &mut sequences, scope, mark)?;
             }
             if let Some(epoch) = floor_wanted.filter(|e| *e > floor) {
                 let mut meta = txn.open_table(META)?;
@@ -1417,11 +1483,11 @@ impl Writer {
 }
 
 /// The advances of a batch in scope order (the tree's order), one per scope: its highest.
-fn wanted(batch: &[Op]) -> Vec<(Arc<str>, Token)> {
-    let mut wanted: Vec<(Arc<str>, Token)> = batch
+fn wanted(batch: &[Op]) -> Vec<(Arc<str>, Mark)> {
+    let mut wanted: Vec<(Arc<str>, Mark)> = batch
         .iter()
         .filter_map(|op| match op {
-            Op::Advance { scope, token, .. } => Some((scope.clone(), *token)),
+            Op::Advance { scope, mark, .. } => Some((scope.clone(), *mark)),
             _ => None,
         })
         .collect();
@@ -1431,7 +1497,7 @@ fn wanted(batch: &[Op]) -> Vec<(Arc<str>, Token)> {
 }
 
 /// The mark stored for `scope` by a batch whose (sorted) marks are `marks`.
-fn answer_for(marks: &[(Arc<str>, Token)], scope: &str) -> Result<Token, StoreError> {
+fn answer_for(marks: &[(Arc<str>, Mark)], scope: &str) -> Result<Mark, StoreError> {
     marks
         .binary_search_by(|(s, _)| (**s).cmp(scope))
         .map(|i| marks[i].1)
@@ -1491,11 +1557,22 @@ fn record_expiry(value: &[u8]) -> u64 {
 mod tests {
     use super::*;
 
-    fn advance(scope: &str, token: u64) -> (Op, oneshot::Receiver<Result<Token, StoreError>>) {
+    fn advance(scope: &str, token: u64) -> (Op, oneshot::Receiver<Result<Mark, StoreError>>) {
+        sequenced(scope, token, None)
+    }
+
+    fn sequenced(
+        scope: &str,
+        token: u64,
+        sequence: Option<u64>,
+    ) -> (Op, oneshot::Receiver<Result<Mark, StoreError>>) {
         let (reply, rx) = oneshot::channel();
         let op = Op::Advance {
             scope: Arc::from(scope),
-            token: Token::new(1, token),
+            mark: Mark {
+                token: Token::new(1, token),
+                sequence,
+            },
             reply,
         };
         (op, rx)
@@ -1521,7 +1598,7 @@ mod tests {
         };
         assert!(!gone.is_failed());
         assert!(
-            gone.begin_advance(Arc::from("s"), Token::new(0, 1))
+            gone.begin_advance(Arc::from("s"), Mark::of(Token::new(0, 1)))
                 .is_err()
         );
         assert!(gone.is_failed());
@@ -1602,8 +1679,89 @@ mod tests {
         assert_eq!(store.get("s").expect("read"), Some(Token::new(1, 7)));
     }
 
-    fn answer(mut rx: oneshot::Receiver<Result<Token, StoreError>>) -> Option<u64> {
-        rx.try_recv().ok()?.ok().map(|t| t.counter)
+    fn answer(mut rx: oneshot::Receiver<Result<Mark, StoreError>>) -> Option<u64> {
+        rx.try_recv().ok()?.ok().map(|t| t.token.counter)
+    }
+
+    fn answer_mark(
+        mut rx: oneshot::Receiver<Result<Mark, StoreError>>,
+    ) -> Option<(u64, Option<u64>)> {
+        rx.try_recv()
+            .ok()?
+            .ok()
+            .map(|m| (m.token.counter, m.sequence))
+    }
+
+    /// A sequence is stored with its token, in redb (no journal) and through the journal
+    /// (then the checkpoint): the highest per token wins, a lower one is answered the
+    /// stored one, a new token starts over, and an advance without a sequence keeps the
+    /// token's.
+    #[test]
+    fn sequences_are_stored_with_their_token_and_never_go_back() {
+        let journaled = || {
+            let db = Database::builder()
+                .create_with_backend(redb::backends::InMemoryBackend::new())
+                .expect("db");
+            MarkStore::start(
+                db,
+                Some(redb::backends::InMemoryBackend::new()),
+                true,
+                "<test>",
+            )
+            .expect("open")
+        };
+        let plain = || {
+            MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+                .expect("open")
+        };
+        for store in [journaled(), plain()] {
+            let Commits::Inline(writer) = &store.inner.commits else {
+                panic!("inline store expected");
+            };
+            let mut writer = writer.lock().unwrap();
+            let (a, ra) = sequenced("s", 3, Some(2));
+            let (b, rb) = sequenced("s", 3, Some(5));
+            writer.commit(vec![a, b]);
+            assert_eq!(
+                answer_mark(ra),
+                Some((3, Some(5))),
+                "one batch: the highest"
+            );
+            assert_eq!(answer_mark(rb), Some((3, Some(5))));
+            let (c, rc) = sequenced("s", 3, Some(4));
+            writer.commit(vec![c]);
+            assert_eq!(answer_mark(rc), Some((3, Some(5))), "never back");
+            let (d, rd) = advance("s", 3);
+            writer.commit(vec![d]);
+            assert_eq!(answer_mark(rd), Some((3, Some(5))), "kept without one");
+            writer.checkpoint().expect("checkpoint");
+            let seq = |n| Mark {
+                token: Token::new(1, 3),
+                sequence: Some(n),
+            };
+            assert_eq!(store.get_mark("s").expect("read"), Some(seq(5)));
+            let (e, re) = advance("s", 4);
+            writer.commit(vec![e]);
+            assert_eq!(answer_mark(re), Some((4, None)), "a new token starts over");
+            let (f, rf) = sequenced("s", 4, Some(1));
+            writer.commit(vec![f]);
+            assert_eq!(answer_mark(rf), Some((4, Some(1))));
+            let (g, rg) = sequenced("s", 3, Some(9));
+            writer.commit(vec![g]);
+            assert_eq!(
+                answer_mark(rg),
+                Some((4, Some(1))),
+                "an old token's is void"
+            );
+            writer.checkpoint().expect("checkpoint");
+            assert_eq!(
+                store.get_mark("s").expect("read"),
+                Some(Mark {
+                    token: Token::new(1, 4),
+                    sequence: Some(1)
+                })
+            );
+        }
     }
 
     /// One batch: the highest token per scope wins whatever the order, every member reads

@@ -20,6 +20,7 @@ mod pool;
 mod responses;
 mod s3;
 mod send_timeout;
+mod sequence;
 mod store;
 mod streaming;
 mod tls;

@@ -90,6 +90,7 @@ async fn a_line_per_request_with_its_fields() {
     assert_eq!(stale["status"], 409);
     assert_eq!(stale["token"], "4");
     assert_eq!(stale["highest"], "5");
+    assert!(stale["sequence"].is_null() && stale["highest_sequence"].is_null());
     assert_eq!(stale["scope"], "report/r");
     assert_eq!(stale["route"], "reports");
     assert!(stale["upstream_ms"].is_null(), "never forwarded: {stale}");

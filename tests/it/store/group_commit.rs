@@ -487,18 +487,19 @@ async fn advances_are_journaled_then_applied_and_a_failed_journal_fails_them_all
     // share the next record.
     journal.hold();
     let token = fencegate::token::Token::new(0, 5);
-    let mut waits = vec![store.begin_advance(Arc::from("j0"), token).unwrap()];
+    let mark = fencegate::store::Mark::of(token);
+    let mut waits = vec![store.begin_advance(Arc::from("j0"), mark).unwrap()];
     until_syncing(&journal).await;
     for i in 1..64 {
         waits.push(
             store
-                .begin_advance(Arc::from(format!("j{i}")), token)
+                .begin_advance(Arc::from(format!("j{i}")), mark)
                 .unwrap(),
         );
     }
     journal.release();
     for w in waits {
-        assert_eq!(w.await.unwrap().unwrap(), token);
+        assert_eq!(w.await.unwrap().unwrap().token, token);
     }
     assert_eq!(
         store.stats().commit_batch_size_count(),

@@ -1,14 +1,14 @@
 //! Crash and damage of the mark store. Power loss at every write and sync: the mark store (redb file and journal) on a disk
 //! double where only what was synced is sure to survive. Whatever the cut, and whichever
 //! unsynced writes the restart finds, the store opens (a crash is never taken for
-//! corruption) and shows every acknowledged mark and floor.
+//! corruption) and shows every acknowledged mark, sequence and floor.
 
 use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fencegate::store::MarkStore;
+use fencegate::store::{Mark, MarkStore};
 use fencegate::token::Token;
 use support::power::{Power, PowerDisk, SURVIVORS, Survivors};
 
@@ -16,6 +16,8 @@ use support::power::{Power, PowerDisk, SURVIVORS, Survivors};
 #[derive(Debug, Default)]
 struct Acked {
     marks: HashMap<String, Token>,
+    /// Scope `q`'s mark with its `Fencing-Sequence` (SPEC §11).
+    sequenced: Option<Mark>,
     floor: u64,
 }
 
@@ -46,12 +48,31 @@ async fn workload(redb: &PowerDisk, journal: &PowerDisk) -> Acked {
                 })
             })
             .collect();
+        // Two sequences of one token on scope `q`, at once with the advances (the same
+        // batches); a new epoch starts the sequence over.
+        let sequenced: Vec<_> = [2 * round - 1, 2 * round]
+            .into_iter()
+            .map(|n| {
+                let mark = Mark {
+                    token: Token::new(epoch, 1),
+                    sequence: Some(n),
+                };
+                (mark, store.begin_advance(Arc::from("q"), mark))
+            })
+            .collect();
         for t in tasks {
             let (scope, token, got) = t.await.unwrap();
             if let Ok(stored) = got {
                 assert!(stored >= token);
                 let e = acked.marks.entry(scope).or_insert(token);
                 *e = (*e).max(token);
+            }
+        }
+        for (mark, rx) in sequenced {
+            let Ok(rx) = rx else { continue };
+            if let Ok(Ok(stored)) = rx.await {
+                assert!(stored >= mark);
+                acked.sequenced = acked.sequenced.max(Some(mark));
             }
         }
         if round % 2 == 0 {
@@ -82,6 +103,17 @@ fn check(store: &MarkStore, acked: &Acked, what: &str) {
         let mark = store.get(&format!("s{i}")).unwrap();
         assert!(mark <= Some(Token::new(1, 6)), "{what}: s{i} is {mark:?}");
     }
+    let q = store.get_mark("q").unwrap();
+    assert!(
+        q >= acked.sequenced,
+        "{what}: q is {q:?}, acknowledged {:?}",
+        acked.sequenced
+    );
+    let asked = Mark {
+        token: Token::new(1, 1),
+        sequence: Some(12),
+    };
+    assert!(q <= Some(asked), "{what}: q is {q:?}");
 }
 
 #[tokio::test]
