@@ -441,7 +441,10 @@ fn render_config(
             "listen 127.0.0.1:{port} ssl http2;
         ssl_protocols TLSv1.2 TLSv1.3;
         ssl_certificate {};
-        ssl_certificate_key {};{}",
+        ssl_certificate_key {};
+        # nginx closes a connection after 1,000 requests by default (HTTP/2 with a
+        # GOAWAY, which h2load does not follow); fencegate sets no such limit.
+        keepalive_requests 1000000;{}",
             quote(&tls.cert)?,
             quote(&tls.key)?,
             if tls.resumption {
