@@ -8,7 +8,8 @@
 //!
 //! Options: `--smoke` (≈1 s per measurement, W4 with 20,000 scopes, PostgreSQL only if
 //! installed), `--duration SECS` (measured seconds per workload, default 10),
-//! `--out DIR` (default `benches/results`), `--no-postgres`, `--workers N` (fencegate's
+//! `--out DIR` (default `benches/results`), `--no-postgres`, `--tls-only` (only the TLS
+//! rows of `load/tls.rs`, the table printed, no file written), `--workers N` (fencegate's
 //! `server.workers` and nginx proxy_pass's worker processes, default 2), `--rounds N`
 //! (rounds of the null-backend workloads and their baselines, default 5, smoke 1: each
 //! round measures direct, bare hyper, nginx proxy_pass, W1, W1 with proofs, W3, the bare
@@ -43,6 +44,8 @@ mod nginx;
 mod procs;
 #[path = "load/report.rs"]
 mod report;
+#[path = "load/tls.rs"]
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -81,10 +84,12 @@ struct Args {
     workers: usize,
     /// Rounds of the null-backend workloads and their baselines.
     rounds: usize,
+    /// Only the TLS rows (`load/tls.rs`), printed, no files written.
+    tls_only: bool,
 }
 
 fn usage() -> &'static str {
-    "usage: cargo bench --bench load -- [--smoke] [--duration SECS] [--out DIR] [--no-postgres] [--workers N] [--rounds N]"
+    "usage: cargo bench --bench load -- [--smoke] [--duration SECS] [--out DIR] [--no-postgres] [--workers N] [--rounds N] [--tls-only]"
 }
 
 /// `cargo bench` passes `--bench`; `cargo test --all-targets` runs bench targets without
@@ -101,6 +106,7 @@ fn parse_args() -> Result<Args, String> {
     let mut postgres = true;
     let mut workers = 2;
     let mut rounds = None;
+    let mut tls_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -115,6 +121,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--out" => out = Some(PathBuf::from(args.next().ok_or("--out needs a value")?)),
             "--no-postgres" => postgres = false,
+            "--tls-only" => tls_only = true,
             "--workers" => {
                 let v = args.next().ok_or("--workers needs a value")?;
                 workers = v
@@ -156,6 +163,7 @@ fn parse_args() -> Result<Args, String> {
         postgres,
         workers,
         rounds: rounds.unwrap_or(if smoke { 1 } else { 5 }),
+        tls_only,
     })
 }
 
@@ -711,6 +719,9 @@ async fn run(args: &Args) -> Result<bool, Error> {
     }
     let sign_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(SIGN_SAMPLE);
 
+    if args.tls_only {
+        return tls::only(args, scratch.path(), &proof_pub).await;
+    }
     step("starting nginx (null, WebDAV, proxy_pass in front of each) and fencegate");
     let null = Nginx::null()?;
     let dav = Nginx::webdav()?;
@@ -1108,6 +1119,9 @@ async fn run(args: &Args) -> Result<bool, Error> {
     refuser_row.ratio = format!("{refuser_ratio:.2}× nginx");
     b.push(refuser_row);
     remember("fencegate after W1, W2, W3", &fg);
+
+    // ---- TLS: handshakes, keep-alive, HTTP/2 (load/tls.rs) ------------------------------
+    tls::run(&mut b, scratch.path(), &null, &proof_pub).await?;
 
     // ---- WebDAV backend: a real store ------------------------------------------------
     const DAV: &str = "WebDAV backend (nginx dav_methods PUT)";

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces benches/results/: installs what the load bench needs (nginx, wrk, PostgreSQL)
-# if missing, then runs it (several minutes). Everything stays on loopback; every process
+# Reproduces benches/results/: installs what the load bench needs (nginx, wrk, h2load,
+# openssl, PostgreSQL) if missing, then runs it (several minutes). Everything stays on loopback; every process
 # it starts is stopped when it ends.
 #
 #   bash benches/run.sh                       # full run, results in benches/results/
@@ -15,6 +15,9 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+# The TLS rows (benches/load/tls.rs): HTTP/2 over TLS, and the run's certificates.
+command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1 || missing+=(postgresql)
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then

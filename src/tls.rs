@@ -1,6 +1,7 @@
-//! TLS with rustls (ring provider): the listener's certificate and optional client-certificate
-//! check (`[server] tls`), re-read on SIGHUP; and the client side of https upstreams
-//! (`[[upstream]] tls`: trusted CA, SNI name, client certificate).
+//! TLS with rustls (ring provider, or aws-lc-rs with the `aws-lc-rs` feature): the
+//! listener's certificate and optional client-certificate check (`[server] tls`), re-read
+//! on SIGHUP; and the client side of https upstreams (`[[upstream]] tls`: trusted CA, SNI
+//! name, client certificate).
 //!
 //! Files are PEM. Parsing the config only names them (`listener_files`,
 //! `upstream_tls_files`); every file is read and checked by the config's load step
@@ -190,8 +191,22 @@ impl Listener {
     }
 }
 
+/// The crypto provider of every TLS config here: ring, or aws-lc-rs with the `aws-lc-rs`
+/// cargo feature.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    #[cfg(feature = "aws-lc-rs")]
+    return Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    #[cfg(not(feature = "aws-lc-rs"))]
+    return Arc::new(rustls::crypto::ring::default_provider());
+}
+
+/// The provider's session ticketer (TLS 1.3 and 1.2 tickets): keys made at random,
+/// rotated every 6 hours.
+fn ticketer() -> Result<Arc<dyn rustls::server::ProducesTickets>, rustls::Error> {
+    #[cfg(feature = "aws-lc-rs")]
+    return rustls::crypto::aws_lc_rs::Ticketer::new();
+    #[cfg(not(feature = "aws-lc-rs"))]
+    return rustls::crypto::ring::Ticketer::new();
 }
 
 /// Reads the listener's files into a rustls config, collecting every problem.
@@ -229,8 +244,7 @@ fn server_config(files: &ListenerFiles) -> Result<ServerConfig, TlsError> {
     if files.resumption {
         // Stateless tickets (keys made at random and rotated every 6 hours, per process and
         // per load of the files), and a bounded cache for clients that resume by id.
-        config.ticketer = rustls::crypto::ring::Ticketer::new()
-            .map_err(|e| TlsError::one(files.key_path, e.to_string()))?;
+        config.ticketer = ticketer().map_err(|e| TlsError::one(files.key_path, e.to_string()))?;
         config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSIONS);
     } else {
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
@@ -439,9 +453,9 @@ fn with_http1_alpn(mut config: ClientConfig) -> ClientConfig {
 fn client_builder() -> ConfigBuilder<ClientConfig, WantsVerifier> {
     ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        // Fails only for a provider without TLS 1.2/1.3 suites; ring has both, and no file or
-        // peer can change that.
-        .expect("the ring provider supports the default protocol versions")
+        // Fails only for a provider without TLS 1.2/1.3 suites; ring and aws-lc-rs have both,
+        // and no file or peer can change that.
+        .expect("the crypto provider supports the default protocol versions")
 }
 
 fn builtin_roots() -> RootCertStore {

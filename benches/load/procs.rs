@@ -234,6 +234,8 @@ pub struct Fencegate {
     workers: usize,
     /// The verification key (`.pub`) of the `proof = "required"` route.
     proof_key: PathBuf,
+    /// `[server] tls` as written into the config, if the listener speaks TLS.
+    tls: Option<String>,
     proc: Option<Guard>,
 }
 
@@ -248,6 +250,19 @@ impl Fencegate {
         workers: usize,
         proof_key: &Path,
     ) -> io::Result<Fencegate> {
+        Fencegate::start_with(dir, null_port, dav_port, workers, proof_key, None).await
+    }
+
+    /// [`Fencegate::start`] with `tls` (a `tls = { … }` line) in `[server]`: the proxy
+    /// listener speaks TLS, the admin listener stays plain HTTP.
+    pub async fn start_with(
+        dir: &Path,
+        null_port: u16,
+        dav_port: u16,
+        workers: usize,
+        proof_key: &Path,
+        tls: Option<String>,
+    ) -> io::Result<Fencegate> {
         let mut fg = Fencegate {
             bin: PathBuf::from(env!("CARGO_BIN_EXE_fencegate")),
             config: dir.join("fencegate.toml"),
@@ -258,6 +273,7 @@ impl Fencegate {
             upstreams: (null_port, dav_port),
             workers,
             proof_key: proof_key.to_path_buf(),
+            tls,
             proc: None,
         };
         fg.spawn_on_fresh_ports().await?;
@@ -279,7 +295,7 @@ impl Fencegate {
 listen = "127.0.0.1:{proxy_port}"
 workers = {workers}
 shutdown_timeout = "5s"
-
+{tls}
 [admin]
 listen = "127.0.0.1:{admin_port}"
 
@@ -324,6 +340,10 @@ proof = "required"
                 store = self.store.display(),
                 proof_key = self.proof_key.display(),
                 workers = self.workers,
+                tls = self
+                    .tls
+                    .as_deref()
+                    .map_or(String::new(), |t| format!("{t}\n")),
             ),
         )?;
         self.proxy = SocketAddr::from((Ipv4Addr::LOCALHOST, proxy_port));

@@ -1024,3 +1024,36 @@ async fn tickets_resume_more_clients_than_a_session_cache_holds() {
     assert_eq!(resumed, clients.len());
     running.shutdown().await;
 }
+
+/// The load bench's TLS baseline (`Nginx::tls_proxy_pass`) serves HTTPS with the
+/// certificate it is given, and resumes a returning client's session only when told to,
+/// so that its full-handshake rows measure full handshakes.
+#[tokio::test]
+async fn the_benchs_nginx_tls_baseline_resumes_only_when_told_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test ca");
+    ca.server("nginx", &["localhost"])
+        .write(dir.path(), "nginx");
+    let null = support::nginx::Nginx::null().unwrap();
+    for (resumption, want) in [
+        (true, rustls::HandshakeKind::Resumed),
+        (false, rustls::HandshakeKind::Full),
+    ] {
+        let tls = support::nginx::Tls {
+            cert: dir.path().join("nginx.pem"),
+            key: dir.path().join("nginx.key"),
+            resumption,
+        };
+        let nginx = support::nginx::Nginx::tls_proxy_pass(null.port(), 1, tls).unwrap();
+        let config = client_tls_versions(&ca, &[&rustls::version::TLS13]);
+        // A request on the first connection: its response comes after the tickets.
+        let stream = connect(nginx.addr(), config.clone()).await.expect("TLS");
+        let mut conn = h1(stream).await.unwrap();
+        let (status, _) = conn.send(put("/reports/r/x", "1")).await.unwrap();
+        assert_eq!(status, StatusCode::NO_CONTENT, "the null backend's answer");
+        drop(conn);
+        let stream = connect(nginx.addr(), config).await.expect("TLS");
+        let kind = stream.get_ref().1.handshake_kind();
+        assert_eq!(kind, Some(want), "resumption = {resumption}");
+    }
+}

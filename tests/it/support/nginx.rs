@@ -63,7 +63,25 @@ pub struct Nginx {
 enum Kind {
     WebDav,
     Null,
-    ProxyPass { upstream_port: u16 },
+    ProxyPass {
+        upstream_port: u16,
+    },
+    /// [`Kind::ProxyPass`] behind TLS (and HTTP/2 by ALPN) with this certificate.
+    TlsProxyPass {
+        upstream_port: u16,
+        tls: Tls,
+    },
+}
+
+/// The certificate of [`Nginx::tls_proxy_pass`], and whether sessions resume.
+pub struct Tls {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Its PEM private key.
+    pub key: PathBuf,
+    /// Session tickets on (nginx's default); off: every handshake is a full one
+    /// (`ssl_session_tickets off; ssl_session_cache off;`).
+    pub resumption: bool,
 }
 
 impl Nginx {
@@ -106,6 +124,18 @@ impl Nginx {
             ));
         }
         Self::start(&Kind::ProxyPass { upstream_port }, workers)
+    }
+
+    /// [`Nginx::proxy_pass`] over TLS 1.2 and 1.3 (`listen … ssl http2`: HTTP/1.1 or h2
+    /// by ALPN) with `tls`'s certificate. Baseline for TLS benchmarks.
+    pub fn tls_proxy_pass(upstream_port: u16, workers: usize, tls: Tls) -> io::Result<Nginx> {
+        if workers == 0 || upstream_port == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "Nginx::tls_proxy_pass: workers and upstream_port must not be 0",
+            ));
+        }
+        Self::start(&Kind::TlsProxyPass { upstream_port, tls }, workers)
     }
 
     /// The loopback port nginx listens on.
@@ -398,10 +428,33 @@ fn render_config(
 
     // Benchmarks through the proxy open many connections; give it headroom.
     let (worker_connections, rlimit) = match kind {
-        Kind::ProxyPass { .. } => (4096, "worker_rlimit_nofile 16384;\n"),
+        Kind::ProxyPass { .. } | Kind::TlsProxyPass { .. } => {
+            (4096, "worker_rlimit_nofile 16384;\n")
+        }
         _ => (1024, ""),
     };
 
+    // nginx 1.22's default `ssl_protocols` lacks TLSv1.3: named, so that clients get
+    // the version fencegate negotiates.
+    let listen = match kind {
+        Kind::TlsProxyPass { tls, .. } => format!(
+            "listen 127.0.0.1:{port} ssl http2;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_certificate {};
+        ssl_certificate_key {};
+        # nginx closes a connection after 1,000 requests by default (HTTP/2 with a
+        # GOAWAY, which h2load does not follow); fencegate sets no such limit.
+        keepalive_requests 1000000;{}",
+            quote(&tls.cert)?,
+            quote(&tls.key)?,
+            if tls.resumption {
+                ""
+            } else {
+                "\n        ssl_session_tickets off;\n        ssl_session_cache off;"
+            }
+        ),
+        _ => format!("listen 127.0.0.1:{port};"),
+    };
     let (upstream, location) = match kind {
         Kind::WebDav => (
             String::new(),
@@ -424,7 +477,7 @@ fn render_config(
 "
             .to_owned(),
         ),
-        Kind::ProxyPass { upstream_port } => (
+        Kind::ProxyPass { upstream_port } | Kind::TlsProxyPass { upstream_port, .. } => (
             format!(
                 "    upstream backend {{
         server 127.0.0.1:{upstream_port};
@@ -467,7 +520,7 @@ http {{
 
 {upstream}
     server {{
-        listen 127.0.0.1:{port};
+        {listen}
         server_name _;
 
 {location}    }}
