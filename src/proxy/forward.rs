@@ -3,7 +3,7 @@
 //! headers removed, bodies streamed both ways.
 
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,8 +21,11 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::problem::{self, Outcome};
+use super::{FENCING_RESULT, Plan, Table};
 use crate::config::Upstream;
 use crate::fence::InflightGuard;
+use crate::metrics::Metrics;
 use crate::proxy::upstream::{self, H1Body, H1Pool, SendError, StreamedBody, StreamedPool};
 use crate::proxy::{Body, BoxError};
 use crate::rt::timer::{Deadline, ReadTimeout};
@@ -778,8 +781,238 @@ where
     }
 }
 
+/// Request bodies of known length up to this size are read whole before forwarding.
+const WHOLE_BODY: u64 = 64 * 1024;
+
+/// Reads a body of known length whole (hyper holds a body to its Content-Length). Stops
+/// as soon as the body says it has ended, without a poll for its end; one data frame,
+/// the usual case for a small body, is kept as it is.
+async fn read_whole(mut body: Body) -> Result<Bytes, BoxError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
+    while !http_body::Body::is_end_stream(&body) {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    joined.extend_from_slice(&earlier);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| joined.freeze()))
+}
+
+/// The forwarding stage and what it reports to (the upstream connections are the
+/// worker's pool, or the https upstream's client in the routing table).
+#[derive(Clone)]
+pub(crate) struct Forwarder {
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl Forwarder {
+    /// Forwards an admitted request. (A plain function returning its future, as
+    /// [`Proxy::handle`](super::Proxy::handle).)
+    #[allow(clippy::manual_async_fn)]
+    #[inline(always)]
+    pub(crate) fn forward<'a>(
+        &'a self,
+        table: Arc<Table>,
+        req: Request<Body>,
+        plan: Plan,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> impl Future<Output = Response<Body>> + Send + 'a {
+        async move {
+            let Plan {
+                route,
+                op,
+                mut guard,
+                scope,
+                ..
+            } = plan;
+            let fenced = guard.is_some();
+            let table = &*table;
+            let config = &table.config;
+            let row = &table.rows[route];
+            let max_body = config.routes[route].max_body;
+            let upstream_index = config.routes[route].upstream;
+            let upstream = &config.upstreams[upstream_index];
+            let tls_client = table.clients[upstream_index].as_ref();
+            // The path is named only in an S3 error document: copied only on such routes.
+            let resource = (config.routes[route].errors != problem::Dialect::Problem)
+                .then(|| req.uri().path().to_owned());
+            let fail = |outcome: Outcome| table.refuse(route, op, outcome, resource.as_deref());
+            let trusted = config
+                .server
+                .trusted_proxies
+                .iter()
+                .any(|net| net.contains(peer.ip()));
+            // A small HTTP/1 body of known length is read whole before the request goes
+            // upstream. An upstream may answer without reading a body (nginx's `return`, an
+            // early error): part of it would then stay unread on the client's connection,
+            // which hyper closes after the response, and a client that already sent its next
+            // request on it sees a broken pipe. Larger or unsized bodies are streamed, and so
+            // is every HTTP/2 body (an unread one ends its own stream only). Request trailers
+            // are not passed on either way (`Trailer` is stripped, and hyper's client sends
+            // only declared ones): the fence reads the head alone, and a trailer field could
+            // carry what it refuses there.
+            let whole = req.version() <= http::Version::HTTP_11;
+            // The upstream timeout counts from here: reading the body is part of the exchange
+            // (as it was when the body streamed upstream), and the clock is read once.
+            let started = Instant::now();
+            // A connection not made by the exchange's end is given up on its own, so that
+            // the request is known not to have reached the upstream: 502 and no settle,
+            // rather than the exchange's 504 (outcome unknown).
+            let connect_by = started
+                .checked_add(upstream.timeout)
+                .unwrap_or(started + Duration::from_secs(86_400 * 365));
+            let (mut parts, body) = req.into_parts();
+            let client_version = parts.version;
+            // The body in memory (none, or a small one read whole), or still to stream.
+            let body: Result<Bytes, Body> = if http_body::Body::is_end_stream(&body) {
+                Ok(Bytes::new())
+            } else {
+                match http_body::Body::size_hint(&body).exact() {
+                    Some(len)
+                        if whole && len <= WHOLE_BODY && max_body.is_none_or(|m| len <= m) =>
+                    {
+                        let read = crate::rt::timer::timeout_from(
+                            started,
+                            upstream.timeout,
+                            read_whole(body),
+                        )
+                        .await;
+                        match read {
+                            Ok(Ok(bytes)) => Ok(bytes),
+                            Ok(Err(_)) | Err(_) => {
+                                if let Some(g) = guard.as_mut() {
+                                    g.not_forwarded();
+                                }
+                                return fail(Outcome::InvalidRequest {
+                                    detail: "the request body could not be read (in time)".into(),
+                                });
+                            }
+                        }
+                    }
+                    _ => Err(body),
+                }
+            };
+            let added = match upstream_parts(
+                &mut parts,
+                upstream,
+                peer.ip(),
+                tls,
+                trusted,
+                tls_client.is_some(),
+            ) {
+                Ok(added) => added,
+                Err(e) => {
+                    if let Some(g) = guard.as_mut() {
+                        g.not_forwarded();
+                    }
+                    return fail(Outcome::InvalidRequest {
+                        detail: format!("cannot forward: {e}"),
+                    });
+                }
+            };
+            let mut too_large = None;
+            let result = match (body, tls_client) {
+                // A plain-HTTP upstream and a body in hand: the lean exchange.
+                (Ok(bytes), None) => {
+                    crate::rt::timer::timeout_from(
+                        started,
+                        upstream.timeout,
+                        send_whole(upstream, &parts, &added, &bytes, connect_by),
+                    )
+                    .await
+                }
+                (body, tls_client) => {
+                    let body = match body {
+                        Ok(bytes) => http_body_util::Full::new(bytes)
+                            .map_err(|never| match never {})
+                            .boxed(),
+                        Err(streamed) => streamed,
+                    };
+                    added.put_into(&mut parts.headers);
+                    let (out, tripped) = upstream_request(parts, body, max_body);
+                    too_large = Some(tripped);
+                    // Boxed: hyper's client exchange makes a large future, which would make
+                    // every request's future (moved whole on its way to hyper) that large.
+                    crate::rt::timer::timeout_from(
+                        started,
+                        upstream.timeout,
+                        Box::pin(send(upstream, tls_client, out, connect_by)),
+                    )
+                    .await
+                }
+            };
+            self.metrics
+                .upstream_seconds
+                .observe_duration(started.elapsed());
+            match result {
+                Ok(Ok(resp)) => {
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    row.count(op, if fenced { "accepted" } else { "unfenced" });
+                    // A body that stops moving for the upstream's timeout lets go of its generation.
+                    let mut resp = client_response(resp, guard, upstream.timeout, client_version);
+                    if fenced {
+                        resp.headers_mut()
+                            .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
+                    } else {
+                        // The header is fencegate's word: an upstream's own must not make an
+                        // unfenced answer look fenced.
+                        resp.headers_mut().remove(FENCING_RESULT);
+                    }
+                    resp
+                }
+                // The body outgrew the route's limit mid-stream: the upstream saw an incomplete
+                // message, which it cannot apply, so there is nothing to settle.
+                Ok(Err(_)) if too_large.is_some_and(|t| t.load(Ordering::Acquire)) => {
+                    if let Some(g) = guard.as_mut() {
+                        g.complete();
+                    }
+                    fail(Outcome::PayloadTooLarge {
+                        limit: max_body.unwrap_or(0),
+                    })
+                }
+                Ok(Err(e)) if e.not_sent => {
+                    // Never reached the upstream: nothing to settle, and the token was not
+                    // used (the answer says retry).
+                    if let Some(g) = guard.as_mut() {
+                        g.not_forwarded();
+                    }
+                    fail(Outcome::UpstreamUnavailable {
+                        scope,
+                        detail: e.detail,
+                    })
+                }
+                // Sent, then reset or timed out: the upstream may still apply it. The guard
+                // drops uncompleted, so the scope settles before a newer generation goes.
+                Ok(Err(e)) => fail(Outcome::UpstreamTimeout {
+                    scope,
+                    detail: e.detail,
+                }),
+                Err(_) => fail(Outcome::UpstreamTimeout {
+                    scope,
+                    detail: format!("no response within {:?}", upstream.timeout),
+                }),
+            }
+        }
+    }
+}
+
 /// The forwarder as the binary calls it (see [`crate::proxy::fence::Stage`]).
-impl crate::proxy::fence::Stage<Body> for super::Forwarder {
+impl crate::proxy::fence::Stage<Body> for Forwarder {
     // Forced inline, as the idempotency stage's: with the exchange's future returned as
     // it is, 29,285 instructions per W1 request against 29,597 with neither (see
     // docs/PERFORMANCE.md).
@@ -802,7 +1035,7 @@ impl crate::proxy::fence::Stage<Body> for super::Forwarder {
 
 /// The forwarder as the innermost service of the stack: an admitted request's upstream
 /// exchange. Always ready; its refusals are responses.
-impl tower::Service<crate::proxy::fence::Admitted<Body>> for super::Forwarder {
+impl tower::Service<crate::proxy::fence::Admitted<Body>> for Forwarder {
     type Response = Response<Body>;
     type Error = std::convert::Infallible;
     // Boxed: the exchange's future is large, and the fence's (which holds this one)

@@ -1,0 +1,527 @@
+//! Classification: everything the fence decides from the request's head alone, before the
+//! gate. The path is canonicalized and routed, the token, scope, proof and sequence headers
+//! are read (one each; aliases that a backend could read instead are refused), and what
+//! would let a fenced write pass as something else is refused (method overrides, WebDAV
+//! `Destination` into another scope, retargeting headers, `Upgrade`).
+
+use http::{HeaderValue, Method, Request, header};
+
+use super::{Outcome, Plan};
+use crate::config::{Config, ProofMode, SequenceMode};
+use crate::metrics::Op;
+use crate::route;
+use crate::token::Token;
+
+/// Headers that ask a backend to treat a request as another method: each would let a
+/// fenced write travel as an unfenced GET.
+static METHOD_OVERRIDES: [http::HeaderName; 3] = [
+    http::HeaderName::from_static("x-http-method-override"),
+    http::HeaderName::from_static("x-http-method"),
+    http::HeaderName::from_static("x-method-override"),
+];
+
+/// Headers with which some backends act on another path than the request's (IIS URL
+/// Rewrite, older Symfony and Zend): that path was never routed nor fenced.
+static RETARGETS: [http::HeaderName; 2] = [
+    http::HeaderName::from_static("x-original-url"),
+    http::HeaderName::from_static("x-rewrite-url"),
+];
+
+/// Where a request's WebDAV `Destination` (COPY, MOVE) points, routed like a request.
+#[derive(Debug, PartialEq)]
+enum Destination {
+    /// No `Destination` header.
+    None,
+    /// A pass-through route's path.
+    Unfenced,
+    /// A fenced route's path, in this scope.
+    Scope(String),
+}
+
+/// The target named by a request's `Destination` header, routed with the request's host
+/// (a backend such as nginx's WebDAV module writes the destination's path on the server
+/// the request reached, whatever host the header names, so another host is refused).
+/// `X-Original-URL` and `X-Rewrite-URL` are refused outright on every route. Called only
+/// when [`HeadScan`] saw one of these names.
+fn destination<B>(
+    config: &Config,
+    req: &Request<B>,
+    host: Option<&str>,
+    seen: Seen<'_>,
+) -> Result<Destination, String> {
+    if let Some(h) = RETARGETS.iter().find(|h| req.headers().contains_key(*h)) {
+        return Err(format!(
+            "{h} would make the backend act on a target that was not routed"
+        ));
+    }
+    let value = match seen {
+        Seen::None => return Ok(Destination::None),
+        Seen::Many => return Err("more than one Destination header".into()),
+        Seen::One(v) => v
+            .to_str()
+            .map_err(|_| "Destination is not ASCII".to_string())?,
+    };
+    let uri: http::Uri = value
+        .parse()
+        .map_err(|e| format!("Destination is not a URI: {e}"))?;
+    if let Some(scheme) = uri.scheme_str()
+        && !scheme.eq_ignore_ascii_case("http")
+        && !scheme.eq_ignore_ascii_case("https")
+    {
+        return Err(format!("Destination has the scheme {scheme}"));
+    }
+    if let Some(authority) = uri.authority() {
+        let named = route::host_of(authority.as_str())
+            .map_err(|e| format!("Destination's host is not valid: {e}"))?;
+        if host.is_some_and(|h| !h.eq_ignore_ascii_case(named)) {
+            return Err("Destination names another host than the request".into());
+        }
+    }
+    // `path()` of a bare `?x` would read as `/`: the path must be spelled out.
+    if !uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str().starts_with('/'))
+    {
+        return Err("Destination has no absolute path".into());
+    }
+    let segments = route::canonicalize(uri.path()).map_err(|e| format!("Destination: {e}"))?;
+    match route::find(&config.routes, host, &segments) {
+        None => Err("Destination matches no route".into()),
+        Some((_, r, _)) if !r.fenced => Ok(Destination::Unfenced),
+        Some((_, r, caps)) => Ok(Destination::Scope(r.scope.render(&caps))),
+    }
+}
+
+/// [`check`](super::check) up to the gate: routes the request, refuses what is unsafe, and
+/// says what a fenced request asks the gate for.
+pub(crate) fn classify<B>(
+    config: &Config,
+    req: &Request<B>,
+) -> Result<Classified, (Option<usize>, Outcome)> {
+    if req.method() == Method::CONNECT {
+        return Err((None, Outcome::MethodNotAllowed));
+    }
+    // h2 always carries scheme and authority; in HTTP/1.x they mean absolute form. An
+    // h2 `:path` must begin with `/` too: `?x` would be routed as `/` and forwarded as
+    // `?x`, another target than the one classified.
+    if (req.version() < http::Version::HTTP_2 && req.uri().scheme().is_some())
+        || !req
+            .uri()
+            .path_and_query()
+            .is_some_and(|p| p.as_str().starts_with('/'))
+    {
+        return Err((
+            None,
+            Outcome::InvalidPath {
+                detail: "the request target is not in origin form".into(),
+            },
+        ));
+    }
+    let segments = route::canonicalize(req.uri().path()).map_err(|e| {
+        (
+            None,
+            Outcome::InvalidPath {
+                detail: e.to_string(),
+            },
+        )
+    })?;
+    let head = HeadScan::of(req.headers(), &config.fencing.header);
+    if let Some(name) = head.alias {
+        return Err((
+            None,
+            Outcome::InvalidRequest {
+                detail: format!(
+                    "header {name}: a name with `_` that backends may read as one with `-`"
+                ),
+            },
+        ));
+    }
+    let host = request_host(req, head.host)
+        .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
+    let (idx, route, caps) =
+        route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
+    let at = |o: Outcome| (Some(idx), o);
+    if let Some(limit) = route.max_body
+        && content_length(req).is_some_and(|len| len > limit)
+    {
+        return Err(at(Outcome::PayloadTooLarge { limit }));
+    }
+    let unfenced = || {
+        Classified::Unfenced(Plan {
+            route: idx,
+            op: Op::of(req.method()),
+            guard: None,
+            scope: None,
+            token: None,
+        })
+    };
+    // A COPY or MOVE writes its Destination too: that target must be fenced by this
+    // request's own scope, or be a pass-through route's.
+    let destination = if head.retarget {
+        destination(config, req, host, head.destination)
+            .map_err(|detail| at(Outcome::InvalidRequest { detail }))?
+    } else {
+        Destination::None
+    };
+    let into_other = |theirs: &str, ours: Option<&str>| {
+        at(Outcome::InvalidRequest {
+            detail: match ours {
+                Some(ours) => {
+                    format!("Destination is in scope {theirs}, another than the request's ({ours})")
+                }
+                None => format!(
+                    "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
+                ),
+            },
+        })
+    };
+    if !route.fenced {
+        if let Destination::Scope(theirs) = &destination {
+            return Err(into_other(theirs, None));
+        }
+        return Ok(unfenced());
+    }
+    if head.suspect {
+        refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+    }
+    let scope = route.scope.render(&caps);
+    let token = match read_token(head.token, &config.fencing.header) {
+        Ok(Some(t)) => t,
+        Ok(None) if route.fences_method(req.method()) => {
+            return Err(at(Outcome::MissingToken { scope }));
+        }
+        // A safe method without a token is not fenced, nor may it write a fenced
+        // Destination.
+        Ok(None) => {
+            return match &destination {
+                Destination::Scope(theirs) if *theirs == scope => {
+                    Err(at(Outcome::MissingToken { scope }))
+                }
+                Destination::Scope(theirs) => Err(into_other(theirs, None)),
+                _ => Ok(unfenced()),
+            };
+        }
+        Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
+    };
+    let sequence = match (read_sequence(head.sequence), route.sequence) {
+        (Ok(None), SequenceMode::Required) => {
+            return Err(at(Outcome::InvalidToken {
+                scope,
+                detail: "this route requires a Fencing-Sequence header".into(),
+            }));
+        }
+        (Ok(sequence), _) => sequence,
+        (Err(detail), _) => return Err(at(Outcome::InvalidToken { scope, detail })),
+    };
+    // An admitted scope is kept in memory while hot and as a mark for good: its length
+    // is bounded (a path may be up to the head's size).
+    if scope.len() > config.fencing.max_scope_bytes {
+        return Err(at(Outcome::InvalidPath {
+            detail: format!(
+                "the path's scope would be {} bytes, more than fencing.max_scope_bytes ({})",
+                scope.len(),
+                config.fencing.max_scope_bytes
+            ),
+        }));
+    }
+    check_scope_header(head.scope, &scope).map_err(|_| {
+        at(Outcome::ScopeMismatch {
+            scope: scope.clone(),
+            token,
+        })
+    })?;
+    if let Destination::Scope(theirs) = &destination
+        && *theirs != scope
+    {
+        return Err(into_other(theirs, Some(&scope)));
+    }
+    // The proof is verified at the gate (which remembers what it verified); here only
+    // whether there is exactly one.
+    let proof = match (route.proof, head.proof) {
+        (ProofMode::Off, _) => None,
+        (ProofMode::Required, Seen::One(v)) => Some(v.clone()),
+        (ProofMode::Required, seen) => {
+            return Err(at(Outcome::InvalidProof {
+                scope,
+                token,
+                detail: match seen {
+                    Seen::Many => "more than one Fencing-Proof header".into(),
+                    _ => "no Fencing-Proof header".into(),
+                },
+            }));
+        }
+    };
+    Ok(Classified::Fenced(Fenced {
+        route: idx,
+        equal: route.equal,
+        scope,
+        token,
+        sequence,
+        proof,
+    }))
+}
+
+/// What [`classify`] found: a request to forward as it is, or one for the gate.
+pub(crate) enum Classified {
+    Unfenced(Plan),
+    Fenced(Fenced),
+}
+
+/// A fenced request on its way to the gate.
+pub(crate) struct Fenced {
+    pub(super) route: usize,
+    pub(super) equal: crate::config::EqualPolicy,
+    pub(super) scope: String,
+    pub(super) token: Token,
+    /// The request's `Fencing-Sequence` (SPEC §11).
+    pub(super) sequence: Option<u64>,
+    /// The `Fencing-Proof` to verify, on a `proof = "required"` route.
+    pub(super) proof: Option<HeaderValue>,
+}
+
+fn content_length<B>(req: &Request<B>) -> Option<u64> {
+    req.headers()
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Where a request head's policy headers are: `None`, one value, or more than one.
+#[derive(Clone, Copy)]
+enum Seen<'a> {
+    None,
+    One(&'a HeaderValue),
+    Many,
+}
+
+impl<'a> Seen<'a> {
+    fn add(&mut self, v: &'a HeaderValue) {
+        *self = match self {
+            Seen::None => Seen::One(v),
+            _ => Seen::Many,
+        };
+    }
+}
+
+/// The headers the fence looks at, found in one pass over the head (a name compared by
+/// its text) instead of a hash lookup each.
+struct HeadScan<'a> {
+    host: Seen<'a>,
+    token: Seen<'a>,
+    scope: Seen<'a>,
+    proof: Seen<'a>,
+    sequence: Seen<'a>,
+    /// A method override, `Upgrade` or `Connection` is present (see
+    /// [`refuse_unfenceable`]).
+    suspect: bool,
+    destination: Seen<'a>,
+    /// A header naming a second target is present (see [`destination`]).
+    retarget: bool,
+    /// A name with `_` that reads as one of the names above once `_` is `-` (see
+    /// [`underscore_alias`]).
+    alias: Option<&'a str>,
+}
+
+impl<'a> HeadScan<'a> {
+    fn of(headers: &'a http::HeaderMap, token_name: &http::HeaderName) -> HeadScan<'a> {
+        let token_name = token_name.as_str();
+        let mut scan = HeadScan {
+            host: Seen::None,
+            token: Seen::None,
+            scope: Seen::None,
+            proof: Seen::None,
+            sequence: Seen::None,
+            suspect: false,
+            destination: Seen::None,
+            retarget: false,
+            alias: None,
+        };
+        for (name, value) in headers {
+            let name = name.as_str();
+            // Not `else`: a configured token header named like one below counts for both,
+            // as separate lookups would.
+            if name == token_name {
+                scan.token.add(value);
+            }
+            match name {
+                "host" => scan.host.add(value),
+                "fencing-scope" => scan.scope.add(value),
+                "fencing-proof" => scan.proof.add(value),
+                "fencing-sequence" => scan.sequence.add(value),
+                "connection" | "upgrade" => scan.suspect = true,
+                "destination" => {
+                    scan.destination.add(value);
+                    scan.retarget = true;
+                }
+                n if RETARGETS.iter().any(|m| m.as_str() == n) => scan.retarget = true,
+                n if METHOD_OVERRIDES.iter().any(|m| m.as_str() == n) => scan.suspect = true,
+                n if maybe_alias(n, token_name) && underscore_alias(n, token_name) => {
+                    scan.alias = Some(n)
+                }
+                _ => {}
+            }
+        }
+        scan
+    }
+}
+
+/// A cheap first look for [`underscore_alias`] (run on every header name the scan does
+/// not know): the names it knows begin with `x` or `f` and are 13 to 22 bytes long, or
+/// are as long as the token header's and begin as it does.
+#[inline]
+fn maybe_alias(name: &str, token_name: &str) -> bool {
+    let (n, t) = (name.as_bytes(), token_name.as_bytes());
+    let known = match n.first() {
+        Some(b'x' | b'f') => matches!(n.len(), 13..=22),
+        _ => false,
+    };
+    (known || (n.len() == t.len() && n.first() == t.first()))
+        && name != token_name
+        && n.contains(&b'_')
+}
+
+/// True when `name` (which has a `_`) reads, with `_` as `-`, as a header the fence
+/// looks at. CGI, WSGI, Rack and PHP hand headers to applications as
+/// `HTTP_X_HTTP_METHOD_OVERRIDE`-style variables, where `_` and `-` are one character: a
+/// backend of that kind would read `X_HTTP_Method_Override` or `X_Original_URL` as the
+/// header fencegate refuses, so such a request is refused too.
+fn underscore_alias(name: &str, token_name: &str) -> bool {
+    let same = |known: &str| {
+        known.len() == name.len()
+            && known
+                .bytes()
+                .zip(name.bytes())
+                .all(|(k, n)| k == n || (k == b'-' && n == b'_'))
+    };
+    ["fencing-scope", token_name]
+        .into_iter()
+        .chain(METHOD_OVERRIDES.iter().map(|h| h.as_str()))
+        .chain(RETARGETS.iter().map(|h| h.as_str()))
+        // A configured token header may itself have `_`: that name is the header.
+        .any(|known| known != name && same(known))
+}
+
+/// The request's host without port (see [`route::host_of`]), for `host =` routes. The
+/// router and the backend must read one host from a request, so a request that names it
+/// in a form that is not an authority, twice, or differently in `Host` and the HTTP/2
+/// authority is refused, and so is an HTTP/1.1 or HTTP/2 request that names none (RFC 9112
+/// §3.2: an upstream would fill in its own). Only HTTP/1.0 may leave it out (`None`: no
+/// `host =` route matches).
+fn request_host<'a, B>(req: &'a Request<B>, host: Seen<'a>) -> Result<Option<&'a str>, String> {
+    let bad = |what: &str, e: &str| format!("{what} is not a valid host: {e}");
+    let header = match host {
+        Seen::Many => return Err("more than one Host header".into()),
+        Seen::One(v) => {
+            let v = v.to_str().map_err(|_| "Host is not ASCII".to_string())?;
+            Some(route::host_of(v).map_err(|e| bad("Host", e))?)
+        }
+        Seen::None => None,
+    };
+    let authority = match req.uri().authority() {
+        Some(a) => Some(route::host_of(a.as_str()).map_err(|e| bad("the authority", e))?),
+        None => None,
+    };
+    match (header, authority) {
+        (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a) => {
+            Err("Host differs from the request's authority".into())
+        }
+        (Some(h), _) | (None, Some(h)) => Ok(Some(h)),
+        (None, None) if req.version() >= http::Version::HTTP_11 => {
+            Err("the request names no host (Host header)".into())
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// Method overrides and upgrades would carry a request past the fence; refuse them.
+/// Called only when [`HeadScan`] saw one of the names it looks for.
+fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), String> {
+    if let Some(h) = METHOD_OVERRIDES
+        .iter()
+        .find(|h| req.headers().contains_key(*h))
+    {
+        return Err(format!("method-override header {h} on a fenced route"));
+    }
+    let connection_upgrade = req.headers().get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str()
+            .map(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+            .unwrap_or(true)
+    });
+    if req.headers().contains_key(header::UPGRADE) || connection_upgrade {
+        return Err("protocol upgrade on a fenced route".into());
+    }
+    Ok(())
+}
+
+/// `Ok(None)`: no `Fencing-Sequence`. More than one header, or a malformed value, is an
+/// error (answered as a malformed token is).
+fn read_sequence(seen: Seen<'_>) -> Result<Option<u64>, String> {
+    match seen {
+        Seen::None => Ok(None),
+        Seen::Many => Err("more than one Fencing-Sequence header".into()),
+        Seen::One(v) => crate::token::parse_sequence(v.as_bytes())
+            .map(Some)
+            .map_err(|_| {
+                "Fencing-Sequence must be 1 to 20 ASCII digits, no leading zero, at most 2^64-1"
+                    .into()
+            }),
+    }
+}
+
+/// `Ok(None)`: no token. More than one header, or any malformed value, is an error.
+fn read_token(seen: Seen<'_>, name: &http::HeaderName) -> Result<Option<Token>, String> {
+    match seen {
+        Seen::None => Ok(None),
+        Seen::Many => Err(format!("more than one {name} header")),
+        Seen::One(v) => Token::parse(v.as_bytes())
+            .map(Some)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+fn check_scope_header(seen: Seen<'_>, scope: &str) -> Result<(), ()> {
+    match seen {
+        Seen::None => Ok(()),
+        Seen::One(v) if v.as_bytes() == scope.as_bytes() => Ok(()),
+        _ => Err(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{maybe_alias, underscore_alias};
+
+    #[test]
+    fn underscore_aliases_of_the_headers_the_fence_reads() {
+        let token = "fencing-token";
+        for alias in [
+            "x_http_method_override",
+            "x-http_method",
+            "x_original_url",
+            "fencing_scope",
+            "fencing_token",
+        ] {
+            assert!(maybe_alias(alias, token), "{alias}");
+            assert!(underscore_alias(alias, token), "{alias}");
+        }
+        for other in ["x_trace_id", "x_http_method_overrides", "fencing__token"] {
+            assert!(!underscore_alias(other, token), "{other}");
+        }
+        // A configured token header with `_` is that header, not an alias of it; its dashed
+        // spelling is not an alias either (only `_` stands for `-`).
+        assert!(!maybe_alias("x_fence", "x_fence"));
+        assert!(!underscore_alias("x_fence", "x_fence"));
+        assert!(maybe_alias("x_fencing_token", "x-fencing-token"));
+        assert!(underscore_alias("x_fencing_token", "x-fencing-token"));
+        assert!(
+            maybe_alias("y_fence", "y-fence"),
+            "as long as the token header"
+        );
+        assert!(!maybe_alias("content-length", token));
+    }
+}
