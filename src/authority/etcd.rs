@@ -170,9 +170,9 @@ impl Members {
     pub(crate) fn skip(&self) {
         let i = self.current.load(Ordering::Acquire);
         let n = self.clients.len();
-        let _ = self
-            .current
-            .compare_exchange(i, (i % n + 1) % n, Ordering::AcqRel, Ordering::Acquire);
+        let _ =
+            self.current
+                .compare_exchange(i, (i % n + 1) % n, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Runs `op` on the current member; moves on from a member that is unusable, and tries

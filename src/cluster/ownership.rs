@@ -152,7 +152,12 @@ pub enum Previous {
 
 impl Claim {
     /// How long the new owner must admit nothing for the shard after this claim.
-    pub fn wait(&self, ownership_ttl: Duration, upstream_timeout: Duration, settle: Duration) -> Duration {
+    pub fn wait(
+        &self,
+        ownership_ttl: Duration,
+        upstream_timeout: Duration,
+        settle: Duration,
+    ) -> Duration {
         match self {
             Claim::Owned {
                 previous: Previous::Lost { .. },
@@ -294,7 +299,11 @@ impl Ownership {
             self.key(shard, "released"),
         );
         let txn = Txn::new()
-            .when([Compare::create_revision(owner.as_str(), CompareOp::Equal, 0)])
+            .when([Compare::create_revision(
+                owner.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
             .and_then([
                 TxnOp::get(claimed.as_str(), None),
                 TxnOp::get(released.as_str(), None),
@@ -352,7 +361,9 @@ impl Ownership {
         }
         let Some(kv) = first(0) else {
             // Deleted between the compare and the read cannot happen in one transaction.
-            return Err(Error::Etcd("claim: owner key neither absent nor present".into()));
+            return Err(Error::Etcd(
+                "claim: owner key neither absent nor present".into(),
+            ));
         };
         let epoch = epoch_of(kv.create_revision())?;
         if kv.lease() == self.lease {
@@ -428,7 +439,10 @@ async fn keep_alive(
         )
         .await;
         let Ok(answer) = answer else {
-            tracing::debug!(lease, "ownership keep-alive unanswered; asking the next member");
+            tracing::debug!(
+                lease,
+                "ownership keep-alive unanswered; asking the next member"
+            );
             members.skip();
             continue;
         };
@@ -481,7 +495,11 @@ mod tests {
             },
         };
         assert_eq!(lost.wait(s(5), s(30), s(1)), s(36));
-        for previous in [Previous::None, Previous::Released { epoch: 4 }, Previous::Ours] {
+        for previous in [
+            Previous::None,
+            Previous::Released { epoch: 4 },
+            Previous::Ours,
+        ] {
             let claim = Claim::Owned {
                 shard: 1,
                 epoch: 9,

@@ -96,7 +96,11 @@ async fn an_owner_that_stops_renewing_is_invalid_before_another_can_claim() {
     // already have passed.
     let bound = stopped + TTL * 4;
     let (sent, claim) = loop {
-        assert!(Instant::now() < bound, "the shard stays taken past {:?}", TTL * 4);
+        assert!(
+            Instant::now() < bound,
+            "the shard stays taken past {:?}",
+            TTL * 4
+        );
         let sent = Instant::now();
         let claim = b.claim(3).await.expect("claim b");
         match &claim {
@@ -168,7 +172,10 @@ async fn a_released_shard_is_claimed_at_once_and_a_deposed_release_deletes_nothi
     };
     assert!(second > first);
     assert_eq!(released, first);
-    assert_eq!(claim.wait(TTL, Duration::from_secs(30), Duration::from_secs(1)), Duration::ZERO);
+    assert_eq!(
+        claim.wait(TTL, Duration::from_secs(30), Duration::from_secs(1)),
+        Duration::ZERO
+    );
 
     // a, deposed, releases its old epoch: b keeps the shard.
     assert!(!a.release(1, first).await.expect("deposed release"));
@@ -187,6 +194,41 @@ async fn a_released_shard_is_claimed_at_once_and_a_deposed_release_deletes_nothi
     ));
 }
 
+/// Moves the etcd cluster's leadership to member `target` (bounded tries).
+async fn lead_from(etcd: &EtcdCluster, target: usize) {
+    let bound = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(
+            Instant::now() < bound,
+            "member {target} never became the leader"
+        );
+        match etcd.leader().await {
+            Some(i) if i == target => return,
+            Some(i) => {
+                let options = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_millis(500))
+                    .with_timeout(Duration::from_millis(1000));
+                if let Ok(mut c) = etcd_client::Client::connect(
+                    [etcd.members[i].client_url.as_str()],
+                    Some(options),
+                )
+                .await
+                    && let Ok(list) = c.member_list().await
+                    && let Some(id) = list
+                        .members()
+                        .iter()
+                        .find(|m| m.name() == etcd.members[target].name)
+                        .map(|m| m.id())
+                {
+                    let _ = c.move_leader(id).await;
+                }
+            }
+            None => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// How soon after the leader is killed a renewing owner holds a deadline from a keep-alive
 /// sent after the kill: an election (500 ms in the harness) plus a keep-alive round or two.
 const FAILOVER_BOUND: Duration = Duration::from_secs(6);
@@ -200,7 +242,11 @@ async fn an_owner_renewing_through_a_leader_failover_stays_the_only_owner() {
         panic!("a owns the free shard");
     };
     let validity = a.validity();
+    // The owners talk to the first member until it fails: make it the leader, so the kill
+    // takes both the leader and the member the keep-alives go to.
+    lead_from(&etcd, 0).await;
     let leader = etcd.leader().await.expect("a leader");
+    assert_eq!(leader, 0);
     etcd.kill(leader);
     let killed = Instant::now();
 
@@ -240,7 +286,9 @@ async fn an_owner_renewing_through_a_leader_failover_stays_the_only_owner() {
         tokio::time::sleep(POLL).await;
     };
     assert!(validity.is_valid());
-    eprintln!("renewed {regained:?} after the leader's kill; longest invalid stretch {longest_gap:?}");
+    eprintln!(
+        "renewed {regained:?} after the leader's kill; longest invalid stretch {longest_gap:?}"
+    );
     // The survivors agree afterwards too.
     assert_eq!(
         b.claim(5).await.expect("claim b after the failover"),
