@@ -271,6 +271,12 @@ impl Ownership {
         &self.instance
     }
 
+    /// The instance's etcd lease (for operators: `etcdctl lease revoke` ends every
+    /// ownership of the instance at once).
+    pub fn lease_id(&self) -> i64 {
+        self.lease
+    }
+
     /// The lease's ttl as etcd granted it.
     pub fn lease_ttl(&self) -> Duration {
         self.lease_ttl

@@ -139,6 +139,65 @@ async fn an_owner_that_stops_renewing_is_invalid_before_another_can_claim() {
     }
 }
 
+/// A lease revoked in etcd (an operator's `etcdctl lease revoke`): another instance can
+/// claim at once, while the old owner still holds the deadline of its last keep-alive. The
+/// takeover wait's ttl term covers that deadline, and the old owner learns of the loss at
+/// its next keep-alive (ttl 0), then refuses to claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_owner_is_lost_at_its_next_keep_alive_and_the_wait_covers_its_deadline() {
+    let etcd = EtcdCluster::start(3).await;
+    let a = instance(&etcd, "a").await;
+    let b = instance(&etcd, "b").await;
+    let Claim::Owned { epoch: old, .. } = a.claim(2).await.expect("claim a") else {
+        panic!("a owns the free shard");
+    };
+    let mut admin = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .expect("etcd client");
+    admin.lease_revoke(a.lease_id()).await.expect("revoke");
+    let revoked = Instant::now();
+
+    let sent = Instant::now();
+    let claim = b.claim(2).await.expect("claim b");
+    let Claim::Owned {
+        epoch,
+        previous: Previous::Lost { ref owner, .. },
+        ..
+    } = claim
+    else {
+        panic!("a revoked owner's shard is free at once: {claim:?}");
+    };
+    assert!(epoch > old);
+    assert_eq!(owner, "a");
+    let wait = claim.wait(TTL, Duration::ZERO, Duration::ZERO);
+    if let Some(deadline) = a.validity().deadline() {
+        assert!(
+            deadline <= sent + wait,
+            "a is valid {:?} past the takeover wait",
+            deadline - (sent + wait)
+        );
+    }
+
+    // One keep-alive round (a third of the ttl) and its answer.
+    let bound = revoked + TTL * 2;
+    while !a.validity().is_lost() {
+        assert!(
+            Instant::now() < bound,
+            "a never learnt its lease was revoked"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(!a.validity().is_valid());
+    eprintln!(
+        "a saw its lease gone {:?} after the revoke",
+        revoked.elapsed()
+    );
+    assert!(matches!(
+        a.claim(9).await,
+        Err(fencegate::cluster::ownership::Error::Lost)
+    ));
+}
+
 fn claim_wait(epoch: u64, owner: String, prev: u64) -> Duration {
     Claim::Owned {
         shard: 3,
