@@ -26,6 +26,8 @@
 //!   request, and refusal warnings
 //! - [`authority`]: the lease authority (SPEC §8), `local` (redb) or `etcd` backend behind
 //!   one HTTP API
+//! - [`cluster`]: several instances on one fence (SPEC §10), so far the shard map and
+//!   shard ownership on etcd, not yet wired into `serve`
 //! - [`client`]: the Rust client: leases as capabilities, background renewal, fenced
 //!   requests with typed results
 //! - [`config`]: the TOML file, validated with every error's key path (SPEC §5)
@@ -41,6 +43,7 @@ pub mod authority;
 mod body;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod fence;
 pub mod listen;

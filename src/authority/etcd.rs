@@ -80,8 +80,9 @@ const SWEEP_BATCH: usize = 256;
 /// least load, so it is picked first): after one member of three died, most requests
 /// failed. Here requests go to one member until it cannot be reached, has no leader or
 /// lets a request time out; then to the next, and a request that never reached a member is
-/// tried on the next at once.
-struct Members {
+/// tried on the next at once. The cluster's ownership (`crate::cluster::ownership`) talks
+/// to etcd the same way.
+pub(crate) struct Members {
     clients: Vec<Client>,
     current: AtomicUsize,
 }
@@ -131,9 +132,18 @@ fn never_sent(e: &etcd_client::Error) -> bool {
 
 impl Members {
     async fn connect(endpoints: &[String]) -> Result<Members, EtcdError> {
+        Members::connect_with_timeout(endpoints, Duration::from_secs(5)).await
+    }
+
+    /// Like `connect`, with `timeout` for each request (a member that lets one time out is
+    /// left for the next).
+    pub(crate) async fn connect_with_timeout(
+        endpoints: &[String],
+        timeout: Duration,
+    ) -> Result<Members, EtcdError> {
         let options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5))
+            .with_timeout(timeout)
             // A connection to a member that stopped answering fails instead of hanging on.
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_keep_alive_while_idle(true)
@@ -156,9 +166,18 @@ impl Members {
         })
     }
 
+    /// Leaves the current member for the next (a caller's own deadline passed on it).
+    pub(crate) fn skip(&self) {
+        let i = self.current.load(Ordering::Acquire);
+        let n = self.clients.len();
+        let _ =
+            self.current
+                .compare_exchange(i, (i % n + 1) % n, Ordering::AcqRel, Ordering::Acquire);
+    }
+
     /// Runs `op` on the current member; moves on from a member that is unusable, and tries
     /// a request that never reached one on the next (each member once at most).
-    async fn call<T, F, Fut>(&self, op: F) -> Result<T, etcd_client::Error>
+    pub(crate) async fn call<T, F, Fut>(&self, op: F) -> Result<T, etcd_client::Error>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -265,7 +284,7 @@ fn token_of(epoch: u64, revision: i64) -> Option<Token> {
 }
 
 /// etcd answers a keep-alive of a revoked or expired lease with this error (ErrLeaseNotFound).
-fn lease_not_found(e: &etcd_client::Error) -> bool {
+pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
     e.to_string().contains("lease not found")
 }
 

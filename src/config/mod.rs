@@ -97,7 +97,17 @@ impl Draft {
                     | "authority"
                     | "log"
             ) {
-                errors.push(key.clone(), "unknown section");
+                if key == "cluster" {
+                    // SPEC §10: the shard map and ownership exist, serving as a cluster
+                    // does not yet; a [cluster] table must not run as a lone instance.
+                    errors.push(
+                        key.clone(),
+                        "cluster mode is not available yet: remove [cluster] and run one \
+                         instance per set of marks (SPEC §10)",
+                    );
+                } else {
+                    errors.push(key.clone(), "unknown section");
+                }
             }
         }
         let e = &mut errors;
@@ -522,6 +532,17 @@ idempotency = "optional"
         assert_eq!(c.idempotency.max_buffered, 1 << 20);
         let c = Config::parse(GOOD, Path::new(".")).unwrap();
         assert_eq!(c.idempotency.max_buffered, 128 << 20);
+    }
+
+    #[test]
+    fn a_cluster_table_is_refused_as_not_available_yet() {
+        let text = format!("{GOOD}\n[cluster]\nname = \"fg-a\"\nshards = 64\n");
+        let errs = errors_at(&text, &["cluster"]);
+        let e = errs
+            .iter()
+            .find(|e| e.path == "cluster")
+            .expect("cluster refused");
+        assert!(e.message.contains("not available yet"), "{errs:?}");
     }
 
     #[test]

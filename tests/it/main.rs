@@ -8,6 +8,7 @@ mod architecture;
 mod authority;
 mod body_timeout;
 mod client;
+mod cluster;
 mod demo;
 mod fencing;
 mod idempotency;
