@@ -34,7 +34,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -207,6 +207,16 @@ fn deadline(sent: Instant, ttl: Duration, margin: Duration) -> Instant {
 }
 
 impl Ownership {
+    /// One transaction, through the members in turn (see [`Members::call`]).
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, etcd_client::Error> {
+        self.members
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+    }
+
     /// Connects to etcd, grants the instance's lease and starts keeping it alive.
     pub async fn start(endpoints: &[String], config: OwnershipConfig) -> Result<Ownership, Error> {
         if config.cluster.is_empty() || config.cluster.contains('/') {
@@ -322,20 +332,13 @@ impl Ownership {
                 TxnOp::delete(released.as_str(), None),
             ])
             .or_else([TxnOp::get(owner.as_str(), None)]);
-        let resp = self
-            .members
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(|e| {
-                if lease_not_found(&e) {
-                    Error::Lost
-                } else {
-                    etcd(e)
-                }
-            })?;
+        let resp = self.txn(txn).await.map_err(|e| {
+            if lease_not_found(&e) {
+                Error::Lost
+            } else {
+                etcd(e)
+            }
+        })?;
         let ops = resp.op_responses();
         let first = |i: usize| match ops.get(i) {
             Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
@@ -402,14 +405,7 @@ impl Ownership {
                 TxnOp::delete(owner.as_str(), None),
                 TxnOp::put(released.as_str(), epoch.to_string(), None),
             ]);
-        let resp = self
-            .members
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(etcd)?;
+        let resp = self.txn(txn).await.map_err(etcd)?;
         Ok(resp.succeeded())
     }
 }

@@ -813,8 +813,8 @@ impl Gates {
             looked = true;
             // Fast path: most requests are decided by one look under the lock, without
             // registering as a waiter.
-            let step = {
-                let mut st = gate.lock();
+            // One look under the gate's lock (the same for both looks below).
+            let mut look = |st: &mut GateState| {
                 let mut at = At {
                     token,
                     sequence,
@@ -824,8 +824,9 @@ impl Gates {
                     arrived,
                     now,
                 };
-                self.step(&mut st, &gate, &mut at)
+                self.step(st, &gate, &mut at)
             };
+            let step = look(&mut gate.lock());
             // Made only to wait (boxed: the admitted request's future stays small).
             let mut notified = None;
             let step = match step {
@@ -834,17 +835,7 @@ impl Gates {
                     // registration would otherwise be lost.
                     let registered = notified.insert(Box::pin(gate.notify.notified()));
                     registered.as_mut().enable();
-                    let mut st = gate.lock();
-                    let mut at = At {
-                        token,
-                        sequence,
-                        equal,
-                        advanced: &mut advanced,
-                        recorded: &mut recorded,
-                        arrived,
-                        now,
-                    };
-                    self.step(&mut st, &gate, &mut at)
+                    look(&mut gate.lock())
                 }
                 decided => decided,
             };
