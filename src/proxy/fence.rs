@@ -351,9 +351,43 @@ impl<S, H> Fence<S, H> {
     }
 }
 
-/// Whether a refused request's answer must close the connection (see [`Refusals::refuse`]).
-fn unread<B: http_body::Body>(req: &Request<B>) -> bool {
-    req.version() < http::Version::HTTP_2 && !req.body().is_end_stream()
+/// The largest body of a refused HTTP/1 request that is read and dropped rather than left
+/// unread (which closes the connection): W3's stale writes keep their connections.
+const DISCARD_MAX: u64 = 64 * 1024;
+/// How long a refusal waits for such a body. A body sent with its head is in hyper's
+/// buffer already and takes one turn of the connection's loop; one the client holds back
+/// is given up on after this, and the answer closes the connection.
+const DISCARD_WAIT: Duration = Duration::from_millis(500);
+
+/// Whether a refused request's answer must close the connection (see [`Refusals::refuse`]):
+/// an HTTP/1 request whose body has not ended, unless it is small, of known length, not
+/// waiting for `100 Continue` (reading would ask the client to send it) and arrives
+/// within [`DISCARD_WAIT`]; that one is read and dropped, as nginx discards the body of a
+/// request it refused, and the connection stays open.
+async fn unread<B: http_body::Body>(version: http::Version, headers: &HeaderMap, body: B) -> bool {
+    use http_body_util::BodyExt;
+    if version >= http::Version::HTTP_2 || body.is_end_stream() {
+        return false;
+    }
+    if headers.contains_key(header::EXPECT)
+        || body.size_hint().exact().is_none_or(|n| n > DISCARD_MAX)
+    {
+        return true;
+    }
+    let mut body = std::pin::pin!(body);
+    let discarded = crate::rt::timer::timeout_from(Instant::now(), DISCARD_WAIT, async {
+        while !body.is_end_stream() {
+            let mut b = body.as_mut();
+            match b.frame().await {
+                Some(Ok(_)) => {}
+                Some(Err(_)) => return false,
+                None => break,
+            }
+        }
+        true
+    })
+    .await;
+    !matches!(discarded, Ok(true))
 }
 
 type Boxed<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -389,11 +423,12 @@ impl<S> Fence<S, Typed> {
             let plan = match super::check(&shared.gates, &table.config, classified, op).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
+                    let (parts, body) = req.into_parts();
                     let asked = Asked {
-                        headers: req.headers(),
-                        path: req.uri().path(),
+                        unread_body: unread(parts.version, &parts.headers, body).await,
+                        headers: &parts.headers,
+                        path: parts.uri.path(),
                         peer: conn.peer,
-                        unread_body: unread(&req),
                     };
                     return shared
                         .refusals
@@ -490,11 +525,12 @@ where
             let plan = match super::check(&shared.gates, &table.config, classified, op).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
+                    let (parts, body) = req.into_parts();
                     let asked = Asked {
-                        headers: req.headers(),
-                        path: req.uri().path(),
+                        unread_body: unread(parts.version, &parts.headers, body).await,
+                        headers: &parts.headers,
+                        path: parts.uri.path(),
                         peer: conn.peer,
-                        unread_body: unread(&req),
                     };
                     let resp =
                         shared

@@ -332,6 +332,81 @@ async fn a_refusal_before_the_body_says_the_connection_closes() {
     running.shutdown().await;
 }
 
+/// A small body of known length that came with its refused head is read and dropped, as
+/// nginx discards it: the 409 keeps the connection, and the next request on it is
+/// answered. One held back by its client, or awaiting `100 Continue`, is not waited for
+/// past a bound (nor asked for): the answer closes the connection.
+#[tokio::test]
+async fn a_refusal_discards_a_small_body_and_keeps_the_connection() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(&double, dir.path(), "", true).await;
+    let client = support::Client::new(running.proxy_addr);
+    assert_eq!(client.put("/reports/d/x", "5", "").await.status, 200);
+
+    let mut s = TcpStream::connect(running.proxy_addr).await.unwrap();
+    let stale = format!(
+        "PUT /reports/d/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 64\r\n\r\n{}",
+        "b".repeat(64)
+    );
+    for i in 0..3 {
+        s.write_all(stale.as_bytes()).await.unwrap();
+        let answer = read_answer(&mut s).await;
+        assert!(answer.starts_with("HTTP/1.1 409"), "request {i}: {answer}");
+        assert!(
+            !answer.to_lowercase().contains("connection: close"),
+            "request {i}: {answer}"
+        );
+    }
+    s.write_all(
+        b"PUT /reports/d/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 6\r\nContent-Length: 2\r\n\r\nok",
+    )
+    .await
+    .unwrap();
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(
+        running
+            .app
+            .gates
+            .mark("report/d")
+            .expect("mark")
+            .map(|t| t.to_string())
+            .as_deref(),
+        Some("6")
+    );
+
+    // The head alone: the body is not waited for past the bound, and the answer closes.
+    let mut s = TcpStream::connect(running.proxy_addr).await.unwrap();
+    s.write_all(
+        b"PUT /reports/d/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 64\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(
+        answer.to_lowercase().contains("\r\nconnection: close\r\n"),
+        "{answer}"
+    );
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(BOUND, s.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the connection is closed after the refusal");
+
+    // Expect: 100-continue: refused at once, without a 100 asking for the body.
+    let mut s = TcpStream::connect(running.proxy_addr).await.unwrap();
+    s.write_all(b"PUT /reports/d/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nExpect: 100-continue\r\nContent-Length: 64\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(
+        answer.to_lowercase().contains("\r\nconnection: close\r\n"),
+        "{answer}"
+    );
+    running.shutdown().await;
+}
+
 /// A request with both `Content-Length` and `Transfer-Encoding` (hyper would read it as
 /// chunked and drop the length) is answered 400 invalid_request and the connection
 /// closed; nothing of it, nor of what follows it, is forwarded. On every port.
