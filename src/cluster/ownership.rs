@@ -78,6 +78,7 @@ pub struct OwnershipConfig {
 /// Dropping it stops the keep-alive (the lease then expires in etcd); it does not revoke.
 pub struct Ownership {
     members: Arc<Members>,
+    cluster: String,
     prefix: String,
     instance: String,
     lease: i64,
@@ -265,6 +266,7 @@ impl Ownership {
         Ok(Ownership {
             members,
             prefix: format!("/fencegate/cluster/{}/shards/", config.cluster),
+            cluster: config.cluster,
             instance: config.instance,
             lease,
             lease_ttl,
@@ -273,8 +275,25 @@ impl Ownership {
         })
     }
 
+    /// The etcd members this ownership talks to, for the cluster's other keys (marks,
+    /// the instance registry): one connection per instance.
+    pub(crate) fn members(&self) -> &Arc<Members> {
+        &self.members
+    }
+
+    /// The owner key of `shard`: what a write guarded by this ownership compares on
+    /// (its create revision is the shard's epoch).
+    pub(crate) fn owner_key(&self, shard: u32) -> String {
+        self.key(shard, "owner")
+    }
+
     pub fn validity(&self) -> Validity {
         self.validity.clone()
+    }
+
+    /// The cluster's name (its keys are under `/fencegate/cluster/<name>/`).
+    pub fn cluster(&self) -> &str {
+        &self.cluster
     }
 
     pub fn instance(&self) -> &str {
