@@ -281,12 +281,6 @@ impl Ownership {
         &self.members
     }
 
-    /// The owner key of `shard`: what a write guarded by this ownership compares on
-    /// (its create revision is the shard's epoch).
-    pub(crate) fn owner_key(&self, shard: u32) -> String {
-        self.key(shard, "owner")
-    }
-
     pub fn validity(&self) -> Validity {
         self.validity.clone()
     }

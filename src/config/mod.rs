@@ -96,21 +96,24 @@ impl Draft {
                     | "route"
                     | "authority"
                     | "log"
+                    | "cluster"
             ) {
-                if key == "cluster" {
-                    // SPEC §10: the shard map and ownership exist, serving as a cluster
-                    // does not yet; a [cluster] table must not run as a lone instance.
-                    errors.push(
-                        key.clone(),
-                        "cluster mode is not available yet: remove [cluster] and run one \
-                         instance per set of marks (SPEC §10)",
-                    );
-                } else {
-                    errors.push(key.clone(), "unknown section");
-                }
+                errors.push(key.clone(), "unknown section");
             }
         }
         let e = &mut errors;
+        // SPEC §10: the table's keys are checked, but serving as a cluster is not built
+        // yet, and a [cluster] table must not run as a lone instance with its own marks.
+        let raw_cluster = section(table.remove("cluster"), "cluster", e);
+        let had_cluster = raw_cluster.is_some();
+        let _checked = crate::cluster::config::parse(raw_cluster, base, e);
+        if had_cluster {
+            e.push(
+                "cluster",
+                "cluster mode is not available yet: remove [cluster] and run one instance \
+                 per set of marks (SPEC §10)",
+            );
+        }
         let raw_server: RawServer =
             section(table.remove("server"), "server", e).unwrap_or_default();
         let raw_admin: RawAdmin = section(table.remove("admin"), "admin", e).unwrap_or_default();
@@ -536,13 +539,52 @@ idempotency = "optional"
 
     #[test]
     fn a_cluster_table_is_refused_as_not_available_yet() {
-        let text = format!("{GOOD}\n[cluster]\nname = \"fg-a\"\nshards = 64\n");
+        let text = format!(
+            "{GOOD}\n[cluster]\nname = \"fg-a\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
+             peer_listen = \"127.0.0.1:7401\"\npeer_secret_file = \"peer.secret\"\n"
+        );
         let errs = errors_at(&text, &["cluster"]);
-        let e = errs
-            .iter()
-            .find(|e| e.path == "cluster")
-            .expect("cluster refused");
-        assert!(e.message.contains("not available yet"), "{errs:?}");
+        assert_eq!(
+            errs.len(),
+            1,
+            "a good table, refused only as not served: {errs:?}"
+        );
+        assert!(errs[0].message.contains("not available yet"), "{errs:?}");
+    }
+
+    #[test]
+    fn a_cluster_table_has_its_keys_checked() {
+        let text = format!(
+            "{GOOD}\n[cluster]\nname = \"fg a\"\ncluster_name = \"x/y\"\n\
+             etcd_endpoints = [\"127.0.0.1:2379\"]\nshards = 0\nownership_ttl = \"500ms\"\n\
+             drift_margin = \"2s\"\nfence_command = []\n"
+        );
+        let errs = errors_at(
+            &text,
+            &[
+                "cluster.name",
+                "cluster.cluster_name",
+                "cluster.etcd_endpoints[0]",
+                "cluster.peer_listen",
+                "cluster.shards",
+                "cluster.ownership_ttl",
+                "cluster.drift_margin",
+                "cluster.peer_secret_file",
+                "cluster.fence_command",
+                "cluster",
+            ],
+        );
+        let missing = format!("{GOOD}\n[cluster]\nshards = 64\nbogus = 1\n");
+        let errs2 = errors_at(&missing, &["cluster"]);
+        assert!(
+            errs2.iter().any(|e| e.message.contains("bogus")),
+            "an unknown key is named: {errs2:?} (and {errs:?})"
+        );
+        let no_name = format!("{GOOD}\n[cluster]\nshards = 64\n");
+        errors_at(
+            &no_name,
+            &["cluster.name", "cluster.etcd_endpoints", "cluster"],
+        );
     }
 
     #[test]

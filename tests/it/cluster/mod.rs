@@ -1,3 +1,5 @@
-//! The cluster (SPEC §10), so far shard ownership against a real 3-member etcd on loopback.
+//! The cluster (SPEC §10), so far shard ownership and marks in etcd, against a real
+//! 3-member etcd on loopback.
 
+mod marks;
 mod ownership;

@@ -1,0 +1,195 @@
+//! `[cluster]` (SPEC §10): this instance's place in a cluster of instances that share one
+//! fence through etcd. Parsed and checked in full; serving as a cluster is not available
+//! yet, so a config with the table is still refused after its keys are checked.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::error::Errors;
+use crate::config::value::{duration, socket_addr};
+
+/// The most shards a cluster may have: each is an owner key, a lease attachment and a
+/// watch event at every change of owner.
+pub const MAX_SHARDS: u32 = 4096;
+/// The longest name (instance or cluster): a component of etcd keys and of logs.
+const MAX_NAME: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// This instance's name, unique in the cluster: its owner keys' value.
+    pub name: String,
+    /// The cluster's name: its keys are under `/fencegate/cluster/<cluster_name>/`, so
+    /// several clusters may share one etcd.
+    pub cluster_name: String,
+    pub etcd_endpoints: Vec<String>,
+    /// Where the other instances hand this one the requests of the shards it owns.
+    pub peer_listen: SocketAddr,
+    /// Fixed for the cluster's life: a scope's shard is a function of it.
+    pub shards: u32,
+    /// The ttl of the instance's etcd lease, to which its ownerships are attached.
+    pub ownership_ttl: Duration,
+    /// How much before its lease could expire an owner stops admitting (see
+    /// `cluster::ownership`).
+    pub drift_margin: Duration,
+    /// The secret the instances prove to each other on `peer_listen` (read at load).
+    pub peer_secret_file: PathBuf,
+    /// Run, and must succeed, before a takeover of a lost owner's shards (argv; the lost
+    /// instance's name is passed in `FENCEGATE_FENCED_INSTANCE`).
+    pub fence_command: Option<Vec<String>>,
+    pub fence_timeout: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCluster {
+    name: Option<String>,
+    cluster_name: Option<String>,
+    etcd_endpoints: Option<Vec<String>>,
+    peer_listen: Option<String>,
+    shards: Option<u32>,
+    ownership_ttl: Option<String>,
+    drift_margin: Option<String>,
+    peer_secret_file: Option<String>,
+    fence_command: Option<Vec<String>>,
+    fence_timeout: Option<String>,
+}
+
+/// A name that is safe as one component of an etcd key and as a log field.
+fn name(raw: Option<String>, default: Option<&str>, path: &str, errors: &mut Errors) -> String {
+    let Some(n) = raw.or(default.map(str::to_owned)) else {
+        errors.push(
+            path,
+            "missing: every instance needs a name unique in its cluster",
+        );
+        return String::new();
+    };
+    let ok = !n.is_empty()
+        && n.len() <= MAX_NAME
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !ok {
+        errors.push(path, format!("{n:?}: 1 to {MAX_NAME} of A-Z a-z 0-9 - _ ."));
+    }
+    n
+}
+
+/// Validates `[cluster]`, when present.
+pub(crate) fn parse(
+    raw: Option<RawCluster>,
+    base: &Path,
+    errors: &mut Errors,
+) -> Option<ClusterConfig> {
+    let raw = raw?;
+    let e = errors;
+    let name = name(raw.name, None, "cluster.name", e);
+    let cluster_name = name_or_default(raw.cluster_name, e);
+    let etcd_endpoints = raw.etcd_endpoints.unwrap_or_default();
+    if etcd_endpoints.is_empty() {
+        e.push(
+            "cluster.etcd_endpoints",
+            "missing: at least one etcd member, e.g. [\"http://127.0.0.1:2379\"]",
+        );
+    }
+    for (i, url) in etcd_endpoints.iter().enumerate() {
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        if rest.is_none_or(|r| r.is_empty() || r.contains('/')) {
+            e.push(
+                format!("cluster.etcd_endpoints[{i}]"),
+                format!("{url:?} is not http(s)://host:port"),
+            );
+        }
+    }
+    if raw.peer_listen.is_none() {
+        e.push(
+            "cluster.peer_listen",
+            "missing: where the other instances reach this one, e.g. \"127.0.0.1:7401\"",
+        );
+    }
+    let peer_listen = socket_addr(
+        raw.peer_listen.as_deref(),
+        "127.0.0.1:0",
+        "cluster.peer_listen",
+        e,
+    );
+    let shards = raw.shards.unwrap_or(64);
+    if !(1..=MAX_SHARDS).contains(&shards) {
+        e.push(
+            "cluster.shards",
+            format!(
+                "{shards}: must be 1 to {MAX_SHARDS} (and stay the same for the cluster's life)"
+            ),
+        );
+    }
+    let ownership_ttl = duration(
+        raw.ownership_ttl.as_deref(),
+        Duration::from_secs(5),
+        "cluster.ownership_ttl",
+        e,
+    );
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&ownership_ttl) {
+        e.push(
+            "cluster.ownership_ttl",
+            "must be 1s to 1h (etcd leases count whole seconds)",
+        );
+    }
+    let drift_margin = duration(
+        raw.drift_margin.as_deref(),
+        Duration::from_millis(250),
+        "cluster.drift_margin",
+        e,
+    );
+    if drift_margin * 2 > ownership_ttl {
+        e.push(
+            "cluster.drift_margin",
+            format!("{drift_margin:?} must be at most half of ownership_ttl ({ownership_ttl:?})"),
+        );
+    }
+    let peer_secret_file = match raw.peer_secret_file {
+        Some(p) if !p.is_empty() => base.join(p),
+        _ => {
+            e.push(
+                "cluster.peer_secret_file",
+                "missing: a file with the secret every instance of the cluster shares, so a \
+                 client cannot pose as a peer",
+            );
+            PathBuf::new()
+        }
+    };
+    let fence_command = raw.fence_command;
+    if fence_command
+        .as_ref()
+        .is_some_and(|c| c.first().is_none_or(|p| p.is_empty()))
+    {
+        e.push(
+            "cluster.fence_command",
+            "must name a program: [\"/path/to/program\", \"arg\", ...]",
+        );
+    }
+    let fence_timeout = duration(
+        raw.fence_timeout.as_deref(),
+        Duration::from_secs(10),
+        "cluster.fence_timeout",
+        e,
+    );
+    Some(ClusterConfig {
+        name,
+        cluster_name,
+        etcd_endpoints,
+        peer_listen,
+        shards,
+        ownership_ttl,
+        drift_margin,
+        peer_secret_file,
+        fence_command,
+        fence_timeout,
+    })
+}
+
+fn name_or_default(raw: Option<String>, errors: &mut Errors) -> String {
+    name(raw, Some("default"), "cluster.cluster_name", errors)
+}
