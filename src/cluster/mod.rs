@@ -12,5 +12,7 @@ pub mod config;
 #[cfg(feature = "etcd")]
 pub mod marks;
 #[cfg(feature = "etcd")]
+pub mod owned;
+#[cfg(feature = "etcd")]
 pub mod ownership;
 pub mod shard;

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::config::EqualPolicy;
 use crate::fence::policy::{Decision, decide};
+use crate::fence::source::{MarkSource, Pending};
 use crate::metrics::Metrics;
 use crate::store::Mark;
 use crate::store::marks::{MarkStore, StoreError, writer_stopped};
@@ -111,6 +112,9 @@ struct GateState {
     /// token and proof, request after request) compares bytes instead of verifying an
     /// Ed25519 signature again. Another proof for the same token is verified.
     verified: Option<(Token, Box<[u8]>)>,
+    /// The [`MarkSource`] view this gate last decided under (0: none yet, or no source);
+    /// see [`crate::fence::source`].
+    view: u64,
 }
 
 /// In-flight counts per generation, sorted by token, no zero counts.
@@ -552,6 +556,7 @@ fn evictable(
 /// What one request brings to a look at its gate ([`Gates::step`]), and what it has
 /// done so far.
 struct At<'a> {
+    scope: &'a str,
     token: Token,
     sequence: Option<u64>,
     equal: EqualPolicy,
@@ -612,6 +617,8 @@ pub struct Gates {
     /// Seeds the shard choice (see [`Gates::shard`]).
     shard_seed: u64,
     store: MarkStore,
+    /// Where the marks come from instead of `store`, if set (a cluster's owned shards).
+    source: Option<Arc<dyn MarkSource>>,
     metrics: Arc<Metrics>,
     drain_timeout: Duration,
     settle: Duration,
@@ -653,6 +660,7 @@ impl Gates {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             shard_seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
             store,
+            source: None,
             metrics,
             drain_timeout,
             settle,
@@ -686,8 +694,30 @@ impl Gates {
         self
     }
 
+    /// Takes the marks from `source` instead of the store, and decides only when it
+    /// admits (SPEC §10: a cluster's owned shards).
+    pub fn with_source(mut self, source: Arc<dyn MarkSource>) -> Gates {
+        self.source = Some(source);
+        self
+    }
+
     pub fn store(&self) -> &MarkStore {
         &self.store
+    }
+
+    /// The scope's mark, from the source if there is one, else from the store.
+    fn read_mark(&self, scope: &str) -> Result<Option<Mark>, StoreError> {
+        match &self.source {
+            Some(source) => source.get_mark(scope),
+            None => self.store.get_mark(scope),
+        }
+    }
+
+    fn begin_advance(&self, scope: Arc<str>, mark: Mark) -> Result<Pending, StoreError> {
+        match &self.source {
+            Some(source) => source.begin_advance(scope, mark),
+            None => self.store.begin_advance(scope, mark),
+        }
     }
 
     fn shard(&self, scope: &str) -> MutexGuard<'_, Shard> {
@@ -705,7 +735,7 @@ impl Gates {
             shard.evicted
         };
         // Read outside the shard lock: a read may wait for the disk.
-        let mark = self.store.get_mark(scope)?;
+        let mark = self.read_mark(scope)?;
         self.insert(scope, mark, evicted)
     }
 
@@ -727,7 +757,7 @@ impl Gates {
         // gate made stale would accept the old mark's token, now stale): read it again,
         // with the lock keeping new gates out. Rare: it takes an eviction in this shard.
         if shard.evicted != evicted {
-            mark = self.store.get_mark(scope)?;
+            mark = self.read_mark(scope)?;
         }
         if shard.gates.len() >= self.shard_capacity || shard.bytes + scope.len() > self.shard_bytes
         {
@@ -816,6 +846,7 @@ impl Gates {
             // One look under the gate's lock (the same for both looks below).
             let mut look = |st: &mut GateState| {
                 let mut at = At {
+                    scope,
                     token,
                     sequence,
                     equal,
@@ -927,6 +958,23 @@ impl Gates {
         let advanced = &mut *at.advanced;
         let deadline = arrived + self.drain_timeout;
         let floor = self.store.floor();
+        if let Some(source) = &self.source {
+            match source.admits(at.scope) {
+                Err(refusal) => return Step::Refuse(refusal),
+                Ok(view) if view != st.view => {
+                    // The source's marks were loaded anew since this gate last decided
+                    // (the shard was owned elsewhere meanwhile, or reloaded): take its
+                    // mark, which may be higher than ours.
+                    match source.get_mark(at.scope) {
+                        Ok(Some(stored)) => observe(st, stored),
+                        Ok(None) => {}
+                        Err(_) => return Step::Refuse(Refusal::Unavailable),
+                    }
+                    st.view = view;
+                }
+                Ok(_) => {}
+            }
+        }
         let decision = match decide(st.current, token, equal, floor) {
             // Our own advance made `token` current: we are its first request.
             Decision::Stale if *advanced && st.current == Some(token) && token.epoch >= floor => {
@@ -1076,7 +1124,7 @@ impl Gates {
         deadline: Instant,
         for_request: bool,
     ) -> Result<Mark, Refusal> {
-        let pending = match self.store.begin_advance(key.clone(), mark) {
+        let pending = match self.begin_advance(key.clone(), mark) {
             Ok(rx) => PendingCommit {
                 rx: Some(rx),
                 gate: gate.clone(),
@@ -1121,7 +1169,7 @@ impl Gates {
         if let Some(g) = self.shard(scope).gates.get(scope) {
             return Ok(g.lock().current);
         }
-        self.store.get(scope)
+        Ok(self.read_mark(scope)?.map(|m| m.token))
     }
 
     /// The mark with its `Fencing-Sequence`, as the gates see it (memory if hot, else disk).
@@ -1133,7 +1181,7 @@ impl Gates {
                 sequence: st.sequence,
             }));
         }
-        self.store.get_mark(scope)
+        self.read_mark(scope)
     }
 
     /// Requests waiting at a gate for an older generation to drain or settle.
@@ -1151,6 +1199,27 @@ impl Gates {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether a hot gate of a scope that `of` selects has a request at the backend, an
+    /// advance being committed or an abandoned request settling: what a shard handed off
+    /// in a cluster waits out before it is released.
+    pub fn busy(&self, of: impl Fn(&str) -> bool) -> bool {
+        let now = Instant::now();
+        self.shards.iter().any(|shard| {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            shard.gates.iter().any(|(scope, gate)| {
+                if !of(scope) {
+                    return false;
+                }
+                let st = gate.lock();
+                !st.inflight.is_empty()
+                    || st.advancing.is_some()
+                    || st.seq_advancing.is_some()
+                    || st.settle.is_some_and(|(_, until)| now < until)
+                    || st.seq_settle.is_some_and(|(_, _, until)| now < until)
+            })
+        })
     }
 
     /// Drops gates that nobody holds, with nothing in flight, nothing to settle and no

@@ -5,6 +5,8 @@
 pub mod config;
 pub mod gate;
 pub mod policy;
+pub mod source;
 
 pub use gate::{Admission, Gates, InflightGuard, Proof, Refusal};
 pub use policy::{Decision, EqualPolicy, decide};
+pub use source::MarkSource;

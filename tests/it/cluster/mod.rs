@@ -2,4 +2,5 @@
 //! 3-member etcd on loopback.
 
 mod marks;
+mod owned;
 mod ownership;
