@@ -13,4 +13,6 @@ pub mod config;
 pub mod marks;
 #[cfg(feature = "etcd")]
 pub mod ownership;
+#[cfg(feature = "etcd")]
+pub mod registry;
 pub mod shard;

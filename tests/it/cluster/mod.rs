@@ -3,3 +3,4 @@
 
 mod marks;
 mod ownership;
+mod registry;
