@@ -15,4 +15,6 @@ pub mod marks;
 pub mod owned;
 #[cfg(feature = "etcd")]
 pub mod ownership;
+#[cfg(feature = "etcd")]
+pub mod registry;
 pub mod shard;

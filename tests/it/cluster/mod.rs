@@ -4,3 +4,4 @@
 mod marks;
 mod owned;
 mod ownership;
+mod registry;
