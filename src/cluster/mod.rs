@@ -12,6 +12,8 @@ pub mod config;
 #[cfg(feature = "etcd")]
 pub mod marks;
 #[cfg(feature = "etcd")]
+pub mod member;
+#[cfg(feature = "etcd")]
 pub mod owned;
 #[cfg(feature = "etcd")]
 pub mod ownership;

@@ -2,6 +2,7 @@
 //! 3-member etcd on loopback.
 
 mod marks;
+mod member;
 mod owned;
 mod ownership;
 mod registry;

@@ -1,0 +1,358 @@
+//! One instance's part in the cluster (SPEC §10): it registers, follows the cluster's
+//! view, and owns the shards the balance gives it.
+//!
+//! **The loop.** On every new view (and every `tick`, to retry what failed), the instance
+//! computes [`balance::assignment`] over the live instances' names, as every instance
+//! does, and then for each shard:
+//! - given to it and not owned: it claims the shard; a claim whose previous owner was
+//!   lost admits nothing for the takeover wait ([`Claim::wait`]); the shard's marks are
+//!   loaded from etcd before anything is decided ([`OwnedShards::take`]);
+//! - owned and given to another instance: a planned hand-off. The shard stops admitting,
+//!   what it admitted drains (at most `drain_bound`, past the longest upstream timeout and
+//!   the settle, when nothing can be in flight any more), then it is released, which lets
+//!   the next owner admit at once;
+//! - owned here but the view shows another owner, or no owner at a revision after ours
+//!   (an operator deleted the key): the shard is dropped here at once.
+//!
+//! A shard held under an older lease of the same name (a previous run that was killed)
+//! is left until that lease expires: its claim answers `Taken`.
+//!
+//! **Leaving.** [`Member::leave`] deregisters first, so the others' assignment no longer
+//! counts this instance, hands every shard off, then stops.
+//!
+//! **Losing the lease.** The ownership's validity ends by itself; every shard stops
+//! admitting at its deadline without this loop. Once etcd says the lease is gone the loop
+//! forgets every shard and stops: the instance must start a new ownership.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use super::balance;
+use super::owned::OwnedShards;
+use super::ownership::{Claim, Error, Ownership, Previous};
+use super::registry::{self, View, ViewWatch};
+
+/// Whether a shard still has requests of its own at the backend (the gates' answer).
+pub type Busy = Arc<dyn Fn(u32) -> bool + Send + Sync>;
+
+/// How one instance takes part.
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    pub shards: u32,
+    /// This instance's `peer_listen` address, as the others reach it.
+    pub peer_addr: String,
+    /// A takeover's wait: the longest upstream timeout plus the settle (the ownership's
+    /// ttl is added by [`Claim::wait`]).
+    pub upstream_timeout: Duration,
+    pub settle: Duration,
+    /// The longest a hand-off waits for its shard to drain before releasing it.
+    pub drain_bound: Duration,
+    /// How often the loop looks again without a new view (to retry what failed).
+    pub tick: Duration,
+}
+
+/// What the loop has done, for the metrics and `GET /v1/cluster`.
+#[derive(Debug)]
+pub struct MemberStats {
+    /// Shards claimed (each claim that made this instance the owner).
+    pub claims: AtomicU64,
+    /// Of those, takeovers: the previous owner was lost, so the shard waited.
+    pub takeovers: AtomicU64,
+    /// Planned hand-offs: shards drained and released to their next owner.
+    pub handoffs: AtomicU64,
+    /// Hand-offs whose drain reached `drain_bound` with requests still counted.
+    pub handoff_drain_timeouts: AtomicU64,
+    /// Shards found owned elsewhere while held here.
+    pub deposed: AtomicU64,
+    /// Takeover waits, in seconds.
+    pub takeover_wait_seconds: crate::metrics::histogram::Histogram,
+}
+
+impl MemberStats {
+    fn new() -> MemberStats {
+        MemberStats {
+            claims: AtomicU64::new(0),
+            takeovers: AtomicU64::new(0),
+            handoffs: AtomicU64::new(0),
+            handoff_drain_timeouts: AtomicU64::new(0),
+            deposed: AtomicU64::new(0),
+            takeover_wait_seconds: crate::metrics::histogram::Histogram::new(
+                crate::metrics::histogram::SECONDS,
+            ),
+        }
+    }
+}
+
+struct Shared {
+    ownership: Arc<Ownership>,
+    owned: OwnedShards,
+    busy: Busy,
+    config: MemberConfig,
+    stats: MemberStats,
+    /// Shards being handed off right now.
+    leaving: Mutex<BTreeSet<u32>>,
+    /// Set to stop claiming (the instance is leaving).
+    stopping: watch::Sender<bool>,
+}
+
+/// One instance's membership: its registration, its view and its loop.
+pub struct Member {
+    shared: Arc<Shared>,
+    view: ViewWatch,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Member {
+    /// Registers the instance (refused if a live instance has its name), starts following
+    /// the view and starts the loop.
+    pub async fn start(
+        ownership: Arc<Ownership>,
+        owned: OwnedShards,
+        busy: Busy,
+        config: MemberConfig,
+    ) -> Result<Member, Error> {
+        registry::register(&ownership, &config.peer_addr).await?;
+        let view = ViewWatch::start(&ownership, config.shards).await?;
+        let shared = Arc::new(Shared {
+            ownership,
+            owned,
+            busy,
+            config,
+            stats: MemberStats::new(),
+            leaving: Mutex::new(BTreeSet::new()),
+            stopping: watch::Sender::new(false),
+        });
+        let task = tokio::spawn(run(shared.clone(), view.subscribe()));
+        Ok(Member { shared, view, task })
+    }
+
+    /// The cluster as this instance last saw it.
+    pub fn view(&self) -> Arc<View> {
+        self.view.current()
+    }
+
+    pub fn view_watch(&self) -> &ViewWatch {
+        &self.view
+    }
+
+    pub fn owned(&self) -> &OwnedShards {
+        &self.shared.owned
+    }
+
+    pub fn ownership(&self) -> &Arc<Ownership> {
+        &self.shared.ownership
+    }
+
+    pub fn stats(&self) -> &MemberStats {
+        &self.shared.stats
+    }
+
+    /// Whether the loop still runs (it stops when the lease is gone).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
+    /// A planned leave: deregisters, hands every owned shard off (drained, released),
+    /// and stops the loop.
+    pub async fn leave(self) -> Result<(), Error> {
+        self.shared.stopping.send_replace(true);
+        registry::deregister(&self.shared.ownership).await?;
+        let mut handoffs = JoinSet::new();
+        for o in self.shared.owned.owned() {
+            let shared = self.shared.clone();
+            handoffs.spawn(async move { hand_off(&shared, o.shard, o.epoch).await });
+        }
+        let mut result = Ok(());
+        while let Some(done) = handoffs.join_next().await {
+            if let Ok(Err(e)) = done {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
+async fn run(shared: Arc<Shared>, mut views: watch::Receiver<Arc<View>>) {
+    let mut stopping = shared.stopping.subscribe();
+    loop {
+        if *stopping.borrow() {
+            return;
+        }
+        if shared.ownership.validity().is_lost() {
+            for o in shared.owned.owned() {
+                shared.owned.forget(o.shard);
+            }
+            tracing::error!(
+                instance = shared.ownership.instance(),
+                "the ownership lease is gone: this instance owns nothing"
+            );
+            return;
+        }
+        let view = views.borrow_and_update().clone();
+        reconcile(&shared, &view).await;
+        tokio::select! {
+            changed = views.changed() => if changed.is_err() { return },
+            _ = stopping.changed() => {}
+            _ = tokio::time::sleep(shared.config.tick) => {}
+        }
+    }
+}
+
+/// One pass over the shards against `view` (see the module doc).
+async fn reconcile(shared: &Arc<Shared>, view: &View) {
+    let me = shared.ownership.instance();
+    let names: Vec<&str> = view.instances.keys().map(String::as_str).collect();
+    // Not (yet) in the view: this instance's registration has not been seen; the others
+    // do not count it either, so it claims nothing.
+    if !view.instances.contains_key(me) {
+        return;
+    }
+    let assignment = balance::assignment(&names, shared.config.shards);
+    let mut claims = Vec::new();
+    for shard in 0..shared.config.shards {
+        let given = names.get(assignment[shard as usize]).copied() == Some(me);
+        let viewed = view.owners.get(&shard);
+        let here = shared.owned.epoch(shard);
+        if let Some(epoch) = here {
+            let elsewhere = match viewed {
+                Some(o) => o.instance != me || o.epoch != epoch,
+                // Absent from a view that has seen our claim: deleted.
+                None => view.revision >= i64::try_from(epoch).unwrap_or(i64::MAX),
+            };
+            if elsewhere && viewed.is_none_or(|o| o.epoch >= epoch) {
+                tracing::warn!(
+                    shard,
+                    epoch,
+                    ?viewed,
+                    "shard owned elsewhere now: dropped here"
+                );
+                shared.owned.forget(shard);
+                shared.stats.deposed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if !given && !shared.leaving.lock().await.contains(&shard) {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = hand_off(&shared, shard, epoch).await {
+                        tracing::warn!(shard, epoch, error = %e, "hand-off failed; trying again");
+                    }
+                });
+            }
+        } else if given && viewed.is_none_or(|o| o.instance == me) {
+            claims.push(shard);
+        }
+    }
+    // Claims one at a time would take a round trip each: together.
+    let mut set = JoinSet::new();
+    for shard in claims {
+        let shared = shared.clone();
+        set.spawn(async move { claim(&shared, shard).await });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+async fn claim(shared: &Arc<Shared>, shard: u32) {
+    if *shared.stopping.borrow() {
+        return;
+    }
+    let claimed_at = Instant::now();
+    let claim = match shared.ownership.claim(shard).await {
+        Ok(claim) => claim,
+        Err(e) => {
+            tracing::debug!(shard, error = %e, "claim failed; trying again");
+            return;
+        }
+    };
+    let Claim::Owned {
+        epoch,
+        ref previous,
+        ..
+    } = claim
+    else {
+        return;
+    };
+    let c = &shared.config;
+    let wait = claim.wait(shared.ownership.lease_ttl(), c.upstream_timeout, c.settle);
+    // A retried claim (`Ours`) keeps the wait its first claim set: unknown here, so the
+    // full one, unless the shard is already in memory.
+    let wait = if *previous == Previous::Ours {
+        claim_wait_for_retry(shared, c)
+    } else {
+        wait
+    };
+    match shared.owned.take(shard, epoch, claimed_at + wait).await {
+        Ok(marks) => {
+            shared.stats.claims.fetch_add(1, Ordering::Relaxed);
+            if !wait.is_zero() {
+                shared.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+                shared.stats.takeover_wait_seconds.observe_duration(wait);
+            }
+            tracing::info!(
+                shard,
+                epoch,
+                marks,
+                ?previous,
+                wait_ms = wait.as_millis() as u64,
+                "shard claimed"
+            );
+        }
+        Err(e) => {
+            // Still ours in etcd: the next pass claims again (answered `Ours`) and loads.
+            tracing::warn!(shard, epoch, error = %e, "shard claimed, its marks not loaded; trying again");
+        }
+    }
+}
+
+/// The wait of a claim answered `Ours` (an earlier claim's answer was lost): how the
+/// shard's previous ownership ended is not known any more, so the full takeover wait.
+fn claim_wait_for_retry(shared: &Shared, c: &MemberConfig) -> Duration {
+    super::ownership::takeover_wait(shared.ownership.lease_ttl(), c.upstream_timeout, c.settle)
+}
+
+/// A planned hand-off of `shard` (owned at `epoch`): stop admitting, drain, release.
+async fn hand_off(shared: &Arc<Shared>, shard: u32, epoch: u64) -> Result<(), Error> {
+    if !shared.leaving.lock().await.insert(shard) {
+        return Ok(());
+    }
+    let result = async {
+        if !shared.owned.drain(shard, epoch) {
+            return Ok(());
+        }
+        let until = Instant::now() + shared.config.drain_bound;
+        let mut pause = Duration::from_millis(2);
+        while (shared.busy)(shard) {
+            if Instant::now() >= until {
+                shared
+                    .stats
+                    .handoff_drain_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(shard, epoch, "hand-off: drain bound reached; releasing");
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+        let released = shared.ownership.release(shard, epoch).await?;
+        shared.owned.forget(shard);
+        if released {
+            shared.stats.handoffs.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(shard, epoch, "shard handed off");
+        }
+        Ok(())
+    }
+    .await;
+    shared.leaving.lock().await.remove(&shard);
+    result
+}
