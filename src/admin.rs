@@ -67,6 +67,16 @@ pub struct State {
     /// Online backups running now, at most [`crate::admin::MAX_BACKUPS`]: each holds a
     /// read transaction and a blocking thread for as long as its client reads.
     pub backups: Arc<tokio::sync::Semaphore>,
+    /// With `[cluster]`: the instance's view of its cluster (`GET /v1/cluster`, metrics).
+    pub cluster: Option<Arc<dyn ClusterView>>,
+}
+
+/// What the admin API shows of a cluster (SPEC §10), from `cluster::node`.
+pub trait ClusterView: Send + Sync {
+    /// `GET /v1/cluster`: shards, owners, epochs, takeovers in progress.
+    fn status(&self) -> serde_json::Value;
+    /// The cluster's series, in Prometheus' text format.
+    fn metrics(&self, out: &mut String);
 }
 
 /// The admin API is for operators' tools, not for web pages. A page the operator visits
@@ -216,8 +226,19 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
                     ),
                 ],
             );
+            let mut text = text;
+            if let Some(cluster) = &app.cluster {
+                cluster.metrics(&mut text);
+            }
             respond(StatusCode::OK, "text/plain; version=0.0.4", text)
         }
+        (&Method::GET, "/v1/cluster") => match &app.cluster {
+            Some(cluster) => json(StatusCode::OK, cluster.status()),
+            None => problem(
+                StatusCode::NOT_FOUND,
+                "this instance runs alone: no [cluster] in its config",
+            ),
+        },
         (&Method::GET, "/v1/scopes") => {
             let prefix = query_param(&req, "prefix").unwrap_or_default();
             let after = query_param(&req, "after");

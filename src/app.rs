@@ -33,6 +33,8 @@ pub enum StartError {
     },
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error("cluster: {0}")]
+    Cluster(String),
     #[error("log.access: cannot open {path}: {source}")]
     AccessLog {
         path: String,
@@ -46,6 +48,11 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     /// Where the lease authority listens, when `[authority]` is configured.
     pub authority_addr: Option<SocketAddr>,
+    /// Where the other instances of the cluster hand this one requests, with `[cluster]`.
+    pub peer_addr: Option<SocketAddr>,
+    /// This instance's part in its cluster, with `[cluster]`.
+    #[cfg(feature = "etcd")]
+    pub cluster: Option<crate::cluster::node::Node>,
     pub app: Arc<State>,
     /// The listeners' TLS (`server.tls`, `admin.tls`, `authority.tls`, those set); their
     /// files are re-read on reload.
@@ -67,11 +74,28 @@ impl Running {
     /// `shutdown_timeout` plus [`CLOSE_AFTER_GRACE`] whatever the disk does: what is
     /// still running by then is left behind, with a warning.
     pub async fn shutdown(self) {
+        #[cfg(feature = "etcd")]
+        let mut cluster = self.cluster;
         let Running {
             app, stop, tasks, ..
         } = self;
         let deadline =
             tokio::time::Instant::now() + app.config.server.shutdown_timeout + CLOSE_AFTER_GRACE;
+        // A planned leave first, while every listener still serves: the shards are handed
+        // off (drained, released) so their next owners admit at once, without a takeover
+        // wait; the hops to them work meanwhile.
+        #[cfg(feature = "etcd")]
+        if let Some(node) = cluster.as_mut() {
+            match tokio::time::timeout(app.config.server.shutdown_timeout, node.leave()).await {
+                Ok(Ok(())) => tracing::info!("left the cluster: every shard handed off"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "leaving the cluster failed; its shards are taken over when the lease expires")
+                }
+                Err(_) => tracing::warn!(
+                    "leaving the cluster took past server.shutdown_timeout; the rest is taken over when the lease expires"
+                ),
+            }
+        }
         let _ = stop.send(true);
         // The listeners end what is left of their requests once the grace is over, and
         // housekeeping stops at once; the deadline is for what does not.
@@ -150,22 +174,82 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         None => MarkStore::open(&config.store.path)?,
     };
     let config = Arc::new(config);
-    let gates = Arc::new(
-        Gates::new(
-            store.clone(),
-            metrics.clone(),
-            config.fencing.drain_timeout,
-            config.fencing.settle,
-        )
-        .with_limits(
-            config.fencing.max_inflight_per_scope,
-            config.fencing.max_waiters_per_scope,
+    // In a cluster, the gates decide on the marks of the shards this instance owns, in
+    // etcd (SPEC §10).
+    #[cfg(feature = "etcd")]
+    let joining = match &config.cluster {
+        Some(c) => Some(
+            crate::cluster::node::Joining::connect(c)
+                .await
+                .map_err(|e| StartError::Cluster(e.to_string()))?,
         ),
+        None => None,
+    };
+    #[cfg(not(feature = "etcd"))]
+    if config.cluster.is_some() {
+        return Err(StartError::Cluster(
+            "cluster mode needs a build with `--features etcd`".into(),
+        ));
+    }
+    let gates = Gates::new(
+        store.clone(),
+        metrics.clone(),
+        config.fencing.drain_timeout,
+        config.fencing.settle,
+    )
+    .with_limits(
+        config.fencing.max_inflight_per_scope,
+        config.fencing.max_waiters_per_scope,
     );
+    #[cfg(feature = "etcd")]
+    let gates = match &joining {
+        Some(j) => gates.with_source(Arc::new(j.owned().clone())),
+        None => gates,
+    };
+    let gates = Arc::new(gates);
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Bind { addr, source })
+    };
+    let peer_listener = match &config.cluster {
+        Some(c) => Some(bind(c.peer_listen).await?),
+        None => None,
+    };
+    let peer_addr = match &peer_listener {
+        Some(l) => Some(l.local_addr().map_err(|source| StartError::Bind {
+            addr: l.local_addr().unwrap_or(config.server.listen),
+            source,
+        })?),
+        None => None,
+    };
+    #[cfg(feature = "etcd")]
+    let cluster = match (joining, peer_addr) {
+        (Some(joining), Some(peer_addr)) => {
+            let busy: crate::cluster::member::Busy = {
+                let (gates, owned) = (gates.clone(), joining.owned().clone());
+                Arc::new(move |shard| gates.busy(|scope| owned.shard_of(scope) == shard))
+            };
+            let longest = config
+                .upstreams
+                .iter()
+                .map(|u| u.timeout)
+                .max()
+                .unwrap_or_default();
+            Some(
+                joining
+                    .join(
+                        peer_addr,
+                        busy,
+                        longest,
+                        config.fencing.settle,
+                        config.fencing.drain_timeout,
+                    )
+                    .await
+                    .map_err(|e| StartError::Cluster(e.to_string()))?,
+            )
+        }
+        _ => None,
     };
     let proxy_listener = bind(config.server.listen).await?;
     let admin_listener = bind(config.admin.listen).await?;
@@ -191,13 +275,24 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         }
     })?;
     let app = Arc::new(State {
-        proxy: Proxy::new(config.clone(), gates.clone(), metrics.clone())
-            .with_access_log(access_log),
+        proxy: {
+            let proxy = Proxy::new(config.clone(), gates.clone(), metrics.clone());
+            #[cfg(feature = "etcd")]
+            let proxy = match &cluster {
+                Some(node) => proxy.with_placement(node.placement()),
+                None => proxy,
+            };
+            proxy.with_access_log(access_log)
+        },
         config: config.clone(),
         store,
         gates: gates.clone(),
         metrics,
         backups: Arc::new(tokio::sync::Semaphore::new(crate::admin::MAX_BACKUPS)),
+        #[cfg(feature = "etcd")]
+        cluster: cluster.as_ref().map(|n| n.view()),
+        #[cfg(not(feature = "etcd"))]
+        cluster: None,
     });
     let (stop, stop_rx) = watch::channel(false);
     let grace = config.server.shutdown_timeout;
@@ -258,6 +353,34 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         .into_iter()
         .map(|t| ("proxy listener", t))
         .collect();
+    if let (Some(listener), Some(c)) = (peer_listener, &config.cluster) {
+        let peer_app = app.clone();
+        let key = c.peer_key.clone();
+        tasks.push((
+            "peer listener",
+            spawn_listener(
+                listener,
+                &config.server,
+                None,
+                stop_rx.clone(),
+                service_hooks(),
+                move |req, peer| {
+                    let app = peer_app.clone();
+                    let key = key.clone();
+                    async move {
+                        let proven = req
+                            .headers()
+                            .get(crate::proxy::hop::FENCEGATE_PEER)
+                            .is_some_and(|v| key.matches(v.as_bytes()));
+                        if !proven {
+                            return closing_if_unread(req, |_| async { not_a_peer() }).await;
+                        }
+                        app.proxy.handle_peer(req, peer).await
+                    }
+                },
+            ),
+        ));
+    }
     let mut authority_addr = None;
     if let Some(auth) = &config.authority {
         let (addr, task) = crate::authority::serve(
@@ -309,11 +432,31 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         proxy_addr,
         admin_addr,
         authority_addr,
+        peer_addr,
+        #[cfg(feature = "etcd")]
+        cluster,
         app,
         tls: all_tls,
         stop,
         tasks,
     })
+}
+
+/// The peer listener's answer to a request without the cluster's credential.
+fn not_a_peer() -> http::Response<crate::proxy::Body> {
+    use http_body_util::BodyExt;
+    let body = r#"{"type":"about:blank","title":"not a peer","status":403,"detail":"this listener takes requests only from the instances of its cluster (Fencegate-Peer)"}"#;
+    let mut resp = http::Response::new(
+        http_body_util::Full::new(bytes::Bytes::from_static(body.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = http::StatusCode::FORBIDDEN;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    resp
 }
 
 /// What the proxy's workers ask of it beyond the handler: its own answer to a head with a

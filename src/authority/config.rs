@@ -120,6 +120,11 @@ pub(crate) struct AuthorityDraft {
 
 impl AuthorityDraft {
     /// The listener's address, when the section validated far enough to run.
+    /// Whether the backend is the local one (the epochs in this instance's store).
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self.backend, Some(Backend::Local))
+    }
+
     pub(crate) fn listen(&self) -> Option<SocketAddr> {
         self.listen.filter(|_| {
             self.backend.is_some() && self.max_ttl.is_some() && self.lock_delay.is_some()

@@ -211,17 +211,42 @@ async fn serve(path: PathBuf, config: Config) -> Result<ExitCode, ExitCode> {
             return Err(ExitCode::from(1));
         }
     };
+    let mut lost = false;
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => crate::app::reload(&running, &path),
+            () = cluster_lost(&running) => {
+                lost = true;
+                break;
+            }
         }
+    }
+    if lost {
+        // SPEC §10: an instance whose lease is gone owns nothing and cannot get it back
+        // under the same membership; its supervisor starts it again as a new member.
+        tracing::error!(
+            "the cluster lease is gone: this instance owns no shard; exiting (status 3) to join again"
+        );
+        running.shutdown().await;
+        return Ok(ExitCode::from(3));
     }
     tracing::info!("shutting down: no new connections; finishing in-flight requests");
     running.shutdown().await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves when the instance's cluster lease is gone; never without `[cluster]`.
+async fn cluster_lost(running: &crate::app::Running) {
+    #[cfg(feature = "etcd")]
+    if let Some(node) = &running.cluster {
+        node.lost().await;
+        return;
+    }
+    let _ = running;
+    std::future::pending::<()>().await
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {

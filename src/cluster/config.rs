@@ -1,6 +1,6 @@
 //! `[cluster]` (SPEC §10): this instance's place in a cluster of instances that share one
-//! fence through etcd. Parsed and checked in full; serving as a cluster is not available
-//! yet, so a config with the table is still refused after its keys are checked.
+//! fence through etcd. Parsed and checked in full; the peer secret is read at load
+//! ([`ClusterDraft::load`]). A build without the `etcd` feature refuses the table.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::error::Errors;
-use crate::config::value::{duration, socket_addr};
+use crate::config::error::{Errors, Place};
+use crate::config::value::{duration, read_secret, socket_addr};
 
 /// The most shards a cluster may have: each is an owner key, a lease attachment and a
 /// watch event at every change of owner.
@@ -34,12 +34,89 @@ pub struct ClusterConfig {
     /// How much before its lease could expire an owner stops admitting (see
     /// `cluster::ownership`).
     pub drift_margin: Duration,
-    /// The secret the instances prove to each other on `peer_listen` (read at load).
+    /// The file of the secret the instances prove to each other on `peer_listen`.
     pub peer_secret_file: PathBuf,
+    /// SHA-256 of that secret (read at load): what a hop carries and a peer listener
+    /// compares, in constant time. Never the secret itself on the wire.
+    pub peer_key: PeerKey,
     /// Run, and must succeed, before a takeover of a lost owner's shards (argv; the lost
     /// instance's name is passed in `FENCEGATE_FENCED_INSTANCE`).
     pub fence_command: Option<Vec<String>>,
     pub fence_timeout: Duration,
+}
+
+/// The hop's credential: SHA-256 of the peer secret, hex. Its `Debug` does not show it
+/// (configs are logged).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct PeerKey(pub String);
+
+impl std::fmt::Debug for PeerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerKey(..)")
+    }
+}
+
+impl PeerKey {
+    /// The key of a secret's text (trimmed, as read from its file).
+    pub fn of(secret: &str) -> PeerKey {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(secret.as_bytes());
+        PeerKey(digest.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Whether `presented` is this key, compared in constant time.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let ours = self.0.as_bytes();
+        if presented.len() != ours.len() {
+            return false;
+        }
+        ours.iter()
+            .zip(presented)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+/// `[cluster]` as parsed: the peer secret's file is named, not read yet.
+#[derive(Debug)]
+pub(crate) struct ClusterDraft {
+    config: ClusterConfig,
+    secret_at: Place,
+}
+
+/// The shortest peer secret: it is all that keeps a client from posing as an instance.
+const MIN_SECRET: usize = 16;
+
+impl ClusterDraft {
+    /// The table as parsed (the peer key not read yet).
+    pub(crate) fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// Reads the peer secret.
+    pub(crate) fn load(self, errors: &mut Errors) -> ClusterConfig {
+        let mut config = self.config;
+        if let Some(secret) = read_secret(
+            &config.peer_secret_file,
+            "cluster.peer_secret_file",
+            self.secret_at,
+            errors,
+        ) {
+            if secret.len() < MIN_SECRET {
+                errors.push_at(
+                    self.secret_at,
+                    "cluster.peer_secret_file",
+                    format!(
+                        "{}: the secret is {} bytes; at least {MIN_SECRET} (e.g. `openssl rand -hex 32`)",
+                        config.peer_secret_file.display(),
+                        secret.len()
+                    ),
+                );
+            }
+            config.peer_key = PeerKey::of(&secret);
+        }
+        config
+    }
 }
 
 #[derive(Deserialize)]
@@ -81,9 +158,14 @@ pub(crate) fn parse(
     raw: Option<RawCluster>,
     base: &Path,
     errors: &mut Errors,
-) -> Option<ClusterConfig> {
+) -> Option<ClusterDraft> {
     let raw = raw?;
     let e = errors;
+    #[cfg(not(feature = "etcd"))]
+    e.push(
+        "cluster",
+        "cluster mode needs a build with `--features etcd` (its marks and ownership are in etcd)",
+    );
     let name = name(raw.name, None, "cluster.name", e);
     let cluster_name = name_or_default(raw.cluster_name, e);
     let etcd_endpoints = raw.etcd_endpoints.unwrap_or_default();
@@ -149,6 +231,7 @@ pub(crate) fn parse(
             format!("{drift_margin:?} must be at most half of ownership_ttl ({ownership_ttl:?})"),
         );
     }
+    let secret_at = e.place();
     let peer_secret_file = match raw.peer_secret_file {
         Some(p) if !p.is_empty() => base.join(p),
         _ => {
@@ -176,7 +259,7 @@ pub(crate) fn parse(
         "cluster.fence_timeout",
         e,
     );
-    Some(ClusterConfig {
+    let config = ClusterConfig {
         name,
         cluster_name,
         etcd_endpoints,
@@ -185,9 +268,11 @@ pub(crate) fn parse(
         ownership_ttl,
         drift_margin,
         peer_secret_file,
+        peer_key: PeerKey::default(),
         fence_command,
         fence_timeout,
-    })
+    };
+    Some(ClusterDraft { config, secret_at })
 }
 
 fn name_or_default(raw: Option<String>, errors: &mut Errors) -> String {

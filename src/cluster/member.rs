@@ -166,7 +166,7 @@ impl Member {
 
     /// A planned leave: deregisters, hands every owned shard off (drained, released),
     /// and stops the loop.
-    pub async fn leave(self) -> Result<(), Error> {
+    pub async fn leave(&self) -> Result<(), Error> {
         self.shared.stopping.send_replace(true);
         registry::deregister(&self.shared.ownership).await?;
         let mut handoffs = JoinSet::new();
@@ -226,6 +226,10 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
         let viewed = view.owners.get(&shard);
         let here = shared.owned.epoch(shard);
         if let Some(epoch) = here {
+            // A shard being handed off goes from here to its next owner by itself.
+            if shared.leaving.lock().await.contains(&shard) {
+                continue;
+            }
             let elsewhere = match viewed {
                 Some(o) => o.instance != me || o.epoch != epoch,
                 // Absent from a view that has seen our claim: deleted.
@@ -242,7 +246,7 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
                 shared.stats.deposed.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if !given && !shared.leaving.lock().await.contains(&shard) {
+            if !given {
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     if let Err(e) = hand_off(&shared, shard, epoch).await {

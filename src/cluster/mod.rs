@@ -14,6 +14,8 @@ pub mod marks;
 #[cfg(feature = "etcd")]
 pub mod member;
 #[cfg(feature = "etcd")]
+pub mod node;
+#[cfg(feature = "etcd")]
 pub mod owned;
 #[cfg(feature = "etcd")]
 pub mod ownership;

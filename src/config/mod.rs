@@ -54,6 +54,8 @@ pub struct Config {
     pub authority: Option<crate::authority::config::AuthorityConfig>,
     /// The access log (`[log]`).
     pub log: LogConfig,
+    /// `[cluster]`: this instance shares the fence with others through etcd (SPEC §10).
+    pub cluster: Option<crate::cluster::config::ClusterConfig>,
 }
 
 /// A file as parsed: every setting checked, every file it names (certificates, keys, proof
@@ -69,6 +71,7 @@ pub struct Draft {
     idempotency: IdempotencyConfig,
     authority: Option<AuthorityDraft>,
     log: LogConfig,
+    cluster: Option<crate::cluster::config::ClusterDraft>,
     errors: Errors,
 }
 
@@ -102,18 +105,8 @@ impl Draft {
             }
         }
         let e = &mut errors;
-        // SPEC §10: the table's keys are checked, but serving as a cluster is not built
-        // yet, and a [cluster] table must not run as a lone instance with its own marks.
         let raw_cluster = section(table.remove("cluster"), "cluster", e);
-        let had_cluster = raw_cluster.is_some();
-        let _checked = crate::cluster::config::parse(raw_cluster, base, e);
-        if had_cluster {
-            e.push(
-                "cluster",
-                "cluster mode is not available yet: remove [cluster] and run one instance \
-                 per set of marks (SPEC §10)",
-            );
-        }
+        let cluster = crate::cluster::config::parse(raw_cluster, base, e);
         let raw_server: RawServer =
             section(table.remove("server"), "server", e).unwrap_or_default();
         let raw_admin: RawAdmin = section(table.remove("admin"), "admin", e).unwrap_or_default();
@@ -168,6 +161,9 @@ impl Draft {
             },
             e,
         );
+        if let Some(c) = &cluster {
+            cluster_limits(c.config(), &routes, authority.as_ref(), &server, &admin, e);
+        }
         Ok(Draft {
             server,
             admin,
@@ -178,6 +174,7 @@ impl Draft {
             idempotency,
             authority,
             log,
+            cluster,
             errors,
         })
     }
@@ -197,6 +194,7 @@ impl Draft {
         let fencing = self.fencing.load(e);
         let upstreams: Vec<Upstream> = self.upstreams.into_iter().map(|u| u.load(e)).collect();
         let authority = self.authority.map(|a| a.load(e));
+        let cluster = self.cluster.map(|c| c.load(e));
         let (store, routes, idempotency, log) =
             (self.store, self.routes, self.idempotency, self.log);
         errors.finish(|| {
@@ -214,8 +212,50 @@ impl Draft {
                     None => None,
                 },
                 log,
+                cluster,
             })
         })
+    }
+}
+
+/// What a cluster cannot do (SPEC §10), and the listener it must not share.
+fn cluster_limits(
+    cluster: &crate::cluster::config::ClusterConfig,
+    routes: &[Route],
+    authority: Option<&AuthorityDraft>,
+    server: &ServerDraft,
+    admin: &AdminDraft,
+    e: &mut Errors,
+) {
+    for (i, r) in routes.iter().enumerate() {
+        if r.idempotency != crate::proxy::idempotency::config::Mode::Off {
+            e.push(
+                format!("route[{i}].idempotency"),
+                "not available in cluster mode: idempotency records are kept by one \
+                 instance, and a retry may reach another (remove it, or run one instance)",
+            );
+        }
+    }
+    if authority.is_some_and(AuthorityDraft::is_local) {
+        e.push(
+            "authority.backend",
+            "backend = \"local\" keeps the authority's epochs in one instance's file: a \
+             cluster's authority needs backend = \"etcd\"",
+        );
+    }
+    for (other, key) in [
+        (server.listen(), "server.listen"),
+        (admin.listen(), "admin.listen"),
+    ] {
+        if overlaps(cluster.peer_listen, other) {
+            e.push(
+                "cluster.peer_listen",
+                format!(
+                    "{} is also {key} ({other}): the instances' hops need a listener of their own",
+                    cluster.peer_listen
+                ),
+            );
+        }
     }
 }
 
@@ -537,19 +577,50 @@ idempotency = "optional"
         assert_eq!(c.idempotency.max_buffered, 128 << 20);
     }
 
+    /// A good `[cluster]` loads in a build with etcd (its secret read, only its digest
+    /// kept), and is refused where a cluster would break its promises: idempotency records
+    /// are one instance's, a local authority's epochs one instance's file, and the peer
+    /// listener must be its own. A build without etcd refuses the table by name.
     #[test]
-    fn a_cluster_table_is_refused_as_not_available_yet() {
-        let text = format!(
-            "{GOOD}\n[cluster]\nname = \"fg-a\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
-             peer_listen = \"127.0.0.1:7401\"\npeer_secret_file = \"peer.secret\"\n"
+    fn a_cluster_table_loads_with_its_limits() {
+        let dir = tempfile::tempdir().expect("dir");
+        let secret = dir.path().join("peer.secret");
+        std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").expect("secret");
+        let table = format!(
+            "\n[cluster]\nname = \"fg-a\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
+             peer_listen = \"127.0.0.1:7401\"\npeer_secret_file = \"{}\"\n",
+            secret.display()
         );
-        let errs = errors_at(&text, &["cluster"]);
-        assert_eq!(
-            errs.len(),
-            1,
-            "a good table, refused only as not served: {errs:?}"
-        );
-        assert!(errs[0].message.contains("not available yet"), "{errs:?}");
+        let text = format!("{GOOD}{table}");
+        #[cfg(not(feature = "etcd"))]
+        {
+            let errs = errors_at(&text, &["cluster"]);
+            assert!(errs[0].message.contains("--features etcd"), "{errs:?}");
+        }
+        #[cfg(feature = "etcd")]
+        {
+            let c = Config::parse(&text, Path::new(".")).expect("a good table loads");
+            let cluster = c.cluster.expect("[cluster]");
+            assert_eq!(cluster.name, "fg-a");
+            assert_eq!(
+                cluster.peer_key,
+                crate::cluster::config::PeerKey::of("0123456789abcdef0123456789abcdef")
+            );
+            assert!(
+                !format!("{cluster:?}").contains(&cluster.peer_key.0),
+                "not in logs"
+            );
+            std::fs::write(&secret, "short\n").expect("secret");
+            errors_at(&text, &["cluster.peer_secret_file"]);
+            std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").expect("secret");
+            let idem = text.replace(
+                "upstream = \"objects\"",
+                "upstream = \"objects\"\nidempotency = \"optional\"",
+            );
+            errors_at(&idem, &["route[0].idempotency"]);
+            let shared = text.replace("127.0.0.1:7401", "127.0.0.1:8080");
+            errors_at(&shared, &["cluster.peer_listen"]);
+        }
     }
 
     #[test]
@@ -571,7 +642,6 @@ idempotency = "optional"
                 "cluster.drift_margin",
                 "cluster.peer_secret_file",
                 "cluster.fence_command",
-                "cluster",
             ],
         );
         let missing = format!("{GOOD}\n[cluster]\nshards = 64\nbogus = 1\n");
@@ -581,10 +651,7 @@ idempotency = "optional"
             "an unknown key is named: {errs2:?} (and {errs:?})"
         );
         let no_name = format!("{GOOD}\n[cluster]\nshards = 64\n");
-        errors_at(
-            &no_name,
-            &["cluster.name", "cluster.etcd_endpoints", "cluster"],
-        );
+        errors_at(&no_name, &["cluster.name", "cluster.etcd_endpoints"]);
     }
 
     #[test]

@@ -75,7 +75,7 @@ impl Histogram {
             .sum()
     }
 
-    pub(super) fn render(&self, out: &mut String, name: &str, help: &str) {
+    pub(crate) fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         self.render_series(out, name, "");
     }

@@ -244,6 +244,8 @@ pub const RESULTS: &[&str] = &[
     "invalid_proof",
     "stale_sequence",
     "unfenced",
+    // Handed to the shard's owner in a cluster, which counts its own result (SPEC §10).
+    "forwarded_to_owner",
 ];
 
 pub fn result_index(result: &str) -> usize {

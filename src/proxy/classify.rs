@@ -153,6 +153,8 @@ pub(crate) fn classify<B>(
             guard: None,
             scope: None,
             token: None,
+            hop: None,
+            stop: None,
         })
     };
     // A COPY or MOVE writes its Destination too: that target must be fenced by this

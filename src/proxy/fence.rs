@@ -34,6 +34,7 @@ use crate::access_log::{AccessLog, RefusalWarnings};
 use crate::config::Config;
 use crate::fence::{Gates, InflightGuard};
 use crate::metrics::{Metrics, Op};
+use crate::proxy::hop::Placement;
 use crate::proxy::problem::Dialect;
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan, Table};
 use crate::token::Token;
@@ -46,6 +47,9 @@ use crate::token::Token;
 pub struct Conn {
     pub peer: SocketAddr,
     pub tls: bool,
+    /// The request came from another instance of the cluster, on this one's
+    /// `peer_listen`, authenticated (SPEC §10): it may not hop again.
+    pub hop: bool,
 }
 
 impl Default for Conn {
@@ -53,6 +57,7 @@ impl Default for Conn {
         Conn {
             peer: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             tls: false,
+            hop: false,
         }
     }
 }
@@ -223,6 +228,8 @@ pub(crate) struct Shared {
     pub(crate) table: ArcSwap<Table>,
     pub(crate) gates: Arc<Gates>,
     pub(crate) refusals: Arc<Refusals>,
+    /// In a cluster: which instance decides for a scope (SPEC §10).
+    pub(crate) placement: Option<Arc<dyn Placement>>,
 }
 
 /// The fence in front of a service: see the module's documentation. Cloning it shares
@@ -249,6 +256,7 @@ impl FenceLayer {
             config,
             gates,
             Arc::new(Refusals::new(metrics, AccessLog::off())),
+            None,
         )
     }
 }
@@ -258,6 +266,7 @@ impl<H> FenceLayer<H> {
         config: Arc<Config>,
         gates: Arc<Gates>,
         refusals: Arc<Refusals>,
+        placement: Option<Arc<dyn Placement>>,
     ) -> FenceLayer<H> {
         let table = Table::new(config, &refusals);
         FenceLayer {
@@ -265,6 +274,7 @@ impl<H> FenceLayer<H> {
                 table: ArcSwap::from_pointee(table),
                 gates,
                 refusals,
+                placement,
             }),
             _handoff: PhantomData,
         }
@@ -420,7 +430,16 @@ impl<S> Fence<S, Typed> {
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = super::classify(&table.config, &req);
-            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
+            let plan = match super::check(
+                &shared.gates,
+                &table.config,
+                classified,
+                op,
+                shared.placement.as_deref(),
+                conn.hop,
+            )
+            .await
+            {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
                     let (parts, body) = req.into_parts();
@@ -522,7 +541,16 @@ where
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = super::classify(&table.config, &req);
-            let plan = match super::check(&shared.gates, &table.config, classified, op).await {
+            let plan = match super::check(
+                &shared.gates,
+                &table.config,
+                classified,
+                op,
+                shared.placement.as_deref(),
+                conn.hop,
+            )
+            .await
+            {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
                     let (parts, body) = req.into_parts();
@@ -545,6 +573,7 @@ where
                 mut guard,
                 scope,
                 token,
+                ..
             } = plan;
             let fenced = guard.is_some();
             if let (Some(scope), Some(token)) = (scope, token) {
@@ -778,7 +807,7 @@ upstream = "u"
         let refusals = Arc::new(Refusals::new(metrics, AccessLog::off()));
         let inner = Recorder::default();
         let mut fence =
-            FenceLayer::<Typed>::with(Arc::new(config), gates, refusals).layer(inner.clone());
+            FenceLayer::<Typed>::with(Arc::new(config), gates, refusals, None).layer(inner.clone());
         let ok = fence.call(put("5")).await.unwrap();
         assert_eq!(ok.status(), http::StatusCode::OK);
         let stale = fence.call(put("4")).await.unwrap();

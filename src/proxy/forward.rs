@@ -3,7 +3,7 @@
 //! headers removed, bodies streamed both ways.
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,7 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::hop::FENCEGATE_PEER;
 use super::problem::{self, Outcome};
 use super::{FENCING_RESULT, Plan, Table};
 use crate::config::Upstream;
@@ -827,16 +828,18 @@ impl Forwarder {
         table: Arc<Table>,
         req: Request<Body>,
         plan: Plan,
-        peer: SocketAddr,
-        tls: bool,
+        conn: crate::proxy::fence::Conn,
     ) -> impl Future<Output = Response<Body>> + Send + 'a {
         async move {
+            let (peer, tls) = (conn.peer, conn.tls);
             let Plan {
                 route,
                 op,
                 mut guard,
                 scope,
-                ..
+                token,
+                hop,
+                stop,
             } = plan;
             let fenced = guard.is_some();
             let table = &*table;
@@ -844,17 +847,38 @@ impl Forwarder {
             let row = &table.rows[route];
             let max_body = config.routes[route].max_body;
             let upstream_index = config.routes[route].upstream;
-            let upstream = &config.upstreams[upstream_index];
-            let tls_client = table.clients[upstream_index].as_ref();
+            // A hop goes to the shard's owner instead (SPEC §10), plain HTTP, and may
+            // wait there for older generations to drain before the owner's own exchange.
+            let hop_upstream;
+            let (upstream, tls_client) = match &hop {
+                Some(h) => {
+                    let route_upstream = &config.upstreams[upstream_index];
+                    hop_upstream = Upstream {
+                        name: String::new(),
+                        url: h.url.clone(),
+                        timeout: route_upstream
+                            .timeout
+                            .saturating_add(config.fencing.drain_timeout),
+                        tls: None,
+                    };
+                    (&hop_upstream, None)
+                }
+                None => (
+                    &config.upstreams[upstream_index],
+                    table.clients[upstream_index].as_ref(),
+                ),
+            };
             // The path is named only in an S3 error document: copied only on such routes.
             let resource = (config.routes[route].errors != problem::Dialect::Problem)
                 .then(|| req.uri().path().to_owned());
             let fail = |outcome: Outcome| table.refuse(route, op, outcome, resource.as_deref());
-            let trusted = config
-                .server
-                .trusted_proxies
-                .iter()
-                .any(|net| net.contains(peer.ip()));
+            // An authenticated peer hands on its client's forwarding headers.
+            let trusted = conn.hop
+                || config
+                    .server
+                    .trusted_proxies
+                    .iter()
+                    .any(|net| net.contains(peer.ip()));
             // A small HTTP/1 body of known length is read whole before the request goes
             // upstream. An upstream may answer without reading a body (nginx's `return`, an
             // early error): part of it would then stay unread on the client's connection,
@@ -876,6 +900,12 @@ impl Forwarder {
                 .unwrap_or(started + Duration::from_secs(86_400 * 365));
             let (mut parts, body) = req.into_parts();
             let client_version = parts.version;
+            // The peer credential is fencegate's own: never a client's, and never sent
+            // upstream; a hop carries this cluster's.
+            parts.headers.remove(FENCEGATE_PEER);
+            if let Some(h) = &hop {
+                parts.headers.insert(FENCEGATE_PEER, h.key.clone());
+            }
             // The body in memory (none, or a small one read whole), or still to stream.
             let body: Result<Bytes, Body> = if http_body::Body::is_end_stream(&body) {
                 Ok(Bytes::new())
@@ -923,36 +953,53 @@ impl Forwarder {
                     });
                 }
             };
-            let mut too_large = None;
-            let result = match (body, tls_client) {
-                // A plain-HTTP upstream and a body in hand: the lean exchange.
-                (Ok(bytes), None) => {
-                    crate::rt::timer::timeout_from(
-                        started,
-                        upstream.timeout,
-                        send_whole(upstream, &parts, &added, &bytes, connect_by),
-                    )
-                    .await
+            let exchange = async {
+                match (body, tls_client) {
+                    // A plain-HTTP upstream and a body in hand: the lean exchange.
+                    (Ok(bytes), None) => {
+                        let r = crate::rt::timer::timeout_from(
+                            started,
+                            upstream.timeout,
+                            send_whole(upstream, &parts, &added, &bytes, connect_by),
+                        )
+                        .await;
+                        (r.map_err(drop), None)
+                    }
+                    (body, tls_client) => {
+                        let body = match body {
+                            Ok(bytes) => http_body_util::Full::new(bytes)
+                                .map_err(|never| match never {})
+                                .boxed(),
+                            Err(streamed) => streamed,
+                        };
+                        added.put_into(&mut parts.headers);
+                        let (out, tripped) = upstream_request(parts, body, max_body);
+                        // Boxed: hyper's client exchange makes a large future, which would make
+                        // every request's future (moved whole on its way to hyper) that large.
+                        let r = crate::rt::timer::timeout_from(
+                            started,
+                            upstream.timeout,
+                            Box::pin(send(upstream, tls_client, out, connect_by)),
+                        )
+                        .await;
+                        (r.map_err(drop), Some(tripped))
+                    }
                 }
-                (body, tls_client) => {
-                    let body = match body {
-                        Ok(bytes) => http_body_util::Full::new(bytes)
-                            .map_err(|never| match never {})
-                            .boxed(),
-                        Err(streamed) => streamed,
-                    };
-                    added.put_into(&mut parts.headers);
-                    let (out, tripped) = upstream_request(parts, body, max_body);
-                    too_large = Some(tripped);
-                    // Boxed: hyper's client exchange makes a large future, which would make
-                    // every request's future (moved whole on its way to hyper) that large.
-                    crate::rt::timer::timeout_from(
-                        started,
-                        upstream.timeout,
-                        Box::pin(send(upstream, tls_client, out, connect_by)),
-                    )
-                    .await
-                }
+            };
+            // In a cluster, an owner whose ownership ends mid-exchange (its self-fencing
+            // deadline, SPEC §10) gives the exchange up there and then: the shard's next
+            // owner may start admitting once that ownership could have expired.
+            let mut stopped = false;
+            let (result, too_large) = match stop {
+                None => exchange.await,
+                Some(stop) => tokio::select! {
+                    biased;
+                    () = stop => {
+                        stopped = true;
+                        (Err(()), None)
+                    }
+                    r = exchange => r,
+                },
             };
             self.metrics
                 .upstream_seconds
@@ -962,10 +1009,19 @@ impl Forwarder {
                     if let Some(g) = guard.as_mut() {
                         g.complete();
                     }
-                    row.count(op, if fenced { "accepted" } else { "unfenced" });
+                    row.count(
+                        op,
+                        match (fenced, hop.is_some()) {
+                            (_, true) => "forwarded_to_owner",
+                            (true, _) => "accepted",
+                            _ => "unfenced",
+                        },
+                    );
                     // A body that stops moving for the upstream's timeout lets go of its generation.
                     let mut resp = client_response(resp, guard, upstream.timeout, client_version);
-                    if fenced {
+                    if hop.is_some() {
+                        // The owner decided: its Fencing-Result is the answer's.
+                    } else if fenced {
                         resp.headers_mut()
                             .insert(FENCING_RESULT, HeaderValue::from_static("accepted"));
                     } else {
@@ -985,6 +1041,14 @@ impl Forwarder {
                         limit: max_body.unwrap_or(0),
                     })
                 }
+                // The owner could not be reached: nothing was decided, retry.
+                Ok(Err(e)) if e.not_sent && hop.is_some() => {
+                    tracing::debug!(owner = hop.as_ref().map(|h| h.owner.as_str()), error = %e.detail, "hop to the shard's owner not sent");
+                    fail(Outcome::Unavailable {
+                        scope: scope.unwrap_or_default(),
+                        token: token.unwrap_or(crate::token::Token::new(0, 0)),
+                    })
+                }
                 Ok(Err(e)) if e.not_sent => {
                     // Never reached the upstream: nothing to settle, and the token was not
                     // used (the answer says retry).
@@ -1002,7 +1066,12 @@ impl Forwarder {
                     scope,
                     detail: e.detail,
                 }),
-                Err(_) => fail(Outcome::UpstreamTimeout {
+                Err(()) if stopped => fail(Outcome::UpstreamTimeout {
+                    scope,
+                    detail: "this instance's ownership of the scope's shard ended mid-exchange"
+                        .into(),
+                }),
+                Err(()) => fail(Outcome::UpstreamTimeout {
                     scope,
                     detail: format!("no response within {:?}", upstream.timeout),
                 }),
@@ -1029,7 +1098,7 @@ impl crate::proxy::fence::Stage<Body> for Forwarder {
         } = a;
         // The exchange's own future, not one wrapped around it: one state machine less
         // per request.
-        self.forward(table, req, plan, conn.peer, conn.tls)
+        self.forward(table, req, plan, conn)
     }
 }
 
@@ -1060,7 +1129,7 @@ impl tower::Service<crate::proxy::fence::Admitted<Body>> for Forwarder {
                 plan,
                 conn,
             } = a;
-            Ok(fwd.forward(table, req, plan, conn.peer, conn.tls).await)
+            Ok(fwd.forward(table, req, plan, conn).await)
         })
     }
 }

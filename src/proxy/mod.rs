@@ -11,6 +11,7 @@ pub mod classify;
 pub mod config;
 pub mod fence;
 pub mod forward;
+pub mod hop;
 pub mod idempotency;
 pub mod problem;
 pub mod upstream;
@@ -93,6 +94,8 @@ type Stack = Fence<Idempotent<Forwarder>, Typed>;
 pub struct Proxy {
     pub gates: Arc<Gates>,
     pub metrics: Arc<Metrics>,
+    /// In a cluster: which instance decides for a scope.
+    placement: Option<Arc<dyn hop::Placement>>,
     stack: Stack,
     /// The idempotency stage's records and memory budget (also the stack's).
     idempotency: Arc<Idempotency>,
@@ -134,11 +137,23 @@ pub(crate) struct Plan {
     pub(crate) guard: Option<InflightGuard>,
     pub(crate) scope: Option<String>,
     pub(crate) token: Option<Token>,
+    /// `Some` for a fenced request whose shard another instance owns: it goes there,
+    /// not upstream (SPEC §10).
+    pub(crate) hop: Option<Arc<hop::Hop>>,
+    /// In a cluster, for a request admitted here: resolves when this instance must stop
+    /// its upstream exchange (its ownership's self-fencing deadline passed).
+    pub(crate) stop: Option<hop::Stop>,
 }
 
 impl Proxy {
     pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
-        Proxy::build(config, gates, metrics, crate::access_log::AccessLog::off())
+        Proxy::build(
+            config,
+            gates,
+            metrics,
+            crate::access_log::AccessLog::off(),
+            None,
+        )
     }
 
     fn build(
@@ -146,6 +161,7 @@ impl Proxy {
         gates: Arc<Gates>,
         metrics: Arc<Metrics>,
         access: crate::access_log::AccessLog,
+        placement: Option<Arc<dyn hop::Placement>>,
     ) -> Proxy {
         let max_buffered = config.idempotency.max_buffered;
         let idempotency = Arc::new(Idempotency::new(gates.store().clone(), max_buffered));
@@ -153,7 +169,12 @@ impl Proxy {
         let stack = tower::ServiceBuilder::new()
             // First, the fence: nothing below sees a request that is unrouted, unsafe to
             // pass, or not admitted at its scope's gate.
-            .layer(FenceLayer::<Typed>::with(config, gates.clone(), refusals))
+            .layer(FenceLayer::<Typed>::with(
+                config,
+                gates.clone(),
+                refusals,
+                placement.clone(),
+            ))
             // Under it, idempotency: a key is looked at only for an admitted generation
             // (a stale retry is refused, never replayed).
             .layer(IdempotencyLayer::new(idempotency.clone()))
@@ -164,6 +185,7 @@ impl Proxy {
         Proxy {
             gates,
             metrics,
+            placement,
             stack,
             idempotency,
         }
@@ -171,7 +193,20 @@ impl Proxy {
 
     /// The access log to write to (opened by the caller, which reports a bad file).
     pub fn with_access_log(self, log: crate::access_log::AccessLog) -> Proxy {
-        Proxy::build(self.config(), self.gates, self.metrics, log)
+        Proxy::build(self.config(), self.gates, self.metrics, log, self.placement)
+    }
+
+    /// In a cluster: hops the fenced requests of shards owned elsewhere (SPEC §10).
+    /// Before [`Proxy::with_access_log`], which keeps it (this one starts the access log
+    /// off again).
+    pub fn with_placement(self, placement: Arc<dyn hop::Placement>) -> Proxy {
+        Proxy::build(
+            self.config(),
+            self.gates,
+            self.metrics,
+            crate::access_log::AccessLog::off(),
+            Some(placement),
+        )
     }
 
     fn refusals(&self) -> &Refusals {
@@ -212,8 +247,39 @@ impl Proxy {
         peer: SocketAddr,
         tls: bool,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
+        self.handle_conn(
+            req,
+            Conn {
+                peer,
+                tls,
+                hop: false,
+            },
+        )
+    }
+
+    /// A request handed over by another instance of the cluster on `peer_listen`, its
+    /// credential checked (SPEC §10): decided here, never hopped again.
+    pub fn handle_peer(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<Body>> + Send + '_ {
+        self.handle_conn(
+            req,
+            Conn {
+                peer,
+                tls: false,
+                hop: true,
+            },
+        )
+    }
+
+    fn handle_conn(
+        &self,
+        req: Request<Incoming>,
+        conn: Conn,
+    ) -> impl Future<Output = Response<Body>> + Send + '_ {
         // Through the stages' unboxed futures (see `fence::Stage`), not `Service::call`.
-        let conn = Conn { peer, tls };
         if self.refusals().access.is_on() {
             // Boxed: the logged path's state stays out of the unlogged request's future.
             Handled::Logged {
@@ -280,6 +346,8 @@ pub(crate) async fn check(
     config: &Config,
     classified: Result<Classified, (Option<usize>, Outcome)>,
     op: Op,
+    placement: Option<&dyn hop::Placement>,
+    hopped: bool,
 ) -> Result<Plan, (Option<usize>, Outcome)> {
     let Fenced {
         route: idx,
@@ -292,6 +360,30 @@ pub(crate) async fn check(
         Classified::Unfenced(plan) => return Ok(plan),
         Classified::Fenced(fenced) => fenced,
     };
+    if let Some(placement) = placement {
+        match placement.place(&scope) {
+            hop::Place::Here => {}
+            // At most one hop: a request handed here for a shard owned elsewhere now
+            // is told to retry.
+            hop::Place::Owner(_) | hop::Place::Unknown if hopped => {
+                return Err((Some(idx), Outcome::Unavailable { scope, token }));
+            }
+            hop::Place::Owner(owner) => {
+                return Ok(Plan {
+                    route: idx,
+                    op,
+                    guard: None,
+                    scope: Some(scope),
+                    token: Some(token),
+                    hop: Some(owner),
+                    stop: None,
+                });
+            }
+            hop::Place::Unknown => {
+                return Err((Some(idx), Outcome::Unavailable { scope, token }));
+            }
+        }
+    }
     let proof = proof.as_ref().map(|v| Proof {
         keys: &config.fencing.proof_keys,
         bytes: v.as_bytes(),
@@ -303,12 +395,15 @@ pub(crate) async fn check(
         Ok(a) => a,
         Err(refusal) => return Err((Some(idx), refused(refusal, scope, token, sequence))),
     };
+    let stop = placement.and_then(|p| p.stop(&scope));
     Ok(Plan {
         route: idx,
         op,
         guard: Some(admission.guard),
         scope: Some(scope),
         token: Some(token),
+        hop: None,
+        stop,
     })
 }
 

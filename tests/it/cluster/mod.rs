@@ -6,3 +6,4 @@ mod member;
 mod owned;
 mod ownership;
 mod registry;
+mod serve;
