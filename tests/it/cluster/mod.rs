@@ -5,5 +5,6 @@ mod marks;
 mod member;
 mod owned;
 mod ownership;
+mod procs;
 mod registry;
 mod serve;
