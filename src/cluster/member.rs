@@ -24,7 +24,7 @@
 //! admitting at its deadline without this loop. Once etcd says the lease is gone the loop
 //! forgets every shard and stops: the instance must start a new ownership.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -53,6 +53,10 @@ pub struct MemberConfig {
     pub settle: Duration,
     /// The longest a hand-off waits for its shard to drain before releasing it.
     pub drain_bound: Duration,
+    /// Run, and must exit 0, before a lost owner's shards are taken over (argv; the lost
+    /// instance's name in `FENCEGATE_FENCED_INSTANCE`), bounded by `fence_timeout`.
+    pub fence_command: Option<Vec<String>>,
+    pub fence_timeout: Duration,
     /// How often the loop looks again without a new view (to retry what failed).
     pub tick: Duration,
 }
@@ -70,6 +74,9 @@ pub struct MemberStats {
     pub handoff_drain_timeouts: AtomicU64,
     /// Shards found owned elsewhere while held here.
     pub deposed: AtomicU64,
+    /// Runs of `fence_command`, and those that failed (exit not 0, or past the timeout).
+    pub fence_runs: AtomicU64,
+    pub fence_failures: AtomicU64,
     /// Takeover waits, in seconds.
     pub takeover_wait_seconds: crate::metrics::histogram::Histogram,
 }
@@ -82,6 +89,8 @@ impl MemberStats {
             handoffs: AtomicU64::new(0),
             handoff_drain_timeouts: AtomicU64::new(0),
             deposed: AtomicU64::new(0),
+            fence_runs: AtomicU64::new(0),
+            fence_failures: AtomicU64::new(0),
             takeover_wait_seconds: crate::metrics::histogram::Histogram::new(
                 crate::metrics::histogram::SECONDS,
             ),
@@ -97,6 +106,9 @@ struct Shared {
     stats: MemberStats,
     /// Shards being handed off right now.
     leaving: Mutex<BTreeSet<u32>>,
+    /// Shards claimed from a lost owner whose `fence_command` has not succeeded yet:
+    /// claimed, admitting nothing.
+    unfenced: std::sync::Mutex<HashMap<u32, String>>,
     /// Set to stop claiming (the instance is leaving).
     stopping: watch::Sender<bool>,
 }
@@ -132,6 +144,7 @@ impl Member {
             config,
             stats: MemberStats::new(),
             leaving: Mutex::new(BTreeSet::new()),
+            unfenced: std::sync::Mutex::new(HashMap::new()),
             stopping: watch::Sender::new(false),
         });
         let task = tokio::spawn(run(shared.clone(), view.subscribe()));
@@ -157,6 +170,15 @@ impl Member {
 
     pub fn stats(&self) -> &MemberStats {
         &self.shared.stats
+    }
+
+    /// Shards claimed from a lost owner whose `fence_command` has not succeeded yet, with
+    /// that owner's name: claimed here, admitting nothing.
+    pub fn unfenced(&self) -> BTreeMap<u32, String> {
+        unfenced(&self.shared)
+            .iter()
+            .map(|(s, o)| (*s, o.clone()))
+            .collect()
     }
 
     /// Whether the loop still runs (it stops when the lease is gone).
@@ -256,6 +278,11 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
             }
         } else if given && viewed.is_none_or(|o| o.instance == me) {
             claims.push(shard);
+        } else if unfenced(shared).contains_key(&shard) {
+            // Claimed from a lost owner and not fenced yet: only this instance can finish
+            // it (a release would let the next claimant skip the fence), whatever the
+            // balance says now; a hand-off follows once it is taken.
+            claims.push(shard);
         }
     }
     // Claims one at a time would take a round trip each: together.
@@ -264,19 +291,66 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
         let shared = shared.clone();
         set.spawn(async move { claim(&shared, shard).await });
     }
+    let mut claimed = Vec::new();
+    while let Some(done) = set.join_next().await {
+        if let Ok(Some(c)) = done {
+            claimed.push(c);
+        }
+    }
+    // The fence command, once per lost owner, after every claim of this pass: a run that
+    // starts once the owner's lease is gone (it is, or the claims would not have won)
+    // fences every shard it held.
+    let mut fenced: BTreeMap<String, bool> = BTreeMap::new();
+    for c in &claimed {
+        if let Some(owner) = &c.fence {
+            if !fenced.contains_key(owner) {
+                let ok = fence(shared, owner).await;
+                fenced.insert(owner.clone(), ok);
+            }
+        }
+    }
+    let mut set = JoinSet::new();
+    for c in claimed {
+        if let Some(owner) = &c.fence {
+            if !fenced.get(owner).copied().unwrap_or(false) {
+                // The shard stays claimed (no one else can take it) and admits nothing;
+                // the next pass runs the command again.
+                unfenced(shared).insert(c.shard, owner.clone());
+                continue;
+            }
+            unfenced(shared).remove(&c.shard);
+        }
+        let shared = shared.clone();
+        set.spawn(async move { take(&shared, c).await });
+    }
     while set.join_next().await.is_some() {}
 }
 
-async fn claim(shared: &Arc<Shared>, shard: u32) {
+fn unfenced(shared: &Shared) -> std::sync::MutexGuard<'_, HashMap<u32, String>> {
+    shared.unfenced.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A shard claimed by this pass, not yet taken.
+struct Claimed {
+    shard: u32,
+    epoch: u64,
+    previous: Previous,
+    claimed_at: Instant,
+    wait: Duration,
+    /// The lost owner to fence first (with `fence_command`).
+    fence: Option<String>,
+}
+
+async fn claim(shared: &Arc<Shared>, shard: u32) -> Option<Claimed> {
     if *shared.stopping.borrow() {
-        return;
+        return None;
     }
     let claimed_at = Instant::now();
     let claim = match shared.ownership.claim(shard).await {
         Ok(claim) => claim,
         Err(e) => {
             tracing::debug!(shard, error = %e, "claim failed; trying again");
-            return;
+            return None;
         }
     };
     let Claim::Owned {
@@ -285,17 +359,91 @@ async fn claim(shared: &Arc<Shared>, shard: u32) {
         ..
     } = claim
     else {
-        return;
+        return None;
     };
     let c = &shared.config;
     let wait = claim.wait(shared.ownership.lease_ttl(), c.upstream_timeout, c.settle);
-    // A retried claim (`Ours`) keeps the wait its first claim set: unknown here, so the
-    // full one, unless the shard is already in memory.
+    // A retried claim (`Ours`: an earlier answer was lost, or the shard was left unfenced)
+    // does not know how the previous ownership ended any more: the full wait.
     let wait = if *previous == Previous::Ours {
         claim_wait_for_retry(shared, c)
     } else {
         wait
     };
+    let fence = match previous {
+        _ if c.fence_command.is_none() => None,
+        Previous::Lost { owner, .. } => Some(owner.clone()),
+        Previous::Ours => unfenced(shared).get(&shard).cloned(),
+        _ => None,
+    };
+    Some(Claimed {
+        shard,
+        epoch,
+        previous: previous.clone(),
+        claimed_at,
+        wait,
+        fence,
+    })
+}
+
+/// Runs `fence_command` for the lost instance `owner` (its name in
+/// `FENCEGATE_FENCED_INSTANCE`), bounded by `fence_timeout`; answers whether it exited 0.
+async fn fence(shared: &Shared, owner: &str) -> bool {
+    let Some(argv) = shared.config.fence_command.as_ref() else {
+        return true;
+    };
+    let Some((program, args)) = argv.split_first() else {
+        return false;
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env("FENCEGATE_FENCED_INSTANCE", owner)
+        .env("FENCEGATE_INSTANCE", shared.ownership.instance())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let outcome = match command.spawn() {
+        Ok(mut child) => {
+            match tokio::time::timeout(shared.config.fence_timeout, child.wait()).await {
+                Ok(Ok(status)) if status.success() => Ok(()),
+                Ok(Ok(status)) => Err(format!("exited with {status}")),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!(
+                    "still running after fence_timeout ({:?}); killed",
+                    shared.config.fence_timeout
+                )),
+            }
+        }
+        Err(e) => Err(format!("cannot run {program:?}: {e}")),
+    };
+    shared.stats.fence_runs.fetch_add(1, Ordering::Relaxed);
+    match outcome {
+        Ok(()) => {
+            tracing::info!(
+                owner,
+                took_ms = started.elapsed().as_millis() as u64,
+                "fence_command fenced the lost instance"
+            );
+            true
+        }
+        Err(why) => {
+            shared.stats.fence_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(owner, %why, "fence_command failed: its shards admit nothing until it succeeds (tried again each pass)");
+            false
+        }
+    }
+}
+
+async fn take(shared: &Arc<Shared>, c: Claimed) {
+    let Claimed {
+        shard,
+        epoch,
+        previous,
+        claimed_at,
+        wait,
+        ..
+    } = c;
     match shared.owned.take(shard, epoch, claimed_at + wait).await {
         Ok(marks) => {
             shared.stats.claims.fetch_add(1, Ordering::Relaxed);

@@ -92,6 +92,8 @@ impl Joining {
                     .saturating_add(settle)
                     .saturating_add(Duration::from_secs(1)),
                 tick: (self.config.ownership_ttl / 4).max(Duration::from_millis(100)),
+                fence_command: self.config.fence_command.clone(),
+                fence_timeout: self.config.fence_timeout,
             },
         )
         .await?;
@@ -304,7 +306,10 @@ impl ClusterView for NodeView {
                 "handoffs": stats.handoffs.load(Relaxed),
                 "handoff_drain_timeouts": stats.handoff_drain_timeouts.load(Relaxed),
                 "deposed": stats.deposed.load(Relaxed),
+                "fence_runs": stats.fence_runs.load(Relaxed),
+                "fence_failures": stats.fence_failures.load(Relaxed),
             },
+            "unfenced": self.member.unfenced(),
         })
     }
 

@@ -41,6 +41,15 @@ struct Instance {
 }
 
 async fn instance(etcd: &EtcdCluster, name: &str) -> Instance {
+    instance_fencing(etcd, name, None).await
+}
+
+/// An instance whose takeovers run `fence_command` first.
+async fn instance_fencing(
+    etcd: &EtcdCluster,
+    name: &str,
+    fence_command: Option<Vec<String>>,
+) -> Instance {
     let ownership = Arc::new(
         Ownership::start(
             &etcd.endpoints(),
@@ -81,6 +90,8 @@ async fn instance(etcd: &EtcdCluster, name: &str) -> Instance {
             settle: Duration::ZERO,
             drain_bound: Duration::from_secs(2),
             tick: Duration::from_millis(200),
+            fence_command,
+            fence_timeout: Duration::from_secs(2),
         },
     )
     .await
@@ -246,4 +257,82 @@ async fn shards_spread_hand_off_on_leave_and_join_and_are_taken_over_from_the_lo
             "{s}"
         );
     }
+}
+
+/// A takeover runs `fence_command` (once per lost owner, its name in
+/// `FENCEGATE_FENCED_INSTANCE`) and takes nothing of the lost owner's until it exits 0:
+/// a failing command leaves those shards claimed and admitting nothing, tried again each
+/// pass; once it succeeds they are taken (after the takeover wait) with their marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_the_fence_command_to_succeed() {
+    let etcd = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (log, rc) = (dir.path().join("fenced.log"), dir.path().join("rc"));
+    std::fs::write(&rc, "1").expect("rc");
+    let command = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!(
+            "echo \"$FENCEGATE_FENCED_INSTANCE\" >> {}; exit $(cat {})",
+            log.display(),
+            rc.display()
+        ),
+    ];
+    let a = instance(&etcd, "a").await;
+    let b = instance_fencing(&etcd, "b", Some(command)).await;
+    settled(&[&a, &b]).await;
+    let a_shards: Vec<u32> = a.member.owned().owned().iter().map(|o| o.shard).collect();
+    let scope = (0..64)
+        .map(|i| format!("report/{i}"))
+        .find(|s| a_shards.contains(&a.member.owned().shard_of(s)))
+        .expect("a scope of a's");
+    assert_eq!(write(&a, &scope, t(5)).await, Ok(true));
+
+    a.member.ownership().stop_renewing();
+    drop(a);
+    // b claims a's shards once a's lease is gone, but its fence fails: they stay unfenced.
+    let until = Instant::now() + BOUND;
+    while b.member.unfenced().len() < a_shards.len() {
+        assert!(
+            Instant::now() < until,
+            "never claimed: {:?}",
+            b.member.unfenced()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(b.member.unfenced().values().all(|o| o == "a"));
+    assert_eq!(write(&b, &scope, t(6)).await, Err(Refusal::Unavailable));
+    let runs = b.member.stats().fence_runs.load(Ordering::Relaxed);
+    assert!(runs >= 1);
+    assert_eq!(
+        b.member.stats().fence_failures.load(Ordering::Relaxed),
+        runs
+    );
+    // Still failing on the next passes, once per pass (not once per shard).
+    let until = Instant::now() + BOUND;
+    while b.member.stats().fence_runs.load(Ordering::Relaxed) < runs + 2 {
+        assert!(Instant::now() < until);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(write(&b, &scope, t(6)).await, Err(Refusal::Unavailable));
+
+    // The fence succeeds: b takes the shards (after the wait) with a's marks.
+    std::fs::write(&rc, "0").expect("rc");
+    let view = settled(&[&b]).await;
+    assert!(b.member.unfenced().is_empty());
+    assert!(view.owners.values().all(|o| o.instance == "b"));
+    assert_eq!(
+        write(&b, &scope, t(5)).await,
+        Ok(false),
+        "a's mark came with the shard"
+    );
+    assert_eq!(write(&b, &scope, t(6)).await, Ok(true));
+    let fenced = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<&str> = fenced.lines().collect();
+    assert!(lines.iter().all(|l| *l == "a"), "{fenced}");
+    // Every run was for a, and counted.
+    assert_eq!(
+        lines.len() as u64,
+        b.member.stats().fence_runs.load(Ordering::Relaxed)
+    );
 }
