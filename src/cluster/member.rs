@@ -302,11 +302,11 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
     // fences every shard it held.
     let mut fenced: BTreeMap<String, bool> = BTreeMap::new();
     for c in &claimed {
-        if let Some(owner) = &c.fence {
-            if !fenced.contains_key(owner) {
-                let ok = fence(shared, owner).await;
-                fenced.insert(owner.clone(), ok);
-            }
+        if let Some(owner) = &c.fence
+            && !fenced.contains_key(owner)
+        {
+            let ok = fence(shared, owner).await;
+            fenced.insert(owner.clone(), ok);
         }
     }
     let mut set = JoinSet::new();
