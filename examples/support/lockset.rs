@@ -155,7 +155,9 @@ struct Shared {
     settings: Settings,
     mode: Mode,
     authority: AuthorityClient,
-    fenced: FencedHttp,
+    /// The proxies, one per fencegate instance (a cluster's, or one): worker `i` starts at
+    /// `i % n` and moves to the next when one cannot serve it for now.
+    fenced: Vec<FencedHttp>,
     direct: Client<HttpConnector, Full<Bytes>>,
     backend: SocketAddr,
     progress: watch::Sender<Progress>,
@@ -220,18 +222,27 @@ impl Shared {
         Ok((status, body))
     }
 
-    async fn read(&self, lease: &Lease) -> Result<Read, String> {
+    /// After a transient answer: the next proxy, after a pause that grows with `attempt`
+    /// (a cluster's takeover takes seconds; one instance's drain, milliseconds).
+    async fn next_proxy(&self, via: &mut usize, attempt: usize) {
+        *via = (*via + 1) % self.fenced.len();
+        let pause =
+            Duration::from_millis(10 * (attempt as u64 + 1)).min(Duration::from_millis(250));
+        tokio::time::sleep(pause).await;
+    }
+
+    async fn read(&self, lease: &Lease, via: &mut usize) -> Result<Read, String> {
         let fence = lease.fence().map_err(|e| e.to_string())?;
-        for _ in 0..RETRIES {
+        for attempt in 0..RETRIES {
             let (status, body) = match self.mode {
                 Mode::Direct => self.direct(http::Method::GET, Bytes::new()).await?,
-                Mode::Fenced => match self.fenced.get(&fence, OBJECT).await {
+                Mode::Fenced => match self.fenced[*via].get(&fence, OBJECT).await {
                     Ok(FenceResult::Applied { status, body, .. }) => (status.as_u16(), body),
                     Ok(FenceResult::StaleFence { .. }) => return Ok(Read::Stale),
                     // The lease ran out before the read went out (retries take time).
                     Err(fencegate::client::FencedError::LeaseLost) => return Ok(Read::Stale),
                     Ok(FenceResult::Transient { .. } | FenceResult::Unknown { .. }) => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        self.next_proxy(via, attempt).await;
                         continue;
                     }
                     Ok(FenceResult::Duplicate { .. } | FenceResult::StaleSequence { .. }) => {
@@ -249,16 +260,20 @@ impl Shared {
         Err("read kept failing".into())
     }
 
-    async fn write(&self, lease: &Lease, set: &BTreeSet<String>) -> Result<Write, String> {
+    async fn write(
+        &self,
+        lease: &Lease,
+        set: &BTreeSet<String>,
+        via: &mut usize,
+    ) -> Result<Write, String> {
         // The fence was taken before the pause: a paused process acts on what it had, and
         // a fence apart from the lease is not refused by the client once the lease is lost
         // (the point here is what the proxy does with it).
         let fence = fencegate::client::Fence::new(lease.scope(), lease.token());
-        for _ in 0..RETRIES {
+        for attempt in 0..RETRIES {
             let status = match self.mode {
                 Mode::Direct => self.direct(http::Method::PUT, render_set(set)).await?.0,
-                Mode::Fenced => match self
-                    .fenced
+                Mode::Fenced => match self.fenced[*via]
                     .put(&fence, OBJECT, render_set(set))
                     .await
                     .map_err(|e| e.to_string())?
@@ -267,7 +282,7 @@ impl Shared {
                     FenceResult::StaleFence { .. } => return Ok(Write::Stale),
                     // Same token, later: the contract's advice for these.
                     FenceResult::Transient { .. } => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        self.next_proxy(via, attempt).await;
                         continue;
                     }
                     FenceResult::Unknown { .. } => return Ok(Write::Unknown),
@@ -332,10 +347,11 @@ impl Shared {
 
     async fn worker(&self, i: usize) -> Result<WorkerCounts, String> {
         let mut counts = WorkerCounts::default();
+        let mut via = i % self.fenced.len().max(1);
         for round in 0..self.settings.rounds {
             counts.attempts += 1;
             let lease = self.acquire(i).await?;
-            let set = match self.read(&lease).await? {
+            let set = match self.read(&lease, &mut via).await? {
                 Read::Set(set) => set,
                 Read::Stale => {
                     counts.other_stale += 1;
@@ -350,7 +366,7 @@ impl Shared {
             let element = format!("w{i}-r{round}");
             let mut next = set;
             next.insert(element.clone());
-            let written = self.write(&lease, &next).await?;
+            let written = self.write(&lease, &next, &mut via).await?;
             if long && superseded {
                 counts.stale_writes += 1;
             }
@@ -382,13 +398,33 @@ pub async fn run(
     proxy: SocketAddr,
     backend: SocketAddr,
 ) -> Result<Counts, String> {
+    run_spread(mode, settings, authority, &[proxy], backend).await
+}
+
+/// [`run`] with the workers spread over several proxies (the instances of a cluster):
+/// worker `i` goes through `proxies[i % n]`, and to the next one when it cannot be served
+/// for now (the instance is gone, or its shard is being taken over).
+pub async fn run_spread(
+    mode: Mode,
+    settings: Settings,
+    authority: SocketAddr,
+    proxies: &[SocketAddr],
+    backend: SocketAddr,
+) -> Result<Counts, String> {
+    if proxies.is_empty() {
+        return Err("no proxy to run through".into());
+    }
     let options = ClientOptions::default();
+    let fenced = proxies
+        .iter()
+        .map(|p| FencedHttp::with_options(&format!("http://{p}"), options.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
     let shared = Arc::new(Shared {
         mode,
         authority: AuthorityClient::with_options(&format!("http://{authority}"), options.clone())
             .map_err(|e| e.to_string())?,
-        fenced: FencedHttp::with_options(&format!("http://{proxy}"), options)
-            .map_err(|e| e.to_string())?,
+        fenced,
         direct: Client::builder(TokioExecutor::new()).build_http(),
         backend,
         progress: watch::channel(Progress::default()).0,

@@ -6,7 +6,7 @@
 use crate::support;
 
 #[path = "../../examples/support/lockset.rs"]
-mod workload;
+pub(crate) mod workload;
 
 use workload::{Mode, Settings};
 

@@ -1,6 +1,7 @@
 //! fencegate processes in a cluster for the multi-process tests: each instance's config
-//! (one route, `/reports/{report}/{*rest}` with scope `report/{report}`, in front of one
-//! upstream), its ports, its admin view, and a wait until the shards are settled.
+//! (two routes, `/reports/{report}/{*rest}` with scope `report/{report}` and the lock-set
+//! workload's `/lockset/{*rest}` with scope `lockset`, in front of one upstream), its
+//! ports, its admin view, and a wait until the shards are settled.
 #![cfg(feature = "etcd")]
 
 use std::net::SocketAddr;
@@ -63,6 +64,11 @@ timeout = "{timeout}ms"
 name = "reports"
 path = "/reports/{{report}}/{{*rest}}"
 scope = "report/{{report}}"
+upstream = "u"
+[[route]]
+name = "lockset"
+path = "/lockset/{{*rest}}"
+scope = "lockset"
 upstream = "u"
 [cluster]
 name = "{name}"
