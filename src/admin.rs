@@ -239,6 +239,12 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
                 "this instance runs alone: no [cluster] in its config",
             ),
         },
+        // In a cluster the marks are in etcd, by shard, and the floor and the store file
+        // are one instance's: these would answer for this instance alone.
+        (_, "/v1/scopes" | "/v1/floor" | "/v1/backup") if app.cluster.is_some() => problem(
+            StatusCode::NOT_IMPLEMENTED,
+            "not in cluster mode: the marks are in etcd (see GET /v1/cluster and etcdctl get --prefix /fencegate/cluster/<cluster>/marks/)",
+        ),
         (&Method::GET, "/v1/scopes") => {
             let prefix = query_param(&req, "prefix").unwrap_or_default();
             let after = query_param(&req, "after");

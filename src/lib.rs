@@ -26,8 +26,8 @@
 //!   request, and refusal warnings
 //! - [`authority`]: the lease authority (SPEC §8), `local` (redb) or `etcd` backend behind
 //!   one HTTP API
-//! - [`cluster`]: several instances on one fence (SPEC §10), so far the shard map and
-//!   shard ownership on etcd, not yet wired into `serve`
+//! - [`cluster`]: several instances on one fence through etcd (SPEC §10): shards and
+//!   their owners, marks in etcd, hops to the owner, hand-offs and takeovers
 //! - [`client`]: the Rust client: leases as capabilities, background renewal, fenced
 //!   requests with typed results
 //! - [`config`]: the TOML file, validated with every error's key path (SPEC §5)

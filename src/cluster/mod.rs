@@ -1,11 +1,12 @@
-//! Several fencegate instances enforcing one fence (SPEC §10). Built so far: the shard
-//! map ([`shard`]: which shard a scope belongs to), the balance ([`balance`]: which
-//! instance should own each shard), the `[cluster]` section ([`config`]:
-//! checked, then refused, as serving is not built), and with the `etcd` feature shard
-//! ownership on etcd ([`ownership`]: claims, self-fencing validity, release, the takeover
-//! wait) and the marks in etcd ([`marks`]: guarded group commit, load). Not yet wired
-//! into `serve`: the gate on etcd's marks, forwarding to the owner and the admin view
-//! come next.
+//! Several fencegate instances enforcing one fence (SPEC §10). Without the `etcd`
+//! feature: the shard map ([`shard`]: which shard a scope belongs to), the balance
+//! ([`balance`]: which instance should own each shard) and the `[cluster]` section
+//! ([`config`]). With it: shard ownership on etcd ([`ownership`]: claims, self-fencing
+//! validity, release, the takeover wait), the instance registry and the watched view
+//! ([`registry`]), the membership loop ([`member`]: claims, `fence_command`, hand-offs),
+//! the marks in etcd ([`marks`]: guarded group commit, load), the owned shards the gates
+//! decide on ([`owned`]) and `serve`'s handle on all of it ([`node`]: the proxy's
+//! placement, the admin view). `docs/ARCHITECTURE.md` ("The cluster") has the picture.
 
 pub mod balance;
 pub mod config;

@@ -1,5 +1,7 @@
-//! The cluster (SPEC §10), so far shard ownership and marks in etcd, against a real
-//! 3-member etcd on loopback.
+//! The cluster (SPEC §10) against a real 3-member etcd on loopback: its parts in one
+//! process (ownership, registry, marks, owned shards, membership) and real fencegate
+//! processes in front of nginx or the test double (`serve`, `lockset`, `handoff`, and
+//! the fault tests).
 
 mod handoff;
 mod lockset;
