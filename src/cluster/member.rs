@@ -135,7 +135,20 @@ impl Member {
         busy: Busy,
         config: MemberConfig,
     ) -> Result<Member, Error> {
-        registry::register(&ownership, &config.peer_addr).await?;
+        // A name still registered under another lease may be this instance's previous
+        // run, killed a moment ago: its lease expires within one ttl. Past that, the name
+        // belongs to a live instance and the start is refused.
+        let give_up = Instant::now() + ownership.lease_ttl() + Duration::from_secs(1);
+        loop {
+            match registry::register(&ownership, &config.peer_addr).await {
+                Ok(()) => break,
+                Err(Error::Config(why)) if Instant::now() < give_up => {
+                    tracing::info!(%why, "waiting for the name's previous registration to expire");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let view = ViewWatch::start(&ownership, config.shards).await?;
         let shared = Arc::new(Shared {
             ownership,
@@ -268,7 +281,12 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
                 shared.stats.deposed.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if !given {
+            if given {
+                // A hand-off whose release failed, the shard given back here since.
+                if shared.owned.resume(shard, epoch) {
+                    tracing::info!(shard, epoch, "hand-off called off: the shard is ours again");
+                }
+            } else {
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     if let Err(e) = hand_off(&shared, shard, epoch).await {

@@ -175,6 +175,22 @@ impl OwnedShards {
         self.inner.set_state(shard, epoch, State::Draining)
     }
 
+    /// A hand-off that did not happen (its release failed, and the balance gives the shard
+    /// back to this instance): the shard admits again. False if it is not owned here at
+    /// `epoch` and draining.
+    pub fn resume(&self, shard: u32, epoch: u64) -> bool {
+        let Some(slot) = self.inner.table.get(shard as usize) else {
+            return false;
+        };
+        match write(slot).as_mut() {
+            Some(o) if o.epoch == epoch && o.state == State::Draining => {
+                o.state = State::Admitting;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Stops owning `shard` (released, or found lost): its marks are forgotten here.
     pub fn forget(&self, shard: u32) {
         if let Some(slot) = self.inner.table.get(shard as usize) {
