@@ -490,6 +490,13 @@ async fn the_etcd_leader_killed_mid_run_loses_no_acknowledged_write() {
         *refused.entry(w.status).or_default() += 1;
     }
     let acked = log.iter().filter(|w| w.status < 300).count();
+    // The unavailability window: from the kill to the last refusal answered after it.
+    let window = log
+        .iter()
+        .filter(|w| w.status >= 300 && w.answered >= killed)
+        .map(|w| w.answered - killed)
+        .max()
+        .unwrap_or_default();
     let mut worst_gap = Duration::ZERO;
     let mut worst_recovery = Duration::ZERO;
     for scope in 0..SCOPES {
@@ -543,7 +550,7 @@ async fn the_etcd_leader_killed_mid_run_loses_no_acknowledged_write() {
     }
     println!(
         "etcd leader (m{leader}) killed at {killed:?}: {} writes, {acked} acknowledged, \
-         refused {refused:?}; every scope acknowledged a new write within {worst_recovery:?} \
+         refused {refused:?}; refusals until {window:?} after the kill; every scope acknowledged a new write within {worst_recovery:?} \
          of the kill; longest gap between a scope's acknowledgments {worst_gap:?}; test took {:?}",
         log.len(),
         started.elapsed()
