@@ -267,8 +267,10 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
             }
             let elsewhere = match viewed {
                 Some(o) => o.instance != me || o.epoch != epoch,
-                // Absent from a view that has seen our claim: deleted.
-                None => view.revision >= i64::try_from(epoch).unwrap_or(i64::MAX),
+                // Absent from a view whose shard keys have been seen past our claim:
+                // deleted. (Not `view.revision`: an instance's event may be seen before
+                // our claim's, see `View::owners_revision`.)
+                None => view.owners_revision >= i64::try_from(epoch).unwrap_or(i64::MAX),
             };
             if elsewhere && viewed.is_none_or(|o| o.epoch >= epoch) {
                 tracing::warn!(

@@ -149,6 +149,12 @@ pub async fn deregister(ownership: &Ownership) -> Result<(), Error> {
 pub struct View {
     /// etcd revision this view is current at.
     pub revision: i64,
+    /// The revision up to which the shards' keys are known. The two prefixes are watched
+    /// by two watchers of one stream, which may be delivered apart (a watcher created
+    /// after the revision it starts from catches up on its own): an instance's event, and
+    /// so [`View::revision`], may run ahead of owner keys already written. A shard absent
+    /// from the view is known absent only up to this.
+    pub owners_revision: i64,
     /// Live instances: name → peer address.
     pub instances: BTreeMap<String, String>,
     /// Shards that have an owner: shard → (owner name, epoch = owner key's create revision).
@@ -309,6 +315,7 @@ impl Source {
             .map_err(|e| Error::Etcd(format!("reading {prefix} at revision {revision}: {e}")))?;
         let mut view = View {
             revision,
+            owners_revision: revision,
             ..View::default()
         };
         for kv in instances.kvs().iter().chain(shards.kvs()) {
@@ -521,6 +528,9 @@ fn apply(keys: &Keys, view: &mut View, resp: &WatchResponse) -> bool {
             EventType::Delete => keys.delete(view, kv.key()),
         }
         view.revision = view.revision.max(kv.mod_revision());
+        if kv.key().starts_with(keys.shards.as_bytes()) {
+            view.owners_revision = view.owners_revision.max(kv.mod_revision());
+        }
     }
     let header = resp.header().map_or(0, |h| h.revision());
     view.revision = view.revision.max(header);

@@ -3,6 +3,7 @@
 //! processes in front of nginx or the test double (`serve`, `lockset`, `handoff`, and
 //! the fault tests).
 
+mod faults;
 mod handoff;
 mod lockset;
 mod marks;
