@@ -109,6 +109,9 @@ struct Shared {
     /// Shards claimed from a lost owner whose `fence_command` has not succeeded yet:
     /// claimed, admitting nothing.
     unfenced: std::sync::Mutex<HashMap<u32, String>>,
+    /// Shards this instance released (a hand-off), with the released epoch, until the
+    /// view stops showing that ownership: a view that still does is late, not an orphan.
+    released: std::sync::Mutex<HashMap<u32, u64>>,
     /// Set to stop claiming (the instance is leaving).
     stopping: watch::Sender<bool>,
 }
@@ -158,6 +161,7 @@ impl Member {
             stats: MemberStats::new(),
             leaving: Mutex::new(BTreeSet::new()),
             unfenced: std::sync::Mutex::new(HashMap::new()),
+            released: std::sync::Mutex::new(HashMap::new()),
             stopping: watch::Sender::new(false),
         });
         let task = tokio::spawn(run(shared.clone(), view.subscribe()));
@@ -259,6 +263,18 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
     for shard in 0..shared.config.shards {
         let given = names.get(assignment[shard as usize]).copied() == Some(me);
         let viewed = view.owners.get(&shard);
+        // Released by us at the epoch the view still shows: the view is late.
+        let just_released = {
+            let mut released = lock(&shared.released);
+            match released.get(&shard) {
+                Some(e) if viewed.is_some_and(|o| o.epoch == *e) => true,
+                Some(_) => {
+                    released.remove(&shard);
+                    false
+                }
+                None => false,
+            }
+        };
         let here = shared.owned.epoch(shard);
         if let Some(epoch) = here {
             // A shard being handed off goes from here to its next owner by itself.
@@ -298,10 +314,14 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
             }
         } else if given && viewed.is_none_or(|o| o.instance == me) {
             claims.push(shard);
-        } else if unfenced(shared).contains_key(&shard) {
-            // Claimed from a lost owner and not fenced yet: only this instance can finish
-            // it (a release would let the next claimant skip the fence), whatever the
-            // balance says now; a hand-off follows once it is taken.
+        } else if unfenced(shared).contains_key(&shard)
+            || (viewed.is_some_and(|o| o.instance == me) && !just_released)
+        {
+            // Claimed by this instance and not held in memory: claimed from a lost owner
+            // and not fenced yet, or its marks not loaded, or dropped on a view that was
+            // wrong. Only this instance can finish it, whatever the balance says now: a
+            // release would let the next claimant skip the fence or the takeover wait. It
+            // is claimed again (with the full wait) and taken; a hand-off follows.
             claims.push(shard);
         }
     }
@@ -347,7 +367,11 @@ async fn reconcile(shared: &Arc<Shared>, view: &View) {
 }
 
 fn unfenced(shared: &Shared) -> std::sync::MutexGuard<'_, HashMap<u32, String>> {
-    shared.unfenced.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&shared.unfenced)
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A shard claimed by this pass, not yet taken.
@@ -502,6 +526,12 @@ async fn hand_off(shared: &Arc<Shared>, shard: u32, epoch: u64) -> Result<(), Er
         if !shared.owned.drain(shard, epoch) {
             return Ok(());
         }
+        // A shard still in its takeover wait may have the lost owner's requests at the
+        // backend: a release now would let the next owner admit at once. The wait is over
+        // first.
+        if let Some(at) = shared.owned.admit_after(shard, epoch) {
+            tokio::time::sleep_until(at).await;
+        }
         let until = Instant::now() + shared.config.drain_bound;
         let mut pause = Duration::from_millis(2);
         while (shared.busy)(shard) {
@@ -517,6 +547,9 @@ async fn hand_off(shared: &Arc<Shared>, shard: u32, epoch: u64) -> Result<(), Er
             pause = (pause * 2).min(Duration::from_millis(50));
         }
         let released = shared.ownership.release(shard, epoch).await?;
+        if released {
+            lock(&shared.released).insert(shard, epoch);
+        }
         shared.owned.forget(shard);
         if released {
             shared.stats.handoffs.fetch_add(1, Ordering::Relaxed);

@@ -31,7 +31,6 @@ use tokio::time::Instant;
 use super::marks::{Advance, CommitError, EtcdMarks, MarkWriter, ReadError, WriterStats};
 use super::ownership::{Ownership, Validity};
 use super::shard::shard_of;
-use crate::fence::Refusal;
 use crate::fence::source::{MarkSource, Pending};
 use crate::store::Mark;
 use crate::store::marks::StoreError;
@@ -198,6 +197,15 @@ impl OwnedShards {
         }
     }
 
+    /// Until when the shard, owned here at `epoch`, admits nothing (its takeover wait).
+    pub fn admit_after(&self, shard: u32, epoch: u64) -> Option<Instant> {
+        let slot = self.inner.table.get(shard as usize)?;
+        read(slot)
+            .as_ref()
+            .filter(|o| o.epoch == epoch)
+            .map(|o| o.admit_after)
+    }
+
     /// The shard's epoch, if owned here.
     pub fn epoch(&self, shard: u32) -> Option<u64> {
         let slot = self.inner.table.get(shard as usize)?;
@@ -337,20 +345,15 @@ async fn reload(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<(
 }
 
 impl MarkSource for OwnedShards {
-    fn admits(&self, scope: &str) -> Result<u64, Refusal> {
+    fn admits(&self, scope: &str) -> Option<u64> {
         let shard = self.shard_of(scope);
         let slot = read(&self.inner.table[shard as usize]);
-        let Some(owned) = slot.as_ref() else {
-            return Err(Refusal::Unavailable);
-        };
-        if owned.state != State::Admitting {
-            return Err(Refusal::Unavailable);
-        }
+        let owned = slot.as_ref()?;
         let now = Instant::now();
-        if now < owned.admit_after || !self.inner.validity.valid_at(now) {
-            return Err(Refusal::Unavailable);
-        }
-        Ok(owned.view)
+        let admitting = owned.state == State::Admitting
+            && now >= owned.admit_after
+            && self.inner.validity.valid_at(now);
+        admitting.then_some(owned.view)
     }
 
     fn get_mark(&self, scope: &str) -> Result<Option<Mark>, StoreError> {

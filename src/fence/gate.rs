@@ -960,8 +960,8 @@ impl Gates {
         let floor = self.store.floor();
         if let Some(source) = &self.source {
             match source.admits(at.scope) {
-                Err(refusal) => return Step::Refuse(refusal),
-                Ok(view) if view != st.view => {
+                None => return Step::Refuse(Refusal::Unavailable),
+                Some(view) if view != st.view => {
                     // The source's marks were loaded anew since this gate last decided
                     // (the shard was owned elsewhere meanwhile, or reloaded): take its
                     // mark, which may be higher than ours.
@@ -972,7 +972,7 @@ impl Gates {
                     }
                     st.view = view;
                 }
-                Ok(_) => {}
+                Some(_) => {}
             }
         }
         let decision = match decide(st.current, token, equal, floor) {

@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::gate::Refusal;
 use crate::store::Mark;
 use crate::store::marks::StoreError;
 
@@ -30,8 +29,8 @@ pub type Pending = oneshot::Receiver<Result<Mark, StoreError>>;
 /// must not block.
 pub trait MarkSource: Send + Sync + 'static {
     /// Whether this instance may decide for `scope` now: the view in force (never 0), or
-    /// the refusal to answer with.
-    fn admits(&self, scope: &str) -> Result<u64, Refusal>;
+    /// `None` (the request is refused `unavailable`: retry).
+    fn admits(&self, scope: &str) -> Option<u64>;
 
     /// The scope's mark in the view in force; an error if this instance cannot say (it
     /// does not own the scope's shard).
