@@ -9,8 +9,10 @@
 //!    (the backend never sees its token, let alone after the newer one), the frozen
 //!    owner's client gets no 2xx, and the owner exits with status 3 (its lease is gone).
 //!    (A body this small, 10 bytes, is read whole before anything goes upstream, within
-//!    the upstream timeout counted from the admission; so what gives this request up is
-//!    that read, answered 400, before the exchange's self-fencing stop is reached.)
+//!    the upstream timeout counted from the admission. Once the owner runs again, either
+//!    that read has timed out (400), or the rest of the body is read first and the
+//!    exchange's self-fencing stop gives the request up before it is sent (504): both
+//!    are seen, and either way the backend never sees token 5.)
 //! 2. **An owner cut off from etcd but not from its clients or its backend.** This is the
 //!    closest faithful substitute for a network partition that loopback allows: the owner
 //!    reaches etcd only through TCP relays in the test, one per member, and cutting them
