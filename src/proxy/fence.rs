@@ -232,6 +232,28 @@ pub(crate) struct Shared {
     pub(crate) placement: Option<Arc<dyn Placement>>,
 }
 
+impl Shared {
+    /// [`super::check`] with what this layer knows: its gates and, in a cluster, where
+    /// each scope is decided.
+    async fn check(
+        &self,
+        table: &Table,
+        classified: Result<super::Classified, (Option<usize>, Outcome)>,
+        op: Op,
+        conn: Conn,
+    ) -> Result<super::Plan, (Option<usize>, Outcome)> {
+        super::check(
+            &self.gates,
+            &table.config,
+            classified,
+            op,
+            self.placement.as_deref(),
+            conn.hop,
+        )
+        .await
+    }
+}
+
 /// The fence in front of a service: see the module's documentation. Cloning it shares
 /// the routing table, gates and metrics.
 pub struct FenceLayer<H = InExtensions> {
@@ -430,15 +452,7 @@ impl<S> Fence<S, Typed> {
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = super::classify(&table.config, &req);
-            let plan = match super::check(
-                &shared.gates,
-                &table.config,
-                classified,
-                op,
-                shared.placement.as_deref(),
-                conn.hop,
-            )
-            .await
+            let plan = match shared.check(&table, classified, op, conn).await
             {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
@@ -541,15 +555,7 @@ where
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = super::classify(&table.config, &req);
-            let plan = match super::check(
-                &shared.gates,
-                &table.config,
-                classified,
-                op,
-                shared.placement.as_deref(),
-                conn.hop,
-            )
-            .await
+            let plan = match shared.check(&table, classified, op, conn).await
             {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
