@@ -452,8 +452,7 @@ impl<S> Fence<S, Typed> {
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = super::classify(&table.config, &req);
-            let plan = match shared.check(&table, classified, op, conn).await
-            {
+            let plan = match shared.check(&table, classified, op, conn).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
                     let (parts, body) = req.into_parts();
@@ -555,8 +554,7 @@ where
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = super::classify(&table.config, &req);
-            let plan = match shared.check(&table, classified, op, conn).await
-            {
+            let plan = match shared.check(&table, classified, op, conn).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
                     let (parts, body) = req.into_parts();
