@@ -198,6 +198,16 @@ pub(crate) fn parse(
         "cluster.peer_listen",
         e,
     );
+    // Registered as the address the other instances connect to: it must name this host.
+    if raw.peer_listen.is_some() && peer_listen.ip().is_unspecified() {
+        e.push(
+            "cluster.peer_listen",
+            format!(
+                "{peer_listen}: the other instances connect to this address, so it must be one \
+                 of this host's (not 0.0.0.0 or ::)"
+            ),
+        );
+    }
     let shards = raw.shards.unwrap_or(64);
     if !(1..=MAX_SHARDS).contains(&shards) {
         e.push(

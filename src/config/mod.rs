@@ -620,6 +620,8 @@ idempotency = "optional"
             errors_at(&idem, &["route[0].idempotency"]);
             let shared = text.replace("127.0.0.1:7401", "127.0.0.1:8080");
             errors_at(&shared, &["cluster.peer_listen"]);
+            let anywhere = text.replace("127.0.0.1:7401", "0.0.0.0:7401");
+            errors_at(&anywhere, &["cluster.peer_listen"]);
         }
     }
 
