@@ -439,24 +439,37 @@ async fn fence(shared: &Shared, owner: &str) -> bool {
     let Some((program, args)) = argv.split_first() else {
         return false;
     };
-    let mut command = tokio::process::Command::new(program);
+    // std's process, polled: tokio's would add its process driver (a look at the
+    // orphan queue) to every turn of every runtime, for a command run once per takeover.
+    let mut command = std::process::Command::new(program);
     command
         .args(args)
         .env("FENCEGATE_FENCED_INSTANCE", owner)
         .env("FENCEGATE_INSTANCE", shared.ownership.instance())
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
+        .stdin(std::process::Stdio::null());
     let started = Instant::now();
     let outcome = match command.spawn() {
         Ok(mut child) => {
-            match tokio::time::timeout(shared.config.fence_timeout, child.wait()).await {
-                Ok(Ok(status)) if status.success() => Ok(()),
-                Ok(Ok(status)) => Err(format!("exited with {status}")),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!(
-                    "still running after fence_timeout ({:?}); killed",
-                    shared.config.fence_timeout
-                )),
+            let until = started + shared.config.fence_timeout;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) if status.success() => break Ok(()),
+                    Ok(Some(status)) => break Err(format!("exited with {status}")),
+                    Ok(None) if Instant::now() >= until => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break Err(format!(
+                            "still running after fence_timeout ({:?}); killed",
+                            shared.config.fence_timeout
+                        ));
+                    }
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Err(e) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break Err(e.to_string());
+                    }
+                }
             }
         }
         Err(e) => Err(format!("cannot run {program:?}: {e}")),

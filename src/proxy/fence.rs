@@ -235,13 +235,14 @@ pub(crate) struct Shared {
 impl Shared {
     /// [`super::check`] with what this layer knows: its gates and, in a cluster, where
     /// each scope is decided.
-    async fn check(
-        &self,
-        table: &Table,
+    /// (A plain function returning the check's own future: no future around it.)
+    fn check<'a>(
+        &'a self,
+        table: &'a Table,
         classified: Result<super::Classified, (Option<usize>, Outcome)>,
         op: Op,
         conn: Conn,
-    ) -> Result<super::Plan, (Option<usize>, Outcome)> {
+    ) -> impl Future<Output = Result<super::Plan, (Option<usize>, Outcome)>> + Send + 'a {
         super::check(
             &self.gates,
             &table.config,
@@ -250,7 +251,6 @@ impl Shared {
             self.placement.as_deref(),
             conn.hop,
         )
-        .await
     }
 }
 

@@ -900,9 +900,12 @@ impl Forwarder {
                 .unwrap_or(started + Duration::from_secs(86_400 * 365));
             let (mut parts, body) = req.into_parts();
             let client_version = parts.version;
-            // The peer credential is fencegate's own: never a client's, and never sent
-            // upstream; a hop carries this cluster's.
-            parts.headers.remove(FENCEGATE_PEER);
+            // The peer credential is a cluster's own: never a client's, and never sent
+            // upstream; a hop carries this cluster's. (A lone instance gives the header
+            // no meaning and leaves it be.)
+            if config.cluster.is_some() {
+                parts.headers.remove(FENCEGATE_PEER);
+            }
             if let Some(h) = &hop {
                 parts.headers.insert(FENCEGATE_PEER, h.key.clone());
             }
@@ -953,53 +956,61 @@ impl Forwarder {
                     });
                 }
             };
-            let exchange = async {
-                match (body, tls_client) {
-                    // A plain-HTTP upstream and a body in hand: the lean exchange.
-                    (Ok(bytes), None) => {
-                        let r = crate::rt::timer::timeout_from(
-                            started,
-                            upstream.timeout,
-                            send_whole(upstream, &parts, &added, &bytes, connect_by),
-                        )
-                        .await;
-                        (r.map_err(drop), None)
+            // The exchange, spelled once and expanded twice: inline for a request without
+            // a `stop` (every request of a lone instance: its awaits stay in this future,
+            // with no nested one), and inside the race for one with it.
+            macro_rules! exchange {
+                () => {
+                    match (body, tls_client) {
+                        // A plain-HTTP upstream and a body in hand: the lean exchange.
+                        (Ok(bytes), None) => {
+                            let r = crate::rt::timer::timeout_from(
+                                started,
+                                upstream.timeout,
+                                send_whole(upstream, &parts, &added, &bytes, connect_by),
+                            )
+                            .await;
+                            (r.map_err(drop), None)
+                        }
+                        (body, tls_client) => {
+                            let body = match body {
+                                Ok(bytes) => http_body_util::Full::new(bytes)
+                                    .map_err(|never| match never {})
+                                    .boxed(),
+                                Err(streamed) => streamed,
+                            };
+                            added.put_into(&mut parts.headers);
+                            let (out, tripped) = upstream_request(parts, body, max_body);
+                            // Boxed: hyper's client exchange makes a large future, which
+                            // would make every request's future (moved whole on its way to
+                            // hyper) that large.
+                            let r = crate::rt::timer::timeout_from(
+                                started,
+                                upstream.timeout,
+                                Box::pin(send(upstream, tls_client, out, connect_by)),
+                            )
+                            .await;
+                            (r.map_err(drop), Some(tripped))
+                        }
                     }
-                    (body, tls_client) => {
-                        let body = match body {
-                            Ok(bytes) => http_body_util::Full::new(bytes)
-                                .map_err(|never| match never {})
-                                .boxed(),
-                            Err(streamed) => streamed,
-                        };
-                        added.put_into(&mut parts.headers);
-                        let (out, tripped) = upstream_request(parts, body, max_body);
-                        // Boxed: hyper's client exchange makes a large future, which would make
-                        // every request's future (moved whole on its way to hyper) that large.
-                        let r = crate::rt::timer::timeout_from(
-                            started,
-                            upstream.timeout,
-                            Box::pin(send(upstream, tls_client, out, connect_by)),
-                        )
-                        .await;
-                        (r.map_err(drop), Some(tripped))
-                    }
-                }
-            };
+                };
+            }
             // In a cluster, an owner whose ownership ends mid-exchange (its self-fencing
             // deadline, SPEC §10) gives the exchange up there and then: the shard's next
-            // owner may start admitting once that ownership could have expired.
-            let mut stopped = false;
-            let (result, too_large) = match stop {
-                None => exchange.await,
-                Some(stop) => tokio::select! {
-                    biased;
-                    () = stop => {
-                        stopped = true;
-                        (Err(()), None)
-                    }
-                    r = exchange => r,
-                },
+            // owner may start admitting once that ownership could have expired. Boxed, so
+            // that the race takes no room in a lone instance's request future.
+            let ((result, too_large), stopped) = match stop {
+                None => (exchange!(), false),
+                Some(stop) => {
+                    Box::pin(async move {
+                        tokio::select! {
+                            biased;
+                            () = stop => ((Err(()), None), true),
+                            r = async { exchange!() } => (r, false),
+                        }
+                    })
+                    .await
+                }
             };
             self.metrics
                 .upstream_seconds
