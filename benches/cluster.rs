@@ -32,6 +32,8 @@
 #[allow(dead_code)]
 #[path = "load/client.rs"]
 mod client;
+#[path = "cluster/etcd.rs"]
+mod etcd;
 #[allow(dead_code)]
 #[path = "load/procs.rs"]
 mod lprocs;
@@ -43,12 +45,12 @@ mod procs;
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use client::{Expect, Outcome, Plan, Spec};
+use etcd::Etcd;
 use fencegate::cluster::shard::shard_of;
-use procs::{Etcd, Instance, Mode, SHARDS, TTL, UPSTREAM_TIMEOUT, settled};
+use procs::{Instance, Mode, SHARDS, TTL, UPSTREAM_TIMEOUT, settled};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -329,107 +331,6 @@ fn median_round(v: &[Measured]) -> Measured {
     v.get(v.len() / 2).cloned().unwrap_or_default()
 }
 
-/// Runs `clients` loops of `one` for `duration`; answers the writes done per second
-/// (`benches/cluster_marks.rs`'s).
-async fn rate<F, Fut>(duration: Duration, clients: usize, one: F) -> f64
-where
-    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
-            let (stop, done, one) = (stop.clone(), done.clone(), one.clone());
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    one(c, n).await;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
-    }
-    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
-}
-
-/// etcd's own rate for the marks' transaction, and the `MarkWriter`'s (as
-/// `benches/cluster_marks.rs` measures them): (txns/s, advances/s, advances per txn).
-async fn etcd_alone(endpoints: &[String], duration: Duration) -> Result<(f64, f64, f64), Error> {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-    use fencegate::cluster::marks::{Advance, EtcdMarks, MarkWriter};
-    use fencegate::cluster::ownership::{Claim, Ownership, OwnershipConfig};
-    use fencegate::store::Mark;
-    use fencegate::token::Token;
-    let ownership = Ownership::start(
-        endpoints,
-        OwnershipConfig {
-            cluster: "cbench-raw".into(),
-            instance: "raw".into(),
-            ownership_ttl: Duration::from_secs(5),
-            drift_margin: Duration::from_millis(250),
-        },
-    )
-    .await
-    .map_err(|e| format!("ownership: {e}"))?;
-    let Claim::Owned { epoch, .. } = ownership
-        .claim(0)
-        .await
-        .map_err(|e| format!("claim: {e}"))?
-    else {
-        return Err("shard 0 of a new cluster is not free".into());
-    };
-    let marks = EtcdMarks::new(&ownership);
-    let owner_key = "/fencegate/cluster/cbench-raw/shards/0/owner";
-    let client = etcd_client::Client::connect(endpoints.to_vec(), None).await?;
-    let raw = {
-        let (client, marks) = (client.clone(), marks.clone());
-        rate(duration, CONNS, move |c, n| {
-            let (mut client, key) = (client.clone(), marks.key(0, &format!("raw/{c}")));
-            async move {
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        owner_key,
-                        CompareOp::Equal,
-                        epoch as i64,
-                    )])
-                    .and_then([TxnOp::put(key, n.to_string(), None)]);
-                client.txn(txn).await.expect("txn");
-            }
-        })
-        .await
-    };
-    let writer = MarkWriter::spawn(marks.clone());
-    let grouped = {
-        let writer = writer.clone();
-        rate(duration, CONNS, move |c, n| {
-            let writer = writer.clone();
-            async move {
-                writer
-                    .advance(Advance {
-                        shard: 0,
-                        epoch,
-                        scope: Arc::from(format!("marks/{c}")),
-                        mark: Mark::of(Token::new(0, n)),
-                    })
-                    .await
-                    .expect("advance");
-            }
-        })
-        .await
-    };
-    let txns = writer.stats().commit_batch_size.count();
-    let per_txn = grouped * duration.as_secs_f64() / txns.max(1) as f64;
-    Ok((raw, grouped, per_txn))
-}
-
 /// Shards owned by each of `insts`, as each says.
 async fn owned_by(insts: &[&Instance]) -> Vec<Vec<u32>> {
     let mut out = Vec::new();
@@ -607,7 +508,8 @@ async fn run(args: &Args) -> Result<bool, Error> {
         "etcd alone: {CONNS} clients, one guarded transaction per write, then through the MarkWriter, {:.1} s each",
         args.seconds.as_secs_f64()
     ));
-    let (raw, grouped, per_txn) = etcd_alone(&etcd.endpoints, args.seconds).await?;
+    let (raw, grouped, per_txn) =
+        etcd::etcd_alone(&etcd.endpoints, args.seconds, CONNS, "cbench-raw").await?;
     eprintln!(
         "    etcd alone {raw:.0} txns/s; MarkWriter {grouped:.0} advances/s, {per_txn:.1} per txn"
     );

@@ -1,5 +1,4 @@
-//! The cluster bench's processes: a 3-member etcd (the starter of `benches/cluster_marks.rs`)
-//! and fencegate instances (the release binary), local or in a cluster, each owned by a
+//! The cluster bench's processes: fencegate instances (the release binary), local or in a cluster, each owned by a
 //! guard that stops it on drop (also while unwinding from a panic).
 
 use std::io;
@@ -9,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::client;
+use crate::etcd::free_port;
 use crate::lprocs::listening_ports;
 
 /// Shards of every cluster here (as the multi-process tests have).
@@ -20,13 +20,6 @@ pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(1);
 pub const WORKERS: usize = 2;
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const READY_BOUND: Duration = Duration::from_secs(60);
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("a free port: {e}"))
-}
 
 /// Sends `SIG<sig>` with kill(1): std can only send SIGKILL.
 fn signal(sig: &str, pid: u32) {
@@ -77,75 +70,6 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// A 3-member etcd on loopback, killed on drop.
-pub struct Etcd {
-    children: Vec<Child>,
-    pub endpoints: Vec<String>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Etcd {
-    pub fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(Child::id).collect()
-    }
-
-    /// `benches/cluster_marks.rs`'s starter: `/usr/bin/etcd` (or `ETCD_BIN`), 3 members.
-    pub fn start() -> Etcd {
-        let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "/usr/bin/etcd".into());
-        let dir = tempfile::Builder::new()
-            .prefix("fencegate-cbench-etcd-")
-            .tempdir()
-            .expect("temp dir");
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-        let initial = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut children = Vec::new();
-        let mut endpoints = Vec::new();
-        for (i, (client, peer)) in ports.iter().enumerate() {
-            let name = format!("m{i}");
-            let data: PathBuf = dir.path().join(&name);
-            let client_url = format!("http://127.0.0.1:{client}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let child = Command::new(&bin)
-                .args(["--name", &name])
-                .arg("--data-dir")
-                .arg(&data)
-                .args(["--listen-client-urls", &client_url])
-                .args(["--advertise-client-urls", &client_url])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &initial])
-                .args(["--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", "fencegate-cbench"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {bin} (apt-get install etcd-server): {e}"));
-            children.push(child);
-            endpoints.push(client_url);
-        }
-        Etcd {
-            children,
-            endpoints,
-            _dir: dir,
-        }
     }
 }
 
