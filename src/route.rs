@@ -95,6 +95,24 @@ fn segment(raw: &str, plain: bool) -> Result<Cow<'_, str>, PathError> {
     }
 }
 
+/// Whether `text`, one segment already decoded (an S3 key named in a request body, split
+/// at `/`), is one that [`canonicalize`] would accept: not empty, `.` or `..`, and without
+/// `/`, `\`, NUL or a control character.
+pub fn check_decoded(text: &str) -> Result<(), PathError> {
+    match text {
+        "" => Err(PathError::EmptySegment),
+        "." | ".." => Err(PathError::DotSegment),
+        _ if text
+            .bytes()
+            .any(|b| matches!(b, b'/' | b'\\' | 0x00..=0x1f | 0x7f))
+            || text.chars().any(char::is_control) =>
+        {
+            Err(PathError::ForbiddenCharacter)
+        }
+        _ => Ok(()),
+    }
+}
+
 fn decode_segment(raw: &str) -> Result<Cow<'_, str>, PathError> {
     segment(raw, raw.bytes().all(is_plain))
 }
@@ -199,6 +217,24 @@ impl PathTemplate {
             Segment::Param(n) | Segment::CatchAll(n) => Some(n.as_str()),
             Segment::Literal(_) => None,
         })
+    }
+
+    /// Matches a path shorter than the template whose segments the template's first ones
+    /// take (literals equal, captures one each): an S3 route's `/{bucket}` and `/`. The
+    /// captures are those of the segments there are.
+    pub fn matches_prefix<'a>(&self, path: &'a [Cow<'a, str>]) -> Option<Captures<'a>> {
+        if path.len() >= self.segments.len() {
+            return None;
+        }
+        let mut caps = Captures::new();
+        for (seg, text) in self.segments.iter().zip(path) {
+            match seg {
+                Segment::Literal(lit) if lit == text => {}
+                Segment::Param(_) => caps.push(Capture::One(text.as_ref())),
+                _ => return None,
+            }
+        }
+        Some(caps)
     }
 
     /// Matches decoded segments; returns the captured values in template order.
@@ -430,6 +466,11 @@ impl ScopeTemplate {
 pub trait RouteMatch {
     fn path(&self) -> &PathTemplate;
     fn host(&self) -> Option<&str>;
+    /// The route also takes the paths its template's leading segments match (see
+    /// [`PathTemplate::matches_prefix`]): an S3 route owns its buckets and the service.
+    fn takes_prefixes(&self) -> bool {
+        false
+    }
 }
 
 /// First match in file order. `host` is the request's host without its port.
@@ -444,7 +485,12 @@ pub fn find<'r, 'p, R: RouteMatch>(
         {
             return None;
         }
-        r.path().matches(path).map(|caps| (i, r, caps))
+        let caps = r.path().matches(path).or_else(|| {
+            r.takes_prefixes()
+                .then(|| r.path().matches_prefix(path))
+                .flatten()
+        })?;
+        Some((i, r, caps))
     })
 }
 

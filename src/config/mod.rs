@@ -1126,7 +1126,7 @@ upstream[1].name: `u` is defined twice
 route[0].scope: `{y}` is not a capture of the path template
 route[0].upstream: no upstream named `nope`
 route[0].equal: `maybe`: expected "accept" or "reject"
-route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`, `sequence`, `errors`
+route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`, `sequence`, `errors`, `api`, `virtual_host_domain`, `bucket_scope`
 ----
 admin: unknown field `colour`, expected one of `cert`, `key`, `client_ca`, `resumption`
 log.access: must be "off", "stdout" or a file path, not empty

@@ -4,10 +4,13 @@
 //! would let a fenced write pass as something else is refused (method overrides, WebDAV
 //! `Destination` into another scope, retargeting headers, `Upgrade`).
 
+use std::borrow::Cow;
+
 use http::{HeaderValue, Method, Request, header};
 
+use super::s3::{self, Operation};
 use super::{Outcome, Plan};
-use crate::config::{Config, ProofMode, SequenceMode};
+use crate::config::{Config, ProofMode, Route, SequenceMode};
 use crate::metrics::Op;
 use crate::route;
 use crate::token::Token;
@@ -138,6 +141,17 @@ pub(crate) fn classify<B>(
     }
     let host = request_host(req, head.host)
         .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
+    // Virtual-hosted S3 (SPEC §15): the bucket named by the Host goes in front of the
+    // path, and the request is routed as its path-style twin, so both render one scope.
+    let mut segments = segments;
+    let host = match host.map(|h| s3::virtual_host(&config.routes, h)) {
+        Some(Ok(Some((endpoint, bucket)))) => {
+            segments.insert(0, Cow::Borrowed(bucket));
+            Some(endpoint)
+        }
+        Some(Err(detail)) => return Err((None, Outcome::InvalidRequest { detail })),
+        _ => host,
+    };
     let (idx, route, caps) =
         route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
     let at = |o: Outcome| (Some(idx), o);
@@ -146,17 +160,7 @@ pub(crate) fn classify<B>(
     {
         return Err(at(Outcome::PayloadTooLarge { limit }));
     }
-    let unfenced = || {
-        Classified::Unfenced(Plan {
-            route: idx,
-            op: Op::of(req.method()),
-            guard: None,
-            scope: None,
-            token: None,
-            hop: None,
-            stop: None,
-        })
-    };
+    let unfenced = || unfenced(idx, req.method());
     // A COPY or MOVE writes its Destination too: that target must be fenced by this
     // request's own scope, or be a pass-through route's.
     let destination = if head.retarget {
@@ -186,21 +190,120 @@ pub(crate) fn classify<B>(
     if head.suspect {
         refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
     }
-    let scope = route.scope.render(&caps);
+    let scope = match route.s3() {
+        None => route.scope.render(&caps),
+        Some(api) => {
+            let op = s3::operation(req.method(), req.uri().query(), caps.len())
+                .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+            // What has no scope to fence may pass only as a read without a token.
+            let read = !route.fences_method(req.method()) && matches!(head.token, Seen::None);
+            let unfenceable = |detail: &str| {
+                at(Outcome::UnfencedOperation {
+                    detail: detail.into(),
+                })
+            };
+            match op {
+                Operation::Object => route.scope.render(&caps),
+                Operation::Bucket => match &api.bucket_scope {
+                    Some(t) => t.render(&caps),
+                    None if read => return Ok(unfenced()),
+                    None => {
+                        return Err(unfenceable(
+                            "a request on the bucket itself, and this route has no bucket_scope",
+                        ));
+                    }
+                },
+                Operation::Service if read => return Ok(unfenced()),
+                Operation::Service => {
+                    return Err(unfenceable(
+                        "a request on the service (`/`), not on a bucket",
+                    ));
+                }
+                Operation::DeleteObjects | Operation::PostForm => {
+                    if destination != Destination::None {
+                        return Err(at(Outcome::InvalidRequest {
+                            detail: "a Destination on an S3 request".into(),
+                        }));
+                    }
+                    let bucket = match caps.first() {
+                        Some(route::Capture::One(b)) => (*b).to_string(),
+                        _ => return Err(unfenceable("a bucket's request without its bucket")),
+                    };
+                    return Ok(Classified::Named(Named {
+                        route: idx,
+                        op,
+                        bucket,
+                    }));
+                }
+            }
+        }
+    };
+    decide(
+        config,
+        req.method(),
+        &head,
+        (idx, route),
+        scope,
+        &destination,
+    )
+}
+
+/// A request whose objects are named in its body (SPEC §15), once the fence has read
+/// them: `scope` is theirs. Decided as any fenced request of its route.
+pub(crate) fn named(
+    config: &Config,
+    parts: &http::request::Parts,
+    idx: usize,
+    scope: String,
+) -> Result<Classified, (Option<usize>, Outcome)> {
+    let head = HeadScan::of(&parts.headers, &config.fencing.header);
+    let route = config.routes.get(idx).ok_or((None, Outcome::NoRoute))?;
+    decide(
+        config,
+        &parts.method,
+        &head,
+        (idx, route),
+        scope,
+        &Destination::None,
+    )
+}
+
+/// The token, sequence, scope and proof checks of a fenced request whose scope is known.
+fn decide(
+    config: &Config,
+    method: &Method,
+    head: &HeadScan<'_>,
+    (idx, route): (usize, &Route),
+    scope: String,
+    destination: &Destination,
+) -> Result<Classified, (Option<usize>, Outcome)> {
+    let at = |o: Outcome| (Some(idx), o);
+    let into_other = |theirs: &str, ours: Option<&str>| {
+        at(Outcome::InvalidRequest {
+            detail: match ours {
+                Some(ours) => {
+                    format!("Destination is in scope {theirs}, another than the request's ({ours})")
+                }
+                None => format!(
+                    "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
+                ),
+            },
+        })
+    };
     let token = match read_token(head.token, &config.fencing.header) {
         Ok(Some(t)) => t,
-        Ok(None) if route.fences_method(req.method()) => {
+        Ok(None) if route.fences_method(method) => {
             return Err(at(Outcome::MissingToken { scope }));
         }
         // A safe method without a token is not fenced, nor may it write a fenced
         // Destination.
         Ok(None) => {
-            return match &destination {
+            return match destination {
                 Destination::Scope(theirs) if *theirs == scope => {
                     Err(at(Outcome::MissingToken { scope }))
                 }
                 Destination::Scope(theirs) => Err(into_other(theirs, None)),
-                _ => Ok(unfenced()),
+                _ => Ok(unfenced(idx, method)),
             };
         }
         Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
@@ -232,7 +335,7 @@ pub(crate) fn classify<B>(
             token,
         })
     })?;
-    if let Destination::Scope(theirs) = &destination
+    if let Destination::Scope(theirs) = destination
         && *theirs != scope
     {
         return Err(into_other(theirs, Some(&scope)));
@@ -263,10 +366,34 @@ pub(crate) fn classify<B>(
     }))
 }
 
-/// What [`classify`] found: a request to forward as it is, or one for the gate.
+/// A request forwarded as it is, on route `idx`.
+fn unfenced(idx: usize, method: &Method) -> Classified {
+    Classified::Unfenced(Plan {
+        route: idx,
+        op: Op::of(method),
+        guard: None,
+        scope: None,
+        token: None,
+        hop: None,
+        stop: None,
+    })
+}
+
+/// What [`classify`] found: a request to forward as it is, one for the gate, or one
+/// whose objects are named in its body, which the fence reads first.
 pub(crate) enum Classified {
     Unfenced(Plan),
     Fenced(Fenced),
+    Named(Named),
+}
+
+/// An S3 request that names its objects in its body (DeleteObjects, a form upload): its
+/// scope is known once the fence has read them (see [`named`]).
+pub(crate) struct Named {
+    pub(crate) route: usize,
+    pub(crate) op: Operation,
+    /// The bucket, from the path or the Host.
+    pub(crate) bucket: String,
 }
 
 /// A fenced request on its way to the gate.

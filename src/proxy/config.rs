@@ -13,7 +13,8 @@ use crate::config::value::{array, duration, parse_size, section};
 use crate::fence::policy::EqualPolicy;
 use crate::proxy::idempotency::config::{Mode, OnUnknown};
 use crate::proxy::problem::Dialect;
-use crate::route::{PathTemplate, RouteMatch, ScopeTemplate};
+pub use crate::proxy::s3::S3Api;
+use crate::route::{PathTemplate, RouteMatch, ScopeTemplate, Segment};
 use crate::tls::{RawUpstreamTls, UpstreamTls, UpstreamTlsFiles};
 
 #[derive(Debug, Clone)]
@@ -24,6 +25,20 @@ pub struct Upstream {
     pub timeout: Duration,
     /// Client TLS settings; `Some` exactly for https upstreams.
     pub tls: Option<UpstreamTls>,
+}
+
+/// What a route's backend API is, where the path alone does not say what a request
+/// changes (SPEC §15).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Api {
+    /// Not said: the path names what a request changes.
+    #[default]
+    Unspecified,
+    /// An API that changes only the one resource its path names; the operator vouches.
+    Plain,
+    /// S3's REST API: objects named in the Host, a DeleteObjects body or an upload form
+    /// are fenced too (SPEC §15).
+    S3(S3Api),
 }
 
 /// Whether a fenced route asks for a `Fencing-Proof` beside the token.
@@ -68,9 +83,19 @@ pub struct Route {
     pub sequence: SequenceMode,
     /// The dialect of fencegate's own refusals on this route.
     pub errors: Dialect,
+    /// What the backend's API is (`api`).
+    pub api: Api,
 }
 
 impl Route {
+    /// The route's S3 table, on an `api = "s3"` route.
+    pub fn s3(&self) -> Option<&S3Api> {
+        match &self.api {
+            Api::S3(s3) => Some(s3),
+            _ => None,
+        }
+    }
+
     /// Does this method need a token on this route (SPEC §2)? A listed method is matched
     /// without regard to case: methods are case-sensitive, but many backends upper-case
     /// them, and to those `post` is a POST. The default set of safe methods is matched
@@ -94,6 +119,9 @@ impl RouteMatch for Route {
     }
     fn host(&self) -> Option<&str> {
         self.host.as_deref()
+    }
+    fn takes_prefixes(&self) -> bool {
+        matches!(self.api, Api::S3(_))
     }
 }
 
@@ -123,6 +151,9 @@ struct RawRoute {
     proof: Option<String>,
     sequence: Option<String>,
     errors: Option<String>,
+    api: Option<String>,
+    virtual_host_domain: Option<String>,
+    bucket_scope: Option<String>,
 }
 
 /// One `[[upstream]]` as parsed: its TLS files are named, not read yet.
@@ -143,6 +174,73 @@ impl UpstreamDraft {
             timeout: self.timeout,
             tls: self.tls.and_then(|t| t.load(errors)),
         }
+    }
+}
+
+/// The S3 table of an `api = "s3"` route (SPEC §15), its errors pushed: the route names
+/// its endpoint (`host`), its path is `/{bucket}/{*key}`, it is fenced and leaves to S3
+/// which requests change objects (no `methods`).
+fn s3_api(
+    raw: &RawRoute,
+    template: Option<&PathTemplate>,
+    fenced: bool,
+    path: &str,
+    errors: &mut Errors,
+) -> S3Api {
+    if raw.host.is_none() {
+        errors.push(
+            format!("{path}.host"),
+            "an api = \"s3\" route names the endpoint its clients use: without it, a request to any host (a virtual-hosted one among them) would be read as path-style",
+        );
+    }
+    if !fenced {
+        errors.push(
+            format!("{path}.fenced"),
+            "an api = \"s3\" route is fenced: a pass-through route needs no api",
+        );
+    }
+    if raw.methods.is_some() {
+        errors.push(
+            format!("{path}.methods"),
+            "an api = \"s3\" route takes no methods list: S3 says which requests change objects",
+        );
+    }
+    let bucket = template.and_then(|t| match t.segments.as_slice() {
+        [Segment::Param(bucket), Segment::CatchAll(_)] => Some(bucket.clone()),
+        _ => None,
+    });
+    if template.is_some() && bucket.is_none() {
+        errors.push(
+            format!("{path}.path"),
+            "an api = \"s3\" route's path is `/{bucket}/{*key}` (the route also takes `/{bucket}` and `/`)",
+        );
+    }
+    let bucket_scope = match (&raw.bucket_scope, &bucket) {
+        (Some(s), Some(b)) => PathTemplate::parse(&format!("/{{{b}}}"))
+            .and_then(|t| ScopeTemplate::parse(s, &t))
+            .map_err(|e| {
+                errors.push(
+                    format!("{path}.bucket_scope"),
+                    format!("{e} (only the bucket capture `{b}` is known for a bucket's requests)"),
+                )
+            })
+            .ok(),
+        _ => None,
+    };
+    let virtual_host_domain = raw.virtual_host_domain.as_ref().map(|d| {
+        let d = d.to_ascii_lowercase();
+        let bare = d.strip_suffix('.').unwrap_or(&d);
+        if crate::route::host_of(&d) != Ok(bare) || bare.starts_with('[') {
+            errors.push(
+                format!("{path}.virtual_host_domain"),
+                "must be a host name without scheme, port or path",
+            );
+        }
+        bare.to_string()
+    });
+    S3Api {
+        virtual_host_domain,
+        bucket_scope,
     }
 }
 
@@ -256,10 +354,12 @@ pub(crate) fn parse_routes(
         }
     }
     for (i, r) in routes.iter().enumerate() {
-        if let Some(e) = routes[..i]
-            .iter()
-            .find(|e| (e.host.is_none() || e.host == r.host) && r.path.is_covered_by(&e.path))
-        {
+        // An S3 route takes every path of its host (its buckets and the service too).
+        let covers = |e: &Route| {
+            (e.host.is_none() || e.host == r.host)
+                && (r.path.is_covered_by(&e.path) || (e.s3().is_some() && r.host.is_some()))
+        };
+        if let Some(e) = routes[..i].iter().find(|e| covers(e)) {
             errors.push(
                 format!("route[{}]", positions[i]),
                 format!(
@@ -269,7 +369,39 @@ pub(crate) fn parse_routes(
             );
         }
     }
+    shadowed_s3(&routes, &positions, errors);
     routes
+}
+
+/// An S3 route must see every request of its host (SPEC §15): a route before it that
+/// takes some of the paths it owns (`/{bucket}/{*key}`, `/{bucket}`, `/`) on its host
+/// would pass there what the S3 route fences (a DeleteObjects, a form upload, an
+/// object's write) without reading it as S3.
+fn shadowed_s3(routes: &[Route], positions: &[usize], errors: &mut Errors) {
+    let owned: Vec<PathTemplate> = ["/", "/{bucket}", "/{bucket}/{*key}"]
+        .iter()
+        .filter_map(|t| PathTemplate::parse(t).ok())
+        .collect();
+    for (i, r) in routes.iter().enumerate() {
+        if r.s3().is_none() {
+            continue;
+        }
+        for e in &routes[..i] {
+            if e.host.is_some() && e.host != r.host {
+                continue;
+            }
+            if let Some(example) = owned.iter().find_map(|t| e.path.overlap(t)) {
+                errors.push(
+                    format!("route[{}]", positions[i]),
+                    format!(
+                        "route `{}` comes before S3 route `{}` and takes some of its paths (such as {example}) on its host: what it passes there is not read as S3 (a DeleteObjects body, an upload form); put the S3 route first",
+                        e.name, r.name
+                    ),
+                );
+                break;
+            }
+        }
+    }
 }
 
 fn parse_route(
@@ -312,6 +444,28 @@ fn parse_route(
             format!("{path}.upstream"),
             format!("no upstream named `{}`", raw.upstream),
         );
+    }
+    let api = match raw.api.as_deref() {
+        None => Api::Unspecified,
+        Some("plain") => Api::Plain,
+        Some("s3") => Api::S3(s3_api(&raw, template.as_ref(), fenced, path, errors)),
+        Some(other) => {
+            errors.push(
+                format!("{path}.api"),
+                format!("`{other}`: expected \"s3\" or \"plain\""),
+            );
+            Api::Unspecified
+        }
+    };
+    if !matches!(api, Api::S3(_)) {
+        for (key, set) in [
+            ("virtual_host_domain", raw.virtual_host_domain.is_some()),
+            ("bucket_scope", raw.bucket_scope.is_some()),
+        ] {
+            if set {
+                errors.push(format!("{path}.{key}"), "only for an api = \"s3\" route");
+            }
+        }
     }
     // Kept as the router compares it: lowercase, without a trailing dot.
     let host = raw.host.map(|h| {
@@ -398,7 +552,13 @@ fn parse_route(
             SequenceMode::Optional
         }
     };
-    let errors_in = Dialect::from_option(raw.errors.as_deref()).unwrap_or_else(|| {
+    // An S3 route answers in S3's dialect unless told otherwise: its clients are S3 SDKs.
+    let default_errors = if matches!(api, Api::S3(_)) && raw.errors.is_none() {
+        Some("s3")
+    } else {
+        raw.errors.as_deref()
+    };
+    let errors_in = Dialect::from_option(default_errors).unwrap_or_else(|| {
         errors.push(
             format!("{path}.errors"),
             format!(
@@ -427,6 +587,7 @@ fn parse_route(
         max_body,
         idempotency,
         idempotency_unknown,
+        api,
         name: raw.name,
         path: template?,
         scope: scope?,
@@ -520,5 +681,112 @@ upstream = "objects"
         let typed = format!("{ROUTES}errors = 3\n");
         let errs = Config::parse(&typed, Path::new(".")).unwrap_err().0;
         assert_eq!(errs[0].path, "route[1]", "{errs:?}");
+    }
+
+    const S3: &str = r#"
+[store]
+path = "x.redb"
+[[upstream]]
+name = "objects"
+url = "http://127.0.0.1:9000"
+[[route]]
+name = "s3"
+api = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{*key}"
+scope = "object/{bucket}/{key}"
+upstream = "objects"
+"#;
+
+    /// What an `api = "s3"` route needs (SPEC §15), each refusal at its key.
+    #[test]
+    fn s3_routes() {
+        let c = Config::parse(S3, Path::new(".")).expect("parses");
+        let s3 = c.routes[0].s3().expect("an S3 route");
+        assert_eq!(s3.bucket_scope, None);
+        assert_eq!(c.routes[0].errors, Dialect::S3, "S3's dialect by default");
+        let full = S3.replace(
+            "upstream = \"objects\"\n",
+            "upstream = \"objects\"\nbucket_scope = \"bucket/{bucket}\"\nvirtual_host_domain = \"S3.Example.com.\"\nerrors = \"problem\"\n",
+        );
+        let c = Config::parse(&full, Path::new(".")).expect("parses");
+        let s3 = c.routes[0].s3().expect("an S3 route");
+        assert_eq!(s3.virtual_host_domain.as_deref(), Some("s3.example.com"));
+        assert_eq!(
+            s3.bucket_scope.as_ref().map(|t| t.to_string()).as_deref(),
+            Some("bucket/{bucket}")
+        );
+        assert_eq!(c.routes[0].errors, Dialect::Problem);
+
+        let refused = |text: String, path: &str, says: &str| {
+            let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
+            assert!(
+                errs.iter()
+                    .any(|e| e.path == path && e.message.contains(says)),
+                "{path}: {says}: {errs:?}"
+            );
+        };
+        refused(
+            S3.replace("host = \"s3.example.com\"\n", ""),
+            "route[0].host",
+            "names the endpoint",
+        );
+        refused(
+            S3.replace(
+                "path = \"/{bucket}/{*key}\"",
+                "path = \"/s3/{bucket}/{*key}\"",
+            ),
+            "route[0].path",
+            "/{bucket}/{*key}",
+        );
+        refused(
+            format!("{S3}methods = [\"PUT\"]\n"),
+            "route[0].methods",
+            "no methods list",
+        );
+        refused(
+            format!("{S3}fenced = false\n"),
+            "route[0].fenced",
+            "is fenced",
+        );
+        refused(
+            format!("{S3}bucket_scope = \"b/{{key}}\"\n"),
+            "route[0].bucket_scope",
+            "only the bucket capture",
+        );
+        refused(
+            format!("{S3}virtual_host_domain = \"http://x\"\n"),
+            "route[0].virtual_host_domain",
+            "host name",
+        );
+        refused(
+            S3.replace("api = \"s3\"", "api = \"webdav\""),
+            "route[0].api",
+            "expected",
+        );
+        refused(
+            S3.replace("api = \"s3\"\n", "").replace(
+                "upstream = \"objects\"\n",
+                "upstream = \"objects\"\nbucket_scope = \"b\"\n",
+            ),
+            "route[0].bucket_scope",
+            "only for an api",
+        );
+        // A route before it that takes some of its paths on its host; one after it on its
+        // host that it always wins over.
+        let before = S3.replace(
+            "[[route]]\nname = \"s3\"",
+            "[[route]]\nname = \"open\"\npath = \"/{b}\"\nupstream = \"objects\"\nfenced = false\n[[route]]\nname = \"s3\"",
+        );
+        refused(before, "route[1]", "comes before S3 route `s3`");
+        let after = format!(
+            "{S3}[[route]]\nname = \"late\"\nhost = \"s3.example.com\"\npath = \"/x\"\nupstream = \"objects\"\nfenced = false\n"
+        );
+        refused(after, "route[1]", "can never match");
+        let elsewhere = format!(
+            "{S3}[[route]]\nname = \"late\"\npath = \"/x\"\nupstream = \"objects\"\nfenced = false\n"
+        );
+        Config::parse(&elsewhere, Path::new("."))
+            .expect("a host-less route after it takes other hosts");
     }
 }

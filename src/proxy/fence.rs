@@ -158,7 +158,12 @@ impl Refusals {
             Some(i) => table.count(i, op, outcome.result()),
             None => self.metrics.count_unrouted(op, outcome.result()),
         }
-        let dialect = route.map_or_else(Default::default, |i| table.config.routes[i].errors);
+        let dialect = match route {
+            Some(i) => table.config.routes[i].errors,
+            None => {
+                super::s3::unrouted_dialect(&table.config.routes, asked.as_ref().map(|a| a.headers))
+            }
+        };
         let Some(asked) = asked else {
             return outcome.into_response_in(dialect, resource, None);
         };
@@ -444,14 +449,22 @@ impl<S> Fence<S, Typed> {
         conn: Conn,
     ) -> impl Future<Output = Response<Body>> + Send + '_
     where
-        S: Stage<B>,
-        B: http_body::Body + Send + 'static,
+        S: Stage<B> + Stage<Body>,
+        B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
     {
         async move {
             let shared = &self.shared;
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = super::classify(&table.config, &req);
+            let classified = match classified {
+                Ok(super::Classified::Named(named)) => {
+                    // Boxed: rare, and its state stays out of every other request's future.
+                    return Box::pin(self.serve_named(req, conn, table, op, named)).await;
+                }
+                other => other,
+            };
             let plan = match shared.check(&table, classified, op, conn).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
@@ -467,26 +480,84 @@ impl<S> Fence<S, Typed> {
                         .refuse(&table, route, op, outcome, Some(asked), None);
                 }
             };
-            if !shared.refusals.access.is_on() {
-                return self
-                    .inner
-                    .serve(Admitted {
-                        req,
-                        table,
-                        plan,
-                        conn,
-                    })
-                    .await;
+            self.pass(req, table, plan, conn).await
+        }
+    }
+
+    /// An S3 request that names its objects in its body (SPEC §15): the body is read up
+    /// to what names them, their one scope checked as any fenced request's, and the body
+    /// forwarded as it was read.
+    async fn serve_named<B>(
+        &self,
+        req: Request<B>,
+        conn: Conn,
+        table: Arc<Table>,
+        op: Op,
+        named: super::classify::Named,
+    ) -> Response<Body>
+    where
+        S: Stage<Body>,
+        B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        use super::s3;
+        use http_body_util::BodyExt;
+        let shared = &self.shared;
+        let (parts, body) = req.into_parts();
+        let idx = named.route;
+        let route = &table.config.routes[idx];
+        let (keys, body) = s3::read_named(named.op, &parts.headers, body, route.max_body).await;
+        let body: Body = body.map_err(Into::into).boxed();
+        let malformed = |detail| {
+            (
+                Some(idx),
+                Outcome::MalformedBody {
+                    code: s3::malformed_code(named.op),
+                    detail,
+                },
+            )
+        };
+        let classified = keys.map_err(malformed).and_then(|keys| {
+            match s3::one_scope(&route.scope, &named.bucket, keys.iter().map(String::as_str)) {
+                Ok(scope) => super::classify::named(&table.config, &parts, idx, scope),
+                Err(s3::Refused::Malformed(detail)) => Err(malformed(detail)),
+                Err(s3::Refused::MultiScope(detail)) => {
+                    Err((Some(idx), Outcome::MultiScope { detail }))
+                }
             }
-            let mut note = Note {
-                route: Some(table.config.routes[plan.route].name.clone()),
-                scope: plan.scope.clone(),
-                token: plan.token,
-                sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
-                ..Note::default()
-            };
-            let sent = Instant::now();
-            let mut resp = self
+        });
+        let plan = match shared.check(&table, classified, op, conn).await {
+            Ok(plan) => plan,
+            Err((route, outcome)) => {
+                let asked = Asked {
+                    unread_body: unread(parts.version, &parts.headers, body).await,
+                    headers: &parts.headers,
+                    path: parts.uri.path(),
+                    peer: conn.peer,
+                };
+                return shared
+                    .refusals
+                    .refuse(&table, route, op, outcome, Some(asked), None);
+            }
+        };
+        self.pass(Request::from_parts(parts, body), table, plan, conn)
+            .await
+    }
+
+    /// Hands an admitted request to the inner stage, with the access log's note.
+    async fn pass<B>(
+        &self,
+        req: Request<B>,
+        table: Arc<Table>,
+        plan: super::Plan,
+        conn: Conn,
+    ) -> Response<Body>
+    where
+        S: Stage<B>,
+    {
+        let shared = &self.shared;
+        if !shared.refusals.access.is_on() {
+            return self
                 .inner
                 .serve(Admitted {
                     req,
@@ -495,17 +566,35 @@ impl<S> Fence<S, Typed> {
                     conn,
                 })
                 .await;
-            note.upstream = Some(sent.elapsed());
-            resp.extensions_mut().insert(note);
-            resp
         }
+        let mut note = Note {
+            route: Some(table.config.routes[plan.route].name.clone()),
+            scope: plan.scope.clone(),
+            token: plan.token,
+            sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
+            ..Note::default()
+        };
+        let sent = Instant::now();
+        let mut resp = self
+            .inner
+            .serve(Admitted {
+                req,
+                table,
+                plan,
+                conn,
+            })
+            .await;
+        note.upstream = Some(sent.elapsed());
+        resp.extensions_mut().insert(note);
+        resp
     }
 }
 
 impl<S, B> Service<Request<B>> for Fence<S, Typed>
 where
-    S: Stage<B> + Clone + 'static,
-    B: http_body::Body + Send + 'static,
+    S: Stage<B> + Stage<Body> + Clone + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
@@ -779,11 +868,8 @@ upstream = "u"
     /// Scope, token, and whether a guard came with the plan.
     type Handed = (Option<String>, Option<Token>, bool);
 
-    impl Stage<http_body_util::Empty<Bytes>> for Recorder {
-        fn serve(
-            &self,
-            a: Admitted<http_body_util::Empty<Bytes>>,
-        ) -> impl Future<Output = Response<Body>> + Send + '_ {
+    impl<B> Stage<B> for Recorder {
+        fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_ {
             let Admitted { mut plan, .. } = a;
             let held = plan.guard.is_some();
             if let Some(g) = plan.guard.as_mut() {

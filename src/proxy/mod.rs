@@ -14,6 +14,7 @@ pub mod forward;
 pub mod hop;
 pub mod idempotency;
 pub mod problem;
+pub mod s3;
 pub mod upstream;
 
 use std::future::Future;
@@ -359,6 +360,17 @@ pub(crate) async fn check(
     } = match classified? {
         Classified::Unfenced(plan) => return Ok(plan),
         Classified::Fenced(fenced) => fenced,
+        // The binary's fence reads such a body before it checks (`Fence::serve`); a fence
+        // that hands requests to a service of its own does not.
+        Classified::Named(named) => {
+            return Err((
+                Some(named.route),
+                Outcome::UnfencedOperation {
+                    detail: "the objects are named in the body, which this fence does not read"
+                        .into(),
+                },
+            ));
+        }
     };
     if let Some(placement) = placement {
         match placement.place(&scope) {

@@ -120,6 +120,22 @@ pub enum Outcome {
         scope: String,
         token: Token,
     },
+    /// The objects one request changes fall in more than one scope (SPEC §15, §16): a
+    /// token is for one lock.
+    MultiScope {
+        detail: String,
+    },
+    /// A change the route has no scope to fence (SPEC §15: a request on an S3 bucket
+    /// without `bucket_scope`): refused, never passed unfenced.
+    UnfencedOperation {
+        detail: String,
+    },
+    /// A body the fence reads to know what a request changes is not one the API takes
+    /// (`code`: the API's own error code, e.g. S3's `MalformedXML`).
+    MalformedBody {
+        code: &'static str,
+        detail: String,
+    },
 }
 
 impl Outcome {
@@ -142,6 +158,9 @@ impl Outcome {
             Outcome::InProgress { .. } => "in_progress",
             Outcome::KeyReused { .. } => "key_reused",
             Outcome::OutcomeUnknown { .. } => "outcome_unknown",
+            Outcome::MultiScope { .. } => "multi_scope",
+            Outcome::UnfencedOperation { .. } => "unfenced_operation",
+            Outcome::MalformedBody { .. } => "invalid_request",
         }
     }
 
@@ -153,7 +172,10 @@ impl Outcome {
             Outcome::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
             Outcome::InvalidToken { .. }
             | Outcome::InvalidPath { .. }
-            | Outcome::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            | Outcome::InvalidRequest { .. }
+            | Outcome::MultiScope { .. }
+            | Outcome::MalformedBody { .. } => StatusCode::BAD_REQUEST,
+            Outcome::UnfencedOperation { .. } => StatusCode::FORBIDDEN,
             Outcome::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Outcome::NoRoute => StatusCode::NOT_FOUND,
             Outcome::Draining { .. } | Outcome::Unavailable { .. } => {
@@ -187,6 +209,15 @@ impl Outcome {
             Outcome::InvalidPath { detail } => format!("Non-canonical or unsafe path: {detail}").into(),
             Outcome::InvalidRequest { detail } => format!("Refused: {detail}").into(),
             Outcome::MethodNotAllowed => "CONNECT is not proxied".into(),
+            Outcome::MultiScope { detail } => {
+                format!("The request changes objects of more than one scope: {detail}").into()
+            }
+            Outcome::UnfencedOperation { detail } => {
+                format!("This request would change objects that no scope of this route fences: {detail}").into()
+            }
+            Outcome::MalformedBody { detail, .. } => {
+                format!("The request body is not one this API takes: {detail}").into()
+            }
             Outcome::NoRoute => "No route matches this request".into(),
             Outcome::Draining { .. } => {
                 "An older generation is still in flight for this scope; retry with the same token"
@@ -296,6 +327,9 @@ impl Outcome {
             Outcome::InProgress { .. } => "OperationAborted",
             Outcome::KeyReused { .. } => "IdempotencyKeyReused",
             Outcome::OutcomeUnknown { .. } => "IdempotencyOutcomeUnknown",
+            Outcome::MultiScope { .. } => "MultiScope",
+            Outcome::UnfencedOperation { .. } => "UnfencedOperation",
+            Outcome::MalformedBody { code, .. } => code,
         }
     }
 
@@ -588,6 +622,12 @@ mod s3_tests {
                 sequence: 3,
                 highest_sequence: 4,
             },
+            Outcome::MultiScope { detail: "x".into() },
+            Outcome::UnfencedOperation { detail: "x".into() },
+            Outcome::MalformedBody {
+                code: "MalformedXML",
+                detail: "x".into(),
+            },
         ]
     }
 
@@ -611,6 +651,9 @@ mod s3_tests {
             Outcome::KeyReused { .. } => 15,
             Outcome::OutcomeUnknown { .. } => 16,
             Outcome::StaleSequence { .. } => 17,
+            Outcome::MultiScope { .. } => 18,
+            Outcome::UnfencedOperation { .. } => 19,
+            Outcome::MalformedBody { .. } => 20,
         }
     }
 
@@ -638,7 +681,7 @@ mod s3_tests {
     #[test]
     fn every_outcome_is_listed_once() {
         let seen: std::collections::BTreeSet<usize> = every_outcome().iter().map(variant).collect();
-        assert_eq!(seen, (0..18).collect());
+        assert_eq!(seen, (0..21).collect());
     }
 
     #[tokio::test]

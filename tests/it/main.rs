@@ -20,6 +20,7 @@ mod ops;
 mod pool;
 mod responses;
 mod s3;
+mod s3_api;
 mod send_timeout;
 mod sequence;
 mod store;

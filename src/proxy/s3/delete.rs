@@ -1,0 +1,304 @@
+//! DeleteObjects (`POST /{bucket}?delete`): the keys it deletes, read from its XML body
+//! before anything is forwarded.
+//!
+//! The body is read strictly, so that the keys the fence reads are the keys any XML
+//! reader of the backend's would read: a `<Delete>` of `<Quiet>` and `<Object>`s, each
+//! with exactly one `<Key>` (and optionally `<VersionId>`, `<ETag>`, `<LastModifiedTime>`,
+//! `<Size>`, whose values do not name objects). Anything a reader might take another way
+//! is refused rather than guessed at: a DOCTYPE (entities of its own), a comment or
+//! processing instruction, an unknown element, text outside the elements that hold it,
+//! an undefined entity, a second root. XML's own rules apply to what is kept: predefined
+//! and character references resolved, CDATA taken as text, line ends normalized.
+
+use std::pin::Pin;
+
+use bytes::{Bytes, BytesMut};
+use http_body::Body;
+use http_body_util::BodyExt;
+use quick_xml::Reader;
+use quick_xml::events::Event;
+
+use super::form::Replay;
+use crate::body::BoxError;
+
+/// S3's limit on the objects of one DeleteObjects.
+pub const MAX_KEYS: usize = 1000;
+/// The largest body read: 1,000 keys of S3's longest (1,024 bytes) with their elements,
+/// and room for escapes and versions.
+pub const MAX_BYTES: usize = 2 * 1024 * 1024;
+
+/// Reads a DeleteObjects body whole (at most `limit` bytes) and its keys; the body to
+/// forward is what was read.
+pub async fn read<B>(body: B, limit: usize) -> (Result<Vec<String>, String>, Replay<B>)
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body: Pin<Box<B>> = Box::pin(body);
+    let mut read: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    let whole = loop {
+        match body.frame().await {
+            None => break Ok(()),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    len += data.len();
+                    read.push(data);
+                    if len > limit {
+                        break Err(format!("the body is larger than {limit} bytes"));
+                    }
+                }
+                Err(_) => break Err("trailers on a DeleteObjects body".into()),
+            },
+            Some(Err(e)) => break Err(format!("the body could not be read: {}", e.into())),
+        }
+    };
+    let keys = whole.and_then(|()| {
+        let mut all = BytesMut::with_capacity(len);
+        for b in &read {
+            all.extend_from_slice(b);
+        }
+        keys(&all)
+    });
+    (keys, Replay::new(read, Some(body)))
+}
+
+/// Where the reader is in the document.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// Before the root.
+    Prolog,
+    Delete,
+    Quiet,
+    Object,
+    Key,
+    /// `VersionId` and the other fields of an `Object` that name no object.
+    Field,
+    /// After the root's end.
+    Epilog,
+}
+
+/// The keys of a DeleteObjects body, in document order. An error says what is wrong
+/// (answered 400 `MalformedXML`).
+pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
+    if body.len() > MAX_BYTES {
+        return Err(format!("the body is larger than {MAX_BYTES} bytes"));
+    }
+    let text = std::str::from_utf8(body).map_err(|_| "the body is not UTF-8".to_string())?;
+    let mut reader = Reader::from_str(text);
+    let mut at = At::Prolog;
+    let mut keys: Vec<String> = Vec::new();
+    // The current object's key, once its `<Key>` has opened.
+    let mut key: Option<String> = None;
+    let mut seen_decl = false;
+    loop {
+        let event = reader
+            .read_event()
+            .map_err(|e| format!("not well-formed XML: {e}"))?;
+        match event {
+            Event::Decl(_) if at == At::Prolog && !seen_decl => seen_decl = true,
+            Event::Start(e) => {
+                let name = e.local_name();
+                let name = name.as_ref();
+                at = match (at, name) {
+                    (At::Prolog, "Delete") => At::Delete,
+                    (At::Delete, "Quiet") => At::Quiet,
+                    (At::Delete, "Object") => {
+                        if keys.len() == MAX_KEYS {
+                            return Err(format!("more than {MAX_KEYS} objects"));
+                        }
+                        At::Object
+                    }
+                    (At::Object, "Key") if key.is_none() => {
+                        key = Some(String::new());
+                        At::Key
+                    }
+                    (At::Object, "Key") => return Err("an Object with two Keys".into()),
+                    (At::Object, "VersionId" | "ETag" | "LastModifiedTime" | "Size") => At::Field,
+                    _ => return Err(unexpected(name, at)),
+                };
+            }
+            Event::Empty(e) => {
+                let name = e.local_name();
+                let name = name.as_ref();
+                match (at, name) {
+                    (At::Object, "Key") => return Err("an empty Key".into()),
+                    (At::Object, "VersionId" | "ETag" | "LastModifiedTime" | "Size") => {}
+                    (At::Prolog, "Delete") => return Err("a Delete of no objects".into()),
+                    _ => return Err(unexpected(name, at)),
+                }
+            }
+            Event::End(_) => {
+                // quick-xml checks that an end tag names the element it closes.
+                at = match at {
+                    At::Delete if keys.is_empty() => return Err("a Delete of no objects".into()),
+                    At::Delete => At::Epilog,
+                    At::Object => {
+                        let k = key.take().ok_or("an Object without a Key")?;
+                        keys.push(k);
+                        At::Delete
+                    }
+                    At::Quiet => At::Delete,
+                    At::Key | At::Field => At::Object,
+                    At::Prolog | At::Epilog => return Err("an end tag without its start".into()),
+                };
+            }
+            Event::Text(t) => {
+                let content = t.xml10_content();
+                match (at, key.as_mut()) {
+                    (At::Key, Some(k)) => k.push_str(&content),
+                    (At::Quiet | At::Field, _) => {}
+                    _ if content.bytes().all(|b| b.is_ascii_whitespace()) => {}
+                    _ => return Err("text outside the elements that hold it".into()),
+                }
+            }
+            Event::CData(c) => match (at, key.as_mut()) {
+                (At::Key, Some(k)) => k.push_str(&c.xml10_content()),
+                (At::Quiet | At::Field, _) => {}
+                _ => return Err("CDATA outside the elements that hold text".into()),
+            },
+            Event::GeneralRef(r) => {
+                let c = match r.resolve_char_ref() {
+                    Ok(Some(c)) => c,
+                    Ok(None) => match r.as_ref() {
+                        "amp" => '&',
+                        "lt" => '<',
+                        "gt" => '>',
+                        "quot" => '"',
+                        "apos" => '\'',
+                        other => return Err(format!("the undefined entity &{other};")),
+                    },
+                    Err(e) => return Err(format!("a character reference: {e}")),
+                };
+                match (at, key.as_mut()) {
+                    (At::Key, Some(k)) => k.push(c),
+                    (At::Quiet | At::Field, _) => {}
+                    _ => return Err("a reference outside the elements that hold text".into()),
+                }
+            }
+            Event::Decl(_) => return Err("an XML declaration after the start".into()),
+            Event::Comment(_) => return Err("a comment (refused: readers differ on them)".into()),
+            Event::PI(_) => return Err("a processing instruction".into()),
+            Event::DocType(_) => return Err("a DOCTYPE (entities of its own)".into()),
+            Event::Eof => break,
+        }
+    }
+    if at != At::Epilog {
+        return Err("the document ends before its Delete does".into());
+    }
+    Ok(keys)
+}
+
+fn unexpected(name: &str, at: At) -> String {
+    let inside = match at {
+        At::Prolog => "as the root (a DeleteObjects body is a Delete)",
+        At::Delete => "in Delete",
+        At::Quiet => "in Quiet",
+        At::Object => "in Object",
+        At::Key => "in Key",
+        At::Field => "in an Object's field",
+        At::Epilog => "after the root",
+    };
+    format!("the element <{}> {inside}", name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(objects: &str) -> String {
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Delete xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Quiet>true</Quiet>{objects}</Delete>"
+        )
+    }
+
+    #[test]
+    fn the_keys_s3_reads() {
+        let body = doc(
+            "<Object><Key>a/b.csv</Key></Object>\n  <Object><Key>x&amp;y&#x41;&#66;&lt;</Key><VersionId>v1</VersionId></Object><Object><Key><![CDATA[c<d]]></Key></Object><Object><Key> sp </Key><ETag>\"e\"</ETag><Size>3</Size></Object>",
+        );
+        assert_eq!(
+            keys(body.as_bytes()),
+            Ok(vec![
+                "a/b.csv".to_string(),
+                "x&yAB<".into(),
+                "c<d".into(),
+                " sp ".into()
+            ])
+        );
+        // A prefix on the elements: read by their local names.
+        let prefixed = "<s3:Delete xmlns:s3=\"http://s3.amazonaws.com/doc/2006-03-01/\"><s3:Object><s3:Key>k</s3:Key></s3:Object></s3:Delete>";
+        assert_eq!(keys(prefixed.as_bytes()), Ok(vec!["k".to_string()]));
+        // Line ends are normalized as any XML reader does.
+        assert_eq!(
+            keys(doc("<Object><Key>a\r\nb</Key></Object>").as_bytes()),
+            Ok(vec!["a\nb".to_string()])
+        );
+    }
+
+    #[test]
+    fn what_a_reader_could_take_another_way_is_refused() {
+        for (what, body) in [
+            ("two keys", doc("<Object><Key>a</Key><Key>b</Key></Object>")),
+            ("no key", doc("<Object><VersionId>v</VersionId></Object>")),
+            ("empty key", doc("<Object><Key/></Object>")),
+            (
+                "comment in a key",
+                doc("<Object><Key>a<!--x-->b</Key></Object>"),
+            ),
+            ("comment", doc("<!--x--><Object><Key>a</Key></Object>")),
+            (
+                "unknown element",
+                doc("<Object><Key>a</Key><Other>b</Other></Object>"),
+            ),
+            (
+                "element in a key",
+                doc("<Object><Key><b>a</b></Key></Object>"),
+            ),
+            ("text in Delete", doc("x<Object><Key>a</Key></Object>")),
+            ("undefined entity", doc("<Object><Key>&ent;</Key></Object>")),
+            ("no objects", doc("")),
+            ("pi", doc("<?x y?><Object><Key>a</Key></Object>")),
+            (
+                "doctype",
+                format!(
+                    "<!DOCTYPE Delete [<!ENTITY e \"v\">]>{}",
+                    doc("<Object><Key>&e;</Key></Object>")
+                ),
+            ),
+            (
+                "two roots",
+                format!("{}<Delete/>", doc("<Object><Key>a</Key></Object>")),
+            ),
+            ("unclosed", "<Delete><Object><Key>a</Key></Object>".into()),
+            (
+                "mismatched end",
+                "<Delete><Object><Key>a</Object></Key></Delete>".into(),
+            ),
+            (
+                "another root",
+                "<Remove><Object><Key>a</Key></Object></Remove>".into(),
+            ),
+            ("empty", String::new()),
+            ("not xml", "--boundary\r\n".into()),
+        ] {
+            assert!(
+                keys(body.as_bytes()).is_err(),
+                "{what}: {:?}",
+                keys(body.as_bytes())
+            );
+        }
+        assert!(keys(b"<Delete><Object><Key>\xff</Key></Object></Delete>").is_err());
+    }
+
+    #[test]
+    fn bounded() {
+        let one = "<Object><Key>k</Key></Object>";
+        assert_eq!(
+            keys(doc(&one.repeat(MAX_KEYS)).as_bytes()).map(|k| k.len()),
+            Ok(MAX_KEYS)
+        );
+        assert!(keys(doc(&one.repeat(MAX_KEYS + 1)).as_bytes()).is_err());
+        assert!(keys(&vec![b' '; MAX_BYTES + 1]).is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! Browser-form uploads (`POST /{bucket}`, `multipart/form-data`): the object's key is
+//! the form's `key` field, read before anything is forwarded; the body goes on as read.
+//!
+//! S3 takes the fields before the `file` part and ignores those after it, and a `key`
+//! with `${filename}` names the file part's filename. The form is read with `multer`
+//! up to the file part's headers (not its content), bounded by [`MAX_PREFIX`]. Field
+//! names are matched without regard to case, and a second `key` field is refused: a
+//! backend could take either.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http_body::{Body, Frame, SizeHint};
+
+use crate::body::BoxError;
+
+/// The most of a form read before its file part: the fields (a policy document and its
+/// signature among them) come first and are small.
+pub const MAX_PREFIX: usize = 1024 * 1024;
+/// The longest field before the file part.
+const MAX_FIELD: u64 = 64 * 1024;
+
+/// A request body forwarded after some of it was read: the frames read, then the rest.
+pub struct Replay<B> {
+    prefix: VecDeque<Bytes>,
+    rest: Option<Pin<Box<B>>>,
+}
+
+impl<B: Body> Replay<B> {
+    /// `read` first, then whatever `rest` still has.
+    pub fn new(read: Vec<Bytes>, rest: Option<Pin<Box<B>>>) -> Replay<B> {
+        Replay {
+            prefix: read.into(),
+            rest,
+        }
+    }
+}
+
+impl<B> Body for Replay<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        if let Some(b) = this.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        match &mut this.rest {
+            Some(rest) => rest.as_mut().poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read: u64 = self.prefix.iter().map(|b| b.len() as u64).sum();
+        let rest = self
+            .rest
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |r| r.size_hint());
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(read));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(read));
+        }
+        hint
+    }
+}
+
+/// A body shared between the form reader (as a stream) and whoever takes it back after,
+/// with every chunk read kept for the [`Replay`].
+struct Tee<B> {
+    body: Option<Pin<Box<B>>>,
+    read: Vec<Bytes>,
+    len: usize,
+}
+
+struct TeeStream<B>(Arc<Mutex<Tee<B>>>);
+
+impl<B> futures_util::Stream for TeeStream<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Item = Result<Bytes, BoxError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let Ok(mut tee) = self.0.lock() else {
+            return Poll::Ready(Some(Err("the form reader's lock is poisoned".into())));
+        };
+        if tee.len > MAX_PREFIX {
+            return Poll::Ready(Some(Err(format!(
+                "the fields before the file part are longer than {MAX_PREFIX} bytes"
+            )
+            .into())));
+        }
+        let Some(body) = tee.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match body.as_mut().poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    tee.len += data.len();
+                    tee.read.push(data.clone());
+                    Poll::Ready(Some(Ok(data)))
+                }
+                Err(_) => Poll::Ready(Some(Err("trailers in a form upload".into()))),
+            },
+        }
+    }
+}
+
+/// The key a form upload names (its `${filename}` resolved), and the body to forward.
+pub async fn read_key<B>(
+    content_type: Option<&HeaderValue>,
+    body: B,
+) -> (Result<String, String>, Replay<B>)
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let tee = Arc::new(Mutex::new(Tee {
+        body: Some(Box::pin(body)),
+        read: Vec::new(),
+        len: 0,
+    }));
+    let key = match boundary(content_type) {
+        Ok(boundary) => fields(TeeStream(tee.clone()), boundary).await,
+        Err(e) => Err(e),
+    };
+    // The reader (and its handle on the body) is gone: the body is this one's again.
+    let (read, rest) = match tee.lock() {
+        Ok(mut t) => (std::mem::take(&mut t.read), t.body.take()),
+        Err(_) => (Vec::new(), None),
+    };
+    (key, Replay::new(read, rest))
+}
+
+fn boundary(content_type: Option<&HeaderValue>) -> Result<String, String> {
+    if !super::is_form_data(content_type) {
+        return Err(
+            "a POST on a bucket is a form upload: its body must be multipart/form-data".into(),
+        );
+    }
+    let value = content_type
+        .and_then(|v| v.to_str().ok())
+        .ok_or("the Content-Type is not ASCII")?;
+    multer::parse_boundary(value).map_err(|e| format!("the form's boundary: {e}"))
+}
+
+async fn fields<B>(stream: TeeStream<B>, boundary: String) -> Result<String, String>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let limits =
+        multer::Constraints::new().size_limit(multer::SizeLimit::new().per_field(MAX_FIELD));
+    let mut form = multer::Multipart::with_constraints(stream, boundary, limits);
+    let mut key: Option<String> = None;
+    let bad = |e: multer::Error| format!("the form: {e}");
+    while let Some(field) = form.next_field().await.map_err(bad)? {
+        let name = field.name().unwrap_or_default().to_string();
+        if name.eq_ignore_ascii_case("file") {
+            let key = key.ok_or("the form has no key field before its file")?;
+            return resolve(key, field.file_name());
+        }
+        if name.eq_ignore_ascii_case("key") {
+            if key.is_some() {
+                return Err("the form has two key fields".into());
+            }
+            key = Some(field.text().await.map_err(bad)?);
+        } else {
+            field.bytes().await.map_err(bad)?;
+        }
+    }
+    Err("the form has no file field".into())
+}
+
+/// The key with S3's `${filename}` replaced by the file part's filename.
+fn resolve(key: String, file_name: Option<&str>) -> Result<String, String> {
+    const VAR: &str = "${filename}";
+    if !key.contains(VAR) {
+        return Ok(key);
+    }
+    match file_name {
+        Some(f) if !f.is_empty() => Ok(key.replace(VAR, f)),
+        _ => Err("the key has ${filename} and the file part has no filename".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full, StreamBody};
+
+    fn form(parts: &[(&str, Option<&str>, &str)]) -> String {
+        let mut s = String::new();
+        for (name, file, value) in parts {
+            s.push_str("--XyZ\r\nContent-Disposition: form-data; name=\"");
+            s.push_str(name);
+            s.push('"');
+            if let Some(f) = file {
+                s.push_str("; filename=\"");
+                s.push_str(f);
+                s.push('"');
+            }
+            s.push_str("\r\n\r\n");
+            s.push_str(value);
+            s.push_str("\r\n");
+        }
+        s.push_str("--XyZ--\r\n");
+        s
+    }
+
+    async fn key_of(body: String) -> (Result<String, String>, String) {
+        let ct = HeaderValue::from_static("multipart/form-data; boundary=XyZ");
+        // In small chunks, so the reader stops in the middle of the body.
+        let chunks: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = body
+            .as_bytes()
+            .chunks(7)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let stream = StreamBody::new(futures_util::stream::iter(chunks));
+        let (key, replay) = read_key(Some(&ct), stream).await;
+        let forwarded = replay.collect().await.expect("replay").to_bytes();
+        (key, String::from_utf8(forwarded.to_vec()).expect("utf-8"))
+    }
+
+    #[tokio::test]
+    async fn the_key_and_the_body_as_sent() {
+        let body = form(&[
+            ("key", None, "reports/${filename}"),
+            ("Policy", None, "eyJ4IjoxfQ=="),
+            ("file", Some("july.csv"), &"x".repeat(10_000)),
+            ("key", None, "after-the-file-is-ignored"),
+        ]);
+        let (key, forwarded) = key_of(body.clone()).await;
+        assert_eq!(key.as_deref(), Ok("reports/july.csv"));
+        assert_eq!(forwarded, body, "the body goes on byte for byte");
+
+        let (key, _) = key_of(form(&[("KEY", None, "a/b"), ("file", None, "x")])).await;
+        assert_eq!(key.as_deref(), Ok("a/b"));
+    }
+
+    #[tokio::test]
+    async fn refused_forms() {
+        for parts in [
+            vec![
+                ("key", None, "a"),
+                ("Key", None, "b"),
+                ("file", Some("f"), "x"),
+            ],
+            vec![("file", Some("f"), "x"), ("key", None, "a")],
+            vec![("key", None, "a")],
+            vec![("key", None, "${filename}"), ("file", None, "x")],
+        ] {
+            let (key, forwarded) = key_of(form(&parts)).await;
+            assert!(key.is_err(), "{parts:?}: {key:?}");
+            assert_eq!(forwarded, form(&parts), "the body is kept whole even so");
+        }
+        let long = "p".repeat(MAX_FIELD as usize + 1);
+        let (key, _) = key_of(form(&[
+            ("policy", None, &long),
+            ("key", None, "a"),
+            ("file", None, "x"),
+        ]))
+        .await;
+        assert!(key.is_err(), "{key:?}");
+        let ct = HeaderValue::from_static("application/xml");
+        let (key, _) = read_key(Some(&ct), Full::new(Bytes::from_static(b"<x/>"))).await;
+        assert!(key.is_err());
+    }
+}

@@ -1,0 +1,375 @@
+//! S3's REST API on an `api = "s3"` route (SPEC §15): every request that changes objects
+//! is fenced on the scope of the objects it changes, wherever the request names them.
+//!
+//! S3 names objects in three places besides the path: the Host (virtual-hosted
+//! addressing, `{bucket}.{domain}`), the XML body of DeleteObjects (`POST /{bucket}?delete`,
+//! [`delete`]) and the form of a browser upload (`POST /{bucket}`, [`form`]). The first is
+//! read before routing ([`virtual_host`]): the bucket taken from the Host is put in front
+//! of the path, so both addressing styles route and render alike. The other two are read
+//! from the body by the fence before the gate, and the body is forwarded as it was read.
+//! Requests on the bucket itself are fenced on the route's `bucket_scope`, or refused.
+
+pub mod delete;
+pub mod form;
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, header};
+
+use crate::body::BoxError;
+
+use crate::route::{Capture, ScopeTemplate, Segments};
+
+/// What an `api = "s3"` route knows beyond a plain route's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Api {
+    /// The backend also serves virtual-hosted requests, `Host: {bucket}.{domain}`: the
+    /// bucket is then taken from the Host. Lowercase, without a trailing dot.
+    pub virtual_host_domain: Option<String>,
+    /// The scope of requests on a bucket itself (create, delete, its settings); rendered
+    /// from the bucket capture only. `None`: those are refused when they would change
+    /// anything (403 `unfenced_operation`).
+    pub bucket_scope: Option<ScopeTemplate>,
+}
+
+/// What an S3 request acts on, from its method, query and path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// A request on the object its path names (reads, PutObject, CopyObject's target,
+    /// the parts of a multipart upload, DeleteObject, tagging, ACLs, retention, restore):
+    /// the route's scope.
+    Object,
+    /// A request on the bucket itself (listing, creation, deletion, settings).
+    Bucket,
+    /// The service: `/` on the endpoint (ListBuckets).
+    Service,
+    /// DeleteObjects: the keys are in the XML body.
+    DeleteObjects,
+    /// A browser-form upload: the key is a form field.
+    PostForm,
+}
+
+/// The operation of a request whose route captured `captures` values (bucket and key: an
+/// object; the bucket only: the bucket; none: the service).
+///
+/// A bucket's POST is DeleteObjects when its query names `delete` in any case or
+/// spelling (a backend that matched it without regard to case would delete keys the
+/// fence never read), a form upload when it has no query at all (S3 reads a bare
+/// POST on a bucket as one, whatever its `Content-Type`), and any other POST on the bucket
+/// is a request on the bucket.
+pub fn operation(
+    method: &Method,
+    query: Option<&str>,
+    captures: usize,
+) -> Result<Operation, String> {
+    Ok(match captures {
+        0 => Operation::Service,
+        1 if *method == Method::POST => {
+            let names = query_names(query.unwrap_or(""))?;
+            if names.iter().any(|n| n.eq_ignore_ascii_case("delete")) {
+                Operation::DeleteObjects
+            } else if names.is_empty() {
+                Operation::PostForm
+            } else {
+                Operation::Bucket
+            }
+        }
+        1 => Operation::Bucket,
+        _ => Operation::Object,
+    })
+}
+
+/// The decoded names of a query's parameters (`+` is a space, as form decoding has it).
+/// A name whose escapes do not decode to UTF-8 is an error: the backend would read
+/// something, and the fence could not say what.
+fn query_names(query: &str) -> Result<Vec<Cow<'_, str>>, String> {
+    let mut out = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let name = pair.split('=').next().unwrap_or_default();
+        if !name.contains(['%', '+']) {
+            out.push(Cow::Borrowed(name));
+            continue;
+        }
+        let spaced = name.replace('+', " ");
+        let decoded = percent_encoding::percent_decode_str(&spaced)
+            .decode_utf8()
+            .map_err(|_| format!("the query parameter `{name}` does not decode to UTF-8"))?;
+        out.push(Cow::Owned(decoded.into_owned()));
+    }
+    Ok(out)
+}
+
+/// The bucket a virtual-hosted request names in its Host, for the first `api = "s3"`
+/// route whose `virtual_host_domain` the host is a subdomain of: that route's host (to
+/// route by) and the bucket. A bucket with an upper-case letter is an error: S3 bucket
+/// names are lower case, and a backend that folded the case would name another bucket
+/// than the fence read.
+pub fn virtual_host<'a, 'h>(
+    routes: &'a [crate::config::Route],
+    host: &'h str,
+) -> Result<Option<(&'a str, &'h str)>, String> {
+    for r in routes {
+        let (Some(s3), Some(endpoint)) = (r.s3(), r.host.as_deref()) else {
+            continue;
+        };
+        let Some(domain) = s3.virtual_host_domain.as_deref() else {
+            continue;
+        };
+        let Some(bucket) = strip_domain(host, domain) else {
+            continue;
+        };
+        if bucket.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(format!(
+                "the bucket `{bucket}` of a virtual-hosted request has upper-case letters; S3 bucket names are lower case"
+            ));
+        }
+        return Ok(Some((endpoint, bucket)));
+    }
+    Ok(None)
+}
+
+/// The dialect of a refusal made before a route was chosen (an unsafe path, no route):
+/// S3's when the request's Host is an S3 route's (its endpoint or a virtual host under
+/// it) and every route that could take that host (those before the S3 route, which takes
+/// all its paths) answers in S3's dialect, so that an S3
+/// SDK reads the error's code; problem+json otherwise.
+pub fn unrouted_dialect(
+    routes: &[crate::config::Route],
+    headers: Option<&HeaderMap>,
+) -> crate::proxy::problem::Dialect {
+    use crate::proxy::problem::Dialect;
+    let Some(host) = headers
+        .and_then(|h| h.get(header::HOST))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| crate::route::host_of(v).ok())
+    else {
+        return Dialect::Problem;
+    };
+    let mut s3_route = false;
+    for r in routes {
+        let takes = match &r.host {
+            None => true,
+            Some(h) => {
+                h.eq_ignore_ascii_case(host)
+                    || r.s3()
+                        .and_then(|s| s.virtual_host_domain.as_deref())
+                        .is_some_and(|d| strip_domain(host, d).is_some())
+            }
+        };
+        if !takes {
+            continue;
+        }
+        if r.errors != Dialect::S3 {
+            return Dialect::Problem;
+        }
+        if r.s3().is_some() {
+            // It takes every path of its host: no route after it could.
+            s3_route = true;
+            break;
+        }
+    }
+    if s3_route {
+        Dialect::S3
+    } else {
+        Dialect::Problem
+    }
+}
+
+/// `host` without `.{domain}` (ASCII case ignored), if that leaves a non-empty label.
+fn strip_domain<'h>(host: &'h str, domain: &str) -> Option<&'h str> {
+    let cut = host.len().checked_sub(domain.len() + 1)?;
+    let (bucket, rest) = (host.get(..cut)?, host.get(cut..)?);
+    (!bucket.is_empty() && rest.starts_with('.') && rest[1..].eq_ignore_ascii_case(domain))
+        .then_some(bucket)
+}
+
+/// The scope of `key` in `bucket` under an S3 route's object scope template, for a key
+/// named outside the path (a DeleteObjects body, an upload form). The key is split at `/`
+/// as a path is, with the rules of a path's decoded segments (SPEC §2): no empty, `.` or
+/// `..` segment, no `\`, NUL or control character; one trailing `/` is dropped, as a
+/// path's is. So a key named in a body and the same key named in a path render one scope.
+pub fn object_scope(template: &ScopeTemplate, bucket: &str, key: &str) -> Result<String, String> {
+    let trimmed = key.strip_suffix('/').unwrap_or(key);
+    if trimmed.is_empty() {
+        return Err("an empty key".into());
+    }
+    let mut segments = Segments::new();
+    for s in trimmed.split('/') {
+        crate::route::check_decoded(s).map_err(|e| format!("the key `{key}`: {e}"))?;
+        segments.push(Cow::Borrowed(s));
+    }
+    Ok(template.render(&[Capture::One(bucket), Capture::Rest(&segments)]))
+}
+
+/// The one scope of every key of a request, or a `multi_scope` refusal naming two.
+pub fn one_scope<'k>(
+    template: &ScopeTemplate,
+    bucket: &str,
+    keys: impl IntoIterator<Item = &'k str>,
+) -> Result<String, Refused> {
+    let mut scope: Option<String> = None;
+    for key in keys {
+        let s = object_scope(template, bucket, key).map_err(Refused::Malformed)?;
+        match &scope {
+            None => scope = Some(s),
+            Some(first) if *first == s => {}
+            Some(first) => {
+                return Err(Refused::MultiScope(format!(
+                    "the request names objects of two scopes ({first} and {s}); a token is for one lock"
+                )));
+            }
+        }
+    }
+    scope.ok_or_else(|| Refused::Malformed("the request names no object".into()))
+}
+
+/// Why a request's objects could not be given one scope.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The body is not what S3 takes (answered as S3 would, 400).
+    Malformed(String),
+    /// Objects of more than one scope (400 `multi_scope`).
+    MultiScope(String),
+}
+
+/// Reads the keys a [`Operation::DeleteObjects`] or [`Operation::PostForm`] names in its
+/// body (at most `max_body` bytes of a DeleteObjects), and the body to forward: the bytes
+/// read, then the rest. An error says why the body is not what S3 takes.
+pub async fn read_named<B>(
+    op: Operation,
+    headers: &HeaderMap,
+    body: B,
+    max_body: Option<u64>,
+) -> (Result<Vec<String>, String>, form::Replay<B>)
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    if op == Operation::PostForm {
+        let (key, body) = form::read_key(headers.get(header::CONTENT_TYPE), body).await;
+        return (key.map(|k| vec![k]), body);
+    }
+    let limit = max_body.map_or(delete::MAX_BYTES, |m| {
+        usize::try_from(m).map_or(delete::MAX_BYTES, |m| m.min(delete::MAX_BYTES))
+    });
+    delete::read(body, limit).await
+}
+
+/// S3's error code for a body of `op` that is not what S3 takes.
+pub fn malformed_code(op: Operation) -> &'static str {
+    match op {
+        Operation::PostForm => "MalformedPOSTRequest",
+        _ => "MalformedXML",
+    }
+}
+
+/// Is `value` a `multipart/form-data` media type (parameters aside)?
+pub fn is_form_data(value: Option<&HeaderValue>) -> bool {
+    value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("multipart/form-data"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::PathTemplate;
+
+    fn template(s: &str) -> ScopeTemplate {
+        let path = PathTemplate::parse("/{bucket}/{*key}").expect("path");
+        ScopeTemplate::parse(s, &path).expect("scope")
+    }
+
+    #[test]
+    fn operations() {
+        let op = |m: Method, q: Option<&str>, n| operation(&m, q, n).expect("operation");
+        assert_eq!(op(Method::PUT, None, 2), Operation::Object);
+        assert_eq!(op(Method::POST, Some("uploads"), 2), Operation::Object);
+        assert_eq!(op(Method::GET, None, 0), Operation::Service);
+        assert_eq!(op(Method::PUT, Some("lifecycle"), 1), Operation::Bucket);
+        assert_eq!(op(Method::DELETE, None, 1), Operation::Bucket);
+        assert_eq!(
+            op(Method::POST, Some("delete"), 1),
+            Operation::DeleteObjects
+        );
+        assert_eq!(
+            op(Method::POST, Some("delete="), 1),
+            Operation::DeleteObjects
+        );
+        assert_eq!(
+            op(Method::POST, Some("x-id=DeleteObjects&delete"), 1),
+            Operation::DeleteObjects
+        );
+        assert_eq!(
+            op(Method::POST, Some("%64elete"), 1),
+            Operation::DeleteObjects
+        );
+        assert_eq!(
+            op(Method::POST, Some("DELETE"), 1),
+            Operation::DeleteObjects
+        );
+        assert_eq!(op(Method::POST, None, 1), Operation::PostForm);
+        assert_eq!(op(Method::POST, Some(""), 1), Operation::PostForm);
+        assert_eq!(op(Method::POST, Some("policy"), 1), Operation::Bucket);
+        assert!(operation(&Method::POST, Some("%ff"), 1).is_err());
+    }
+
+    #[test]
+    fn virtual_hosts_strip_their_domain() {
+        assert_eq!(
+            strip_domain("bkt.s3.example.com", "s3.example.com"),
+            Some("bkt")
+        );
+        assert_eq!(
+            strip_domain("a.b.S3.Example.com", "s3.example.com"),
+            Some("a.b")
+        );
+        assert_eq!(strip_domain("s3.example.com", "s3.example.com"), None);
+        assert_eq!(strip_domain(".s3.example.com", "s3.example.com"), None);
+        assert_eq!(strip_domain("bkts3.example.com", "s3.example.com"), None);
+        assert_eq!(
+            strip_domain("bkt.s3.example.com.evil", "s3.example.com"),
+            None
+        );
+    }
+
+    #[test]
+    fn keys_named_in_a_body_render_as_paths_do() {
+        let t = template("object/{bucket}/{key}");
+        assert_eq!(
+            object_scope(&t, "b", "a/b.csv").as_deref(),
+            Ok("object/b/a/b.csv")
+        );
+        assert_eq!(object_scope(&t, "b", "dir/").as_deref(), Ok("object/b/dir"));
+        assert_eq!(
+            object_scope(&t, "b", "a;b %").as_deref(),
+            Ok("object/b/a;b %")
+        );
+        for bad in [
+            "", "/", "a//b", "/a", "a/./b", "..", "a\\b", "a\u{0}b", "a\nb", "a//",
+        ] {
+            assert!(object_scope(&t, "b", bad).is_err(), "{bad:?}");
+        }
+        let coarse = template("report/{bucket}");
+        assert_eq!(
+            one_scope(&coarse, "b", ["x", "y/z"]).as_deref(),
+            Ok("report/b")
+        );
+        assert!(matches!(
+            one_scope(&t, "b", ["x", "y"]),
+            Err(Refused::MultiScope(_))
+        ));
+        assert!(matches!(one_scope(&t, "b", []), Err(Refused::Malformed(_))));
+    }
+
+    #[test]
+    fn form_data_types() {
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert!(is_form_data(Some(&v("multipart/form-data; boundary=x"))));
+        assert!(is_form_data(Some(&v("Multipart/Form-Data"))));
+        assert!(!is_form_data(Some(&v("multipart/mixed; boundary=x"))));
+        assert!(!is_form_data(None));
+    }
+}
