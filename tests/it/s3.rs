@@ -43,13 +43,19 @@ struct S3sFs {
 }
 
 impl S3sFs {
-    fn start() -> S3sFs {
+    /// On `port`; serving virtual-hosted requests too under `domain` (as the Host header
+    /// names it, port included) when given.
+    fn start(port: u16, domain: Option<&str>) -> S3sFs {
         let bin = tool("s3s-fs/bin/s3s-fs", "s3s-fs");
         let root = tempfile::tempdir().expect("s3s-fs root");
-        let port = support::free_port();
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]);
+        if let Some(domain) = domain {
+            command.args(["--domain", domain]);
+        }
+        let child = command
             .arg(root.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -80,11 +86,15 @@ impl Drop for S3sFs {
     }
 }
 
-fn config(upstream: SocketAddr) -> String {
+/// The S3 endpoint's host, served by an `api = "s3"` route path-style and virtual-hosted;
+/// the scripts resolve it (and its subdomains) to loopback.
+const ENDPOINT_HOST: &str = "s3.test";
+
+fn config(upstream: SocketAddr, listen: u16) -> String {
     format!(
         r#"
 [server]
-listen = "127.0.0.1:0"
+listen = "127.0.0.1:{listen}"
 [admin]
 listen = "127.0.0.1:0"
 [store]
@@ -96,28 +106,27 @@ name = "s3"
 url = "http://{upstream}"
 [[route]]
 name = "objects"
+api = "s3"
+host = "{ENDPOINT_HOST}"
+virtual_host_domain = "{ENDPOINT_HOST}"
 path = "/{{bucket}}/{{*key}}"
 scope = "object/{{bucket}}/{{key}}"
+bucket_scope = "bucket/{{bucket}}"
 upstream = "s3"
-methods = ["PUT", "POST", "DELETE"]
-errors = "s3"
-[[route]]
-name = "buckets"
-path = "/{{bucket}}"
-upstream = "s3"
-fenced = false
-errors = "s3"
 "#
     )
 }
 
-/// Runs the boto3 script against `endpoint`; its exit status and what it printed.
-async fn boto3(endpoint: SocketAddr) -> (std::process::ExitStatus, String, String) {
+/// Runs a boto3 script of tests/it with `endpoint` (a URL or a port, as the script
+/// takes it); its exit status and what it printed.
+async fn boto3(script: &str, endpoint: &str) -> (std::process::ExitStatus, String, String) {
     let python = tool("s3-venv/bin/python", "the boto3 virtualenv");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/s3_sdk.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/it")
+        .join(script);
     let mut child = Command::new(python)
         .arg(script)
-        .arg(format!("http://{endpoint}"))
+        .arg(endpoint)
         .args([ACCESS_KEY, SECRET_KEY])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -158,10 +167,11 @@ async fn boto3(endpoint: SocketAddr) -> (std::process::ExitStatus, String, Strin
 /// keeps the token-6 content.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boto3_through_fencegate_to_a_sigv4_server() {
-    let s3 = S3sFs::start();
+    let s3 = S3sFs::start(support::free_port(), None);
     let dir = tempfile::tempdir().expect("dir");
-    let proxy = support::start_text(&config(s3.addr), dir.path()).await;
-    let (status, out, err) = boto3(proxy.proxy_addr).await;
+    let proxy = support::start_text(&config(s3.addr, 0), dir.path()).await;
+    let endpoint = format!("http://{ENDPOINT_HOST}:{}", proxy.proxy_addr.port());
+    let (status, out, err) = boto3("s3_sdk.py", &endpoint).await;
     println!("{out}");
     assert!(
         status.success(),
@@ -201,6 +211,47 @@ async fn boto3_through_fencegate_to_a_sigv4_server() {
         "{put4}"
     );
     assert!(put4.contains("highest=6 "), "{put4}");
+}
+
+/// The ways S3 names an object outside the path (SPEC §15), through boto3 to s3s-fs
+/// serving both addressing styles: DeleteObjects, a form upload, a virtual-hosted write
+/// and a bucket's settings, each refused with a stale token or none and the object
+/// intact; two scopes in one request refused; the current token's requests applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_cannot_reach_a_fenced_object_by_another_name() {
+    let listen = support::free_port();
+    let s3 = S3sFs::start(
+        support::free_port(),
+        Some(&format!("{ENDPOINT_HOST}:{listen}")),
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let proxy = support::start_text(&config(s3.addr, listen), dir.path()).await;
+    let (status, out, err) = boto3("s3_named.py", &listen.to_string()).await;
+    println!("{out}");
+    assert!(
+        status.success(),
+        "boto3 script failed ({status}):\n{out}\n{err}"
+    );
+    for step in [
+        "delete_objects token 5: refused code=StaleFence status=409 result=stale_fence scope=object/bkt/reports/july.csv",
+        "delete_objects no token: refused code=MissingFencingToken status=428",
+        "delete_objects two scopes: refused code=MultiScope status=400 result=multi_scope",
+        "delete_objects: object intact",
+        "form upload token 5: status=409 result=stale_fence",
+        "form upload no token: status=428 result=missing_token",
+        "form upload with ${filename}: status=400 result=multi_scope",
+        "form upload: object intact",
+        "virtual put token 5: refused code=StaleFence status=409 result=stale_fence scope=object/bkt/reports/july.csv",
+        "virtual delete_objects token 5: refused code=StaleFence status=409",
+        "virtual-hosted: one scope with path-style",
+        "bucket tagging token 0: refused code=StaleFence status=409 result=stale_fence scope=bucket/bkt",
+        "form upload token 8: status=204 result=accepted",
+        "delete_objects token 8: deleted",
+        "s3 named: all ok",
+    ] {
+        assert!(out.contains(step), "no `{step}` in:\n{out}");
+    }
+    drop(proxy);
 }
 
 /// The same routes twice over the test double, one in each dialect: fencegate's refusals

@@ -9,11 +9,25 @@ show an unsigned token header verifies too. Prints one line per step; any failur
 exception and a non-zero exit.
 """
 
+import socket
 import sys
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import ClientError
+# The endpoint is http://s3.test:PORT (the S3 route's host): s3.test resolves to
+# 127.0.0.1 in this process only.
+_getaddrinfo = socket.getaddrinfo
+
+
+def loopback(host, *args, **kwargs):
+    if isinstance(host, str) and (host == "s3.test" or host.endswith(".s3.test")):
+        host = "127.0.0.1"
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+socket.getaddrinfo = loopback
+
+import boto3  # noqa: E402
+from botocore.config import Config  # noqa: E402
+from botocore.exceptions import ClientError  # noqa: E402
 
 endpoint, access_key, secret_key = sys.argv[1:4]
 
@@ -86,7 +100,8 @@ def refused(what, call, **kwargs):
 
 bucket, key = "reports", "2026/july.csv"
 
-with_token(None)
+# A request on the bucket itself: fenced on the route's bucket_scope.
+with_token("1")
 s3.create_bucket(Bucket=bucket)
 print("create_bucket: ok")
 

@@ -1,8 +1,9 @@
 //! Browser-form uploads (`POST /{bucket}`, `multipart/form-data`): the object's key is
 //! the form's `key` field, read before anything is forwarded; the body goes on as read.
 //!
-//! S3 takes the fields before the `file` part and ignores those after it, and a `key`
-//! with `${filename}` names the file part's filename. The form is read with `multer`
+//! S3 takes the fields before the `file` part and ignores those after it. A `key` with
+//! `${filename}` names the file part's filename on AWS, but not on every server (s3s-fs
+//! stores the key as written): such a form names both keys, which must fall in one scope. The form is read with `multer`
 //! up to the file part's headers (not its content), bounded by [`MAX_PREFIX`]. Field
 //! names are matched without regard to case, and a second `key` field is refused: a
 //! backend could take either.
@@ -126,11 +127,12 @@ where
     }
 }
 
-/// The key a form upload names (its `${filename}` resolved), and the body to forward.
+/// The keys a form upload may write (one, or with `${filename}` the key as written and
+/// as resolved), and the body to forward.
 pub async fn read_key<B>(
     content_type: Option<&HeaderValue>,
     body: B,
-) -> (Result<String, String>, Replay<B>)
+) -> (Result<Vec<String>, String>, Replay<B>)
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -164,7 +166,7 @@ fn boundary(content_type: Option<&HeaderValue>) -> Result<String, String> {
     multer::parse_boundary(value).map_err(|e| format!("the form's boundary: {e}"))
 }
 
-async fn fields<B>(stream: TeeStream<B>, boundary: String) -> Result<String, String>
+async fn fields<B>(stream: TeeStream<B>, boundary: String) -> Result<Vec<String>, String>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -192,16 +194,15 @@ where
     Err("the form has no file field".into())
 }
 
-/// The key with S3's `${filename}` replaced by the file part's filename.
-fn resolve(key: String, file_name: Option<&str>) -> Result<String, String> {
+/// The key as written and, if it has S3's `${filename}`, with it replaced by the file
+/// part's filename (empty without one): a backend may store either.
+fn resolve(key: String, file_name: Option<&str>) -> Result<Vec<String>, String> {
     const VAR: &str = "${filename}";
     if !key.contains(VAR) {
-        return Ok(key);
+        return Ok(vec![key]);
     }
-    match file_name {
-        Some(f) if !f.is_empty() => Ok(key.replace(VAR, f)),
-        _ => Err("the key has ${filename} and the file part has no filename".into()),
-    }
+    let resolved = key.replace(VAR, file_name.unwrap_or_default());
+    Ok(vec![resolved, key])
 }
 
 #[cfg(test)]
@@ -228,7 +229,7 @@ mod tests {
         s
     }
 
-    async fn key_of(body: String) -> (Result<String, String>, String) {
+    async fn key_of(body: String) -> (Result<Vec<String>, String>, String) {
         let ct = HeaderValue::from_static("multipart/form-data; boundary=XyZ");
         // In small chunks, so the reader stops in the middle of the body.
         let chunks: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = body
@@ -251,11 +252,17 @@ mod tests {
             ("key", None, "after-the-file-is-ignored"),
         ]);
         let (key, forwarded) = key_of(body.clone()).await;
-        assert_eq!(key.as_deref(), Ok("reports/july.csv"));
+        assert_eq!(
+            key,
+            Ok(vec![
+                "reports/july.csv".to_string(),
+                "reports/${filename}".to_string()
+            ])
+        );
         assert_eq!(forwarded, body, "the body goes on byte for byte");
 
         let (key, _) = key_of(form(&[("KEY", None, "a/b"), ("file", None, "x")])).await;
-        assert_eq!(key.as_deref(), Ok("a/b"));
+        assert_eq!(key, Ok(vec!["a/b".to_string()]));
     }
 
     #[tokio::test]
@@ -268,7 +275,6 @@ mod tests {
             ],
             vec![("file", Some("f"), "x"), ("key", None, "a")],
             vec![("key", None, "a")],
-            vec![("key", None, "${filename}"), ("file", None, "x")],
         ] {
             let (key, forwarded) = key_of(form(&parts)).await;
             assert!(key.is_err(), "{parts:?}: {key:?}");

@@ -247,8 +247,7 @@ where
     B::Error: Into<BoxError>,
 {
     if op == Operation::PostForm {
-        let (key, body) = form::read_key(headers.get(header::CONTENT_TYPE), body).await;
-        return (key.map(|k| vec![k]), body);
+        return form::read_key(headers.get(header::CONTENT_TYPE), body).await;
     }
     let limit = max_body.map_or(delete::MAX_BYTES, |m| {
         usize::try_from(m).map_or(delete::MAX_BYTES, |m| m.min(delete::MAX_BYTES))
