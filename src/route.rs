@@ -382,6 +382,11 @@ impl ScopeTemplate {
         if raw.is_empty() {
             return Err("must not be empty".into());
         }
+        // No request's scope can hold one (a path segment with one is refused), and the
+        // store's other records are told from marks' by a leading NUL.
+        if raw.chars().any(char::is_control) {
+            return Err("must not contain control characters".into());
+        }
         let names: Vec<&str> = path.captures().collect();
         let mut parts = Vec::new();
         let mut rest = raw;

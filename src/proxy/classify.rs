@@ -203,7 +203,23 @@ pub(crate) fn classify<B>(
                 })
             };
             match op {
-                Operation::Object => route.scope.render(&caps),
+                Operation::Object => {
+                    let upload = s3::upload_of(req.method(), req.uri().query())
+                        .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+                    let scope = route.scope.render(&caps);
+                    let mut decided = decide(
+                        config,
+                        req.method(),
+                        &head,
+                        (idx, route),
+                        scope,
+                        &destination,
+                    )?;
+                    if let Classified::Fenced(f) = &mut decided {
+                        f.upload = upload;
+                    }
+                    return Ok(decided);
+                }
                 Operation::Bucket => match &api.bucket_scope {
                     Some(t) => t.render(&caps),
                     None if read => return Ok(unfenced()),
@@ -363,6 +379,7 @@ fn decide(
         token,
         sequence,
         proof,
+        upload: None,
     }))
 }
 
@@ -376,6 +393,7 @@ fn unfenced(idx: usize, method: &Method) -> Classified {
         token: None,
         hop: None,
         stop: None,
+        record_upload: false,
     })
 }
 
@@ -406,6 +424,8 @@ pub(crate) struct Fenced {
     pub(super) sequence: Option<u64>,
     /// The `Fencing-Proof` to verify, on a `proof = "required"` route.
     pub(super) proof: Option<HeaderValue>,
+    /// On an S3 route: the multipart upload the request creates or names (SPEC §15).
+    pub(super) upload: Option<s3::upload::Upload>,
 }
 
 fn content_length<B>(req: &Request<B>) -> Option<u64> {

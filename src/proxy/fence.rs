@@ -544,8 +544,43 @@ impl<S> Fence<S, Typed> {
             .await
     }
 
-    /// Hands an admitted request to the inner stage, with the access log's note.
+    /// Hands an admitted request to the inner stage ([`Fence::hand_in`]); an S3
+    /// CreateMultipartUpload's answer is held until its upload id is recorded.
     async fn pass<B>(
+        &self,
+        req: Request<B>,
+        table: Arc<Table>,
+        plan: super::Plan,
+        conn: Conn,
+    ) -> Response<Body>
+    where
+        S: Stage<B>,
+    {
+        let record = match (&plan.scope, plan.record_upload, plan.token) {
+            (Some(scope), true, Some(token)) => {
+                Some((table.clone(), scope.clone(), plan.route, token))
+            }
+            _ => None,
+        };
+        let resp = self.hand_in(req, table, plan, conn).await;
+        match record {
+            None => resp,
+            Some((table, scope, route, token)) => {
+                Box::pin(record_upload(
+                    self.shared.gates.store(),
+                    resp,
+                    &table,
+                    scope,
+                    route,
+                    token,
+                ))
+                .await
+            }
+        }
+    }
+
+    /// Hands an admitted request to the inner stage, with the access log's note.
+    async fn hand_in<B>(
         &self,
         req: Request<B>,
         table: Arc<Table>,
@@ -588,6 +623,79 @@ impl<S> Fence<S, Typed> {
         resp.extensions_mut().insert(note);
         resp
     }
+}
+
+/// An upstream answer's body, whole, up to `limit` bytes.
+async fn read_answer(mut body: Body, limit: usize) -> Result<Bytes, String> {
+    use http_body_util::BodyExt;
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > limit {
+                return Err(format!("longer than {limit} bytes"));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
+}
+
+/// Records the upload id of a CreateMultipartUpload's successful answer with its
+/// scope (SPEC §15), durably, before the answer goes on. An answer whose id cannot be
+/// read goes on unrecorded (its parts will be refused as unknown, loudly); a record
+/// that cannot be made durable is 503 `unavailable`.
+async fn record_upload(
+    store: &crate::store::MarkStore,
+    resp: Response<Body>,
+    table: &Table,
+    scope: String,
+    route: usize,
+    token: crate::token::Token,
+) -> Response<Body> {
+    use super::s3::upload;
+    use http_body_util::BodyExt;
+    if resp.status() != http::StatusCode::OK {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let op = Op::of(&http::Method::POST);
+    let bytes = match read_answer(body, upload::MAX_ANSWER).await {
+        Ok(b) => b,
+        Err(detail) => {
+            let outcome = Outcome::UpstreamTimeout {
+                scope: Some(scope),
+                detail: format!(
+                    "the CreateMultipartUpload answer could not be read whole ({detail}); the upload may have been created"
+                ),
+            };
+            return table.refuse(route, op, outcome, None);
+        }
+    };
+    match upload::answered_id(&bytes) {
+        Err(detail) => {
+            tracing::warn!(%scope, %detail, "a CreateMultipartUpload answer without an upload id to record");
+        }
+        Ok(id) => {
+            let upstream = &table.config.upstreams[table.config.routes[route].upstream].name;
+            let now = super::now_secs();
+            let value = upload::record_value(now + upload::UPLOAD_TTL.as_secs(), &scope);
+            let key = upload::record_key(upstream, &id);
+            let stored = store.claim(key, value, None, now).await;
+            let ours = match &stored {
+                Ok(None) => true,
+                Ok(Some(v)) => upload::record_scope(v, now) == Some(scope.as_str()),
+                Err(_) => false,
+            };
+            if !ours {
+                return table.refuse(route, op, Outcome::Unavailable { scope, token }, None);
+            }
+        }
+    }
+    let body = http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed();
+    Response::from_parts(parts, body)
 }
 
 impl<S, B> Service<Request<B>> for Fence<S, Typed>

@@ -840,6 +840,7 @@ impl Forwarder {
                 token,
                 hop,
                 stop,
+                ..
             } = plan;
             let fenced = guard.is_some();
             let table = &*table;

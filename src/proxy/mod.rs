@@ -144,6 +144,9 @@ pub(crate) struct Plan {
     /// In a cluster, for a request admitted here: resolves when this instance must stop
     /// its upstream exchange (its ownership's self-fencing deadline passed).
     pub(crate) stop: Option<hop::Stop>,
+    /// An S3 CreateMultipartUpload decided here: its answer's upload id is recorded with
+    /// the scope before the answer goes on (SPEC §15).
+    pub(crate) record_upload: bool,
 }
 
 impl Proxy {
@@ -357,6 +360,7 @@ pub(crate) async fn check(
         token,
         sequence,
         proof,
+        upload,
     } = match classified? {
         Classified::Unfenced(plan) => return Ok(plan),
         Classified::Fenced(fenced) => fenced,
@@ -389,12 +393,18 @@ pub(crate) async fn check(
                     token: Some(token),
                     hop: Some(owner),
                     stop: None,
+                    record_upload: false,
                 });
             }
             hop::Place::Unknown => {
                 return Err((Some(idx), Outcome::Unavailable { scope, token }));
             }
         }
+    }
+    // A part, a completion or an abort names an upload id: it must have been created in
+    // this scope (SPEC §15). Checked where the scope is decided, before admission.
+    if let Some(s3::upload::Upload::Uses(id)) = &upload {
+        check_upload(gates, config, idx, &scope, token, id)?;
     }
     let proof = proof.as_ref().map(|v| Proof {
         keys: &config.fencing.proof_keys,
@@ -416,7 +426,63 @@ pub(crate) async fn check(
         token: Some(token),
         hop: None,
         stop,
+        record_upload: upload == Some(s3::upload::Upload::Creates),
     })
+}
+
+/// Refuses a request that names an upload id not recorded for its scope: one created for
+/// another key (`multi_scope`: it would change that key's object), or one unknown here
+/// (created before fencegate recorded uploads, expired, or recorded by the instance that
+/// owned the scope before).
+fn check_upload(
+    gates: &Gates,
+    config: &Config,
+    idx: usize,
+    scope: &str,
+    token: Token,
+    id: &str,
+) -> Result<(), (Option<usize>, Outcome)> {
+    let upstream = &config.upstreams[config.routes[idx].upstream].name;
+    let key = s3::upload::record_key(upstream, id);
+    let record = gates.store().record(&key).map_err(|_| {
+        (
+            Some(idx),
+            Outcome::Unavailable {
+                scope: scope.to_string(),
+                token,
+            },
+        )
+    })?;
+    match record
+        .as_deref()
+        .and_then(|v| s3::upload::record_scope(v, now_secs()))
+    {
+        Some(s) if s == scope => Ok(()),
+        Some(other) => Err((
+            Some(idx),
+            Outcome::MultiScope {
+                detail: format!(
+                    "the upload {id} was created in scope {other}, not in this request's ({scope})"
+                ),
+            },
+        )),
+        None => Err((
+            Some(idx),
+            Outcome::UnknownUpload {
+                scope: scope.to_string(),
+                detail: format!(
+                    "the upload {id} was not created through this fence (or has expired): start a new upload"
+                ),
+            },
+        )),
+    }
+}
+
+/// Seconds since the Unix epoch, for records' expiry.
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The answer to a request the gate did not admit.

@@ -130,6 +130,12 @@ pub enum Outcome {
     UnfencedOperation {
         detail: String,
     },
+    /// An S3 request names a multipart upload that was not created through the fence in
+    /// its scope, or that has expired (SPEC §15).
+    UnknownUpload {
+        scope: String,
+        detail: String,
+    },
     /// A body the fence reads to know what a request changes is not one the API takes
     /// (`code`: the API's own error code, e.g. S3's `MalformedXML`).
     MalformedBody {
@@ -161,6 +167,7 @@ impl Outcome {
             Outcome::MultiScope { .. } => "multi_scope",
             Outcome::UnfencedOperation { .. } => "unfenced_operation",
             Outcome::MalformedBody { .. } => "invalid_request",
+            Outcome::UnknownUpload { .. } => "unknown_upload",
         }
     }
 
@@ -176,6 +183,7 @@ impl Outcome {
             | Outcome::MultiScope { .. }
             | Outcome::MalformedBody { .. } => StatusCode::BAD_REQUEST,
             Outcome::UnfencedOperation { .. } => StatusCode::FORBIDDEN,
+            Outcome::UnknownUpload { .. } => StatusCode::NOT_FOUND,
             Outcome::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Outcome::NoRoute => StatusCode::NOT_FOUND,
             Outcome::Draining { .. } | Outcome::Unavailable { .. } => {
@@ -214,6 +222,9 @@ impl Outcome {
             }
             Outcome::UnfencedOperation { detail } => {
                 format!("This request would change objects that no scope of this route fences: {detail}").into()
+            }
+            Outcome::UnknownUpload { detail, .. } => {
+                format!("No such multipart upload in this scope: {detail}").into()
             }
             Outcome::MalformedBody { detail, .. } => {
                 format!("The request body is not one this API takes: {detail}").into()
@@ -279,9 +290,9 @@ impl Outcome {
             | Outcome::KeyReused { scope, token }
             | Outcome::OutcomeUnknown { scope, token }
             | Outcome::InvalidProof { scope, token, .. } => (Some(scope), Some(token), None),
-            Outcome::MissingToken { scope } | Outcome::InvalidToken { scope, .. } => {
-                (Some(scope), None, None)
-            }
+            Outcome::MissingToken { scope }
+            | Outcome::InvalidToken { scope, .. }
+            | Outcome::UnknownUpload { scope, .. } => (Some(scope), None, None),
             Outcome::UpstreamUnavailable { scope, .. } | Outcome::UpstreamTimeout { scope, .. } => {
                 (scope.as_ref(), None, None)
             }
@@ -330,6 +341,8 @@ impl Outcome {
             Outcome::MultiScope { .. } => "MultiScope",
             Outcome::UnfencedOperation { .. } => "UnfencedOperation",
             Outcome::MalformedBody { code, .. } => code,
+            // S3's own: the SDKs know it.
+            Outcome::UnknownUpload { .. } => "NoSuchUpload",
         }
     }
 
@@ -628,6 +641,10 @@ mod s3_tests {
                 code: "MalformedXML",
                 detail: "x".into(),
             },
+            Outcome::UnknownUpload {
+                scope: scope(),
+                detail: "x".into(),
+            },
         ]
     }
 
@@ -654,6 +671,7 @@ mod s3_tests {
             Outcome::MultiScope { .. } => 18,
             Outcome::UnfencedOperation { .. } => 19,
             Outcome::MalformedBody { .. } => 20,
+            Outcome::UnknownUpload { .. } => 21,
         }
     }
 
@@ -681,7 +699,7 @@ mod s3_tests {
     #[test]
     fn every_outcome_is_listed_once() {
         let seen: std::collections::BTreeSet<usize> = every_outcome().iter().map(variant).collect();
-        assert_eq!(seen, (0..21).collect());
+        assert_eq!(seen, (0..22).collect());
     }
 
     #[tokio::test]

@@ -411,6 +411,13 @@ impl MarkStore {
             .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
     }
 
+    /// The record under `key`, expired or not (the caller reads its expiry).
+    pub fn record(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(read_err)?;
+        let t = txn.open_table(RECORDS).map_err(read_err)?;
+        Ok(t.get(key).map_err(read_err)?.map(|g| g.value().to_vec()))
+    }
+
     /// Idempotency records on disk (for tests and metrics).
     pub fn record_count(&self) -> Result<u64, StoreError> {
         let txn = self.inner.db.begin_read().map_err(read_err)?;

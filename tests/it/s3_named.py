@@ -151,6 +151,44 @@ refused(
     Tagging={"TagSet": [{"Key": "k", "Value": "v"}]},
 )
 
+# A multipart upload belongs to the key it was created for: a part for it under another
+# key, with that key's token, is refused; so is an upload id fencegate never recorded.
+with_token("7")
+up = path.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+with_token("1")
+refused(
+    "upload_part of another key's upload",
+    "MultiScope",
+    400,
+    path.upload_part,
+    Bucket=bucket,
+    Key="reports/other.csv",
+    UploadId=up,
+    PartNumber=1,
+    Body=b"intruder",
+)
+with_token("7")
+refused(
+    "upload_part of an unknown upload",
+    "NoSuchUpload",
+    404,
+    path.upload_part,
+    Bucket=bucket,
+    Key=key,
+    UploadId=up + "x",
+    PartNumber=1,
+    Body=b"x",
+)
+part = path.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=1, Body=b"parts")
+path.complete_multipart_upload(
+    Bucket=bucket,
+    Key=key,
+    UploadId=up,
+    MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
+)
+assert content(key) == b"parts"
+print("multipart: the upload is its key's")
+
 # The current owners pass.
 r = form_upload(key, b"eight", "8")
 print(f"form upload token 8: status={r.status} result={r.headers.get('fencing-result')}")

@@ -11,6 +11,7 @@
 
 pub mod delete;
 pub mod form;
+pub mod upload;
 
 use std::borrow::Cow;
 
@@ -78,6 +79,47 @@ pub fn operation(
         1 => Operation::Bucket,
         _ => Operation::Object,
     })
+}
+
+/// What a request on an object does with multipart uploads: creates one (`?uploads` on a
+/// POST), names one (`uploadId`), or neither. Two `uploadId` parameters are an error (a
+/// backend could take either).
+pub fn upload_of(method: &Method, query: Option<&str>) -> Result<Option<upload::Upload>, String> {
+    let Some(query) = query else {
+        return Ok(None);
+    };
+    let mut id: Option<String> = None;
+    let mut creates = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = decode(name)?;
+        if name.eq_ignore_ascii_case("uploadId") {
+            if id.is_some() {
+                return Err("two uploadId parameters".into());
+            }
+            id = Some(decode(value)?.into_owned());
+        } else if name.eq_ignore_ascii_case("uploads") {
+            creates = true;
+        }
+    }
+    Ok(match (id, creates) {
+        (Some(_), true) => return Err("both uploads and uploadId".into()),
+        (Some(id), false) => Some(upload::Upload::Uses(id)),
+        (None, true) if *method == Method::POST => Some(upload::Upload::Creates),
+        (None, _) => None,
+    })
+}
+
+/// One query name or value, decoded as a form decodes it (`+` is a space).
+fn decode(text: &str) -> Result<Cow<'_, str>, String> {
+    if !text.contains(['%', '+']) {
+        return Ok(Cow::Borrowed(text));
+    }
+    let spaced = text.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .map(|d| Cow::Owned(d.into_owned()))
+        .map_err(|_| format!("the query's `{text}` does not decode to UTF-8"))
 }
 
 /// The decoded names of a query's parameters (`+` is a space, as form decoding has it).
