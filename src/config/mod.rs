@@ -362,11 +362,16 @@ impl Config {
         }
         for u in &self.upstreams {
             out.push_str(&format!(
-                "upstream {:<12} {} (timeout {:?}){}\n",
+                "upstream {:<12} {} (timeout {:?}){}{}\n",
                 u.name,
                 u.url,
                 u.timeout,
-                u.tls.as_ref().map(|t| format!(" {t}")).unwrap_or_default()
+                u.tls.as_ref().map(|t| format!(" {t}")).unwrap_or_default(),
+                if u.distinct_hosts {
+                    " · distinct hosts"
+                } else {
+                    ""
+                }
             ));
         }
         for r in &self.routes {

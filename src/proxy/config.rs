@@ -24,6 +24,9 @@ pub struct Upstream {
     pub timeout: Duration,
     /// Client TLS settings; `Some` exactly for https upstreams.
     pub tls: Option<UpstreamTls>,
+    /// The backend serves different objects for different Host names (name-based virtual
+    /// hosts), so routes for different hosts may fence one path differently (SPEC §2).
+    pub distinct_hosts: bool,
 }
 
 /// Whether a fenced route asks for a `Fencing-Proof` beside the token.
@@ -104,6 +107,7 @@ struct RawUpstream {
     url: String,
     timeout: Option<String>,
     tls: Option<RawUpstreamTls>,
+    distinct_hosts: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -132,6 +136,7 @@ pub(crate) struct UpstreamDraft {
     url: Uri,
     timeout: Duration,
     tls: Option<UpstreamTlsFiles>,
+    distinct_hosts: bool,
 }
 
 impl UpstreamDraft {
@@ -142,6 +147,7 @@ impl UpstreamDraft {
             url: self.url,
             timeout: self.timeout,
             tls: self.tls.and_then(|t| t.load(errors)),
+            distinct_hosts: self.distinct_hosts,
         }
     }
 }
@@ -205,6 +211,7 @@ fn parse_upstream(raw: RawUpstream, path: &str, base: &Path, errors: &mut Errors
         url,
         timeout,
         tls,
+        distinct_hosts: raw.distinct_hosts.unwrap_or(false),
     }
 }
 
