@@ -276,7 +276,147 @@ pub(crate) fn parse_routes(
             );
         }
     }
+    for c in host_chosen_scopes(&routes, cx.upstreams) {
+        errors.push(format!("route[{}]", positions[c.second]), c.message);
+    }
     routes
+}
+
+/// The path templates a route answers for: its `path`. Every check of which routes share
+/// paths asks this, so a route that answers for more paths than its template names them
+/// here.
+fn paths_of(route: &Route) -> Vec<PathTemplate> {
+    vec![route.path.clone()]
+}
+
+/// Two routes that would fence one object two ways, the Host header choosing which.
+#[derive(Debug)]
+struct HostChosenScope {
+    /// Index in the routes of the later route of the two (the error's place).
+    second: usize,
+    message: String,
+}
+
+/// SPEC §2, one object, one scope. A backend that ignores Host (S3 path-style, WebDAV)
+/// reads one path as one object whatever host name a client used; if the routes for two
+/// host names fenced that path differently, a writer would pick its fence, or none, by
+/// the name it connects to. So routes i < j on one backend that both get some path for
+/// some host must fence it alike, unless the backend declares `distinct_hosts`.
+///
+/// Which pairs can both get a path: i names a host, and j names another or none (if i
+/// names none it takes the path from every host first; two routes for one host are
+/// ordered by the file, not by Host). A shared path that an earlier route takes from
+/// every host that would bring it to i (or to j) does not count: neither gets it. Pairs
+/// are judged one by one, so a shared path that several earlier routes take between
+/// them still counts (a refusal on the safe side).
+fn host_chosen_scopes(routes: &[Route], upstreams: &[UpstreamDraft]) -> Vec<HostChosenScope> {
+    let mut out = Vec::new();
+    for (j, b) in routes.iter().enumerate() {
+        for (i, a) in routes[..j].iter().enumerate() {
+            let Some(host) = a.host.as_deref() else {
+                continue;
+            };
+            if b.host.as_deref() == Some(host) || fenced_alike(a, b) {
+                continue;
+            }
+            let (Some(ua), Some(ub)) = (upstreams.get(a.upstream), upstreams.get(b.upstream))
+            else {
+                continue;
+            };
+            // Two entries with one URL are one backend, and it tells hosts apart only if
+            // both say so.
+            let one_backend = a.upstream == b.upstream || same_origin(&ua.url, &ub.url);
+            if !one_backend || (ua.distinct_hosts && ub.distinct_hosts) {
+                continue;
+            }
+            let Some(shared) = shared_paths(a, b)
+                .into_iter()
+                .find(|p| !taken_before(&routes[..i], a, p) && !taken_before(&routes[..j], b, p))
+            else {
+                continue;
+            };
+            let fence = |r: &Route| {
+                if r.fenced {
+                    format!("scope \"{}\"", r.scope)
+                } else {
+                    "pass-through".to_string()
+                }
+            };
+            let (backend, on) = if a.upstream == b.upstream {
+                (
+                    format!("upstream `{}`", ua.name),
+                    format!("on `{}`", ua.name),
+                )
+            } else {
+                (
+                    format!("upstreams `{}` and `{}` (one URL)", ua.name, ub.name),
+                    "on both".to_string(),
+                )
+            };
+            out.push(HostChosenScope {
+                second: j,
+                message: format!(
+                    "routes `{}` (host {host}, {}) and `{}` ({}, {}) send the same paths to {backend}, such as {}: the Host header would choose how one object is fenced. \
+                     Give both the same path and scope templates, send them to separate upstreams (different backends), \
+                     or, if the backend serves different objects for different host names, set `distinct_hosts = true` {on}",
+                    a.name,
+                    fence(a),
+                    b.name,
+                    b.host
+                        .as_deref()
+                        .map_or_else(|| "any other host".to_string(), |h| format!("host {h}")),
+                    fence(b),
+                    shared.example(),
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// Do two routes fence every path they share alike? Both pass-through, or both fenced
+/// with one path template and one scope template (captures may be named differently).
+fn fenced_alike(a: &Route, b: &Route) -> bool {
+    match (a.fenced, b.fenced) {
+        (false, false) => true,
+        (true, true) => a.path.same_shape(&b.path) && a.scope.renders_like(&b.scope),
+        _ => false,
+    }
+}
+
+/// The paths both routes answer for, as templates.
+fn shared_paths(a: &Route, b: &Route) -> Vec<PathTemplate> {
+    let theirs = paths_of(b);
+    paths_of(a)
+        .iter()
+        .flat_map(|p| theirs.iter().filter_map(|q| p.intersection(q)))
+        .collect()
+}
+
+/// Does one of `earlier` take every path of `paths` from each host that would bring them
+/// to `route` (a route with no host, or one for `route`'s host)?
+fn taken_before(earlier: &[Route], route: &Route, paths: &PathTemplate) -> bool {
+    earlier.iter().any(|e| {
+        (e.host.is_none() || e.host == route.host)
+            && paths_of(e).iter().any(|p| paths.is_covered_by(p))
+    })
+}
+
+/// Do two upstream URLs name one server: scheme, host (in any case) and port, the
+/// scheme's port where none is written?
+fn same_origin(a: &Uri, b: &Uri) -> bool {
+    let port = |u: &Uri| {
+        u.port_u16().unwrap_or(if u.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        })
+    };
+    a.scheme_str() == b.scheme_str()
+        && a.host()
+            .zip(b.host())
+            .is_some_and(|(x, y)| x.eq_ignore_ascii_case(y))
+        && port(a) == port(b)
 }
 
 fn parse_route(
