@@ -42,9 +42,12 @@ path = "marks.redb"
 [fencing]
 settle = "0s"
 
+# Each tenant's host name is a site of its own (name-based virtual hosts), so the
+# tenants' routes and `reports` may fence /reports/... apart.
 [[upstream]]
 name = "objects"
 url = "http://127.0.0.1:9000"
+distinct_hosts = true
 [[upstream]]
 name = "ledger"
 url = "http://127.0.0.1:9001"

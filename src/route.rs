@@ -293,6 +293,105 @@ impl PathTemplate {
         None
     }
 
+    /// The paths both templates match, as one template (its captures named `c0`, `c1`,
+    /// ...), if there are any. Where [`overlap`](Self::overlap) gives one such path, this
+    /// gives all of them, so that a check can ask whether another route takes them all.
+    pub fn intersection(&self, other: &PathTemplate) -> Option<PathTemplate> {
+        let mut segments = Vec::new();
+        let mut fresh = 0usize;
+        let mut capture = |catch_all: bool| {
+            let name = format!("c{fresh}");
+            fresh += 1;
+            if catch_all {
+                Segment::CatchAll(name)
+            } else {
+                Segment::Param(name)
+            }
+        };
+        for i in 0.. {
+            match (self.segments.get(i), other.segments.get(i)) {
+                (None, None) => break,
+                (None, Some(_)) | (Some(_), None) => return None,
+                (Some(Segment::CatchAll(_)), Some(Segment::CatchAll(_))) => {
+                    segments.push(capture(true));
+                    break;
+                }
+                // The catch-all takes whatever the other one asks of the rest (at least
+                // one segment, which the other has: it has one here).
+                (Some(mine), Some(theirs))
+                    if matches!(mine, Segment::CatchAll(_))
+                        || matches!(theirs, Segment::CatchAll(_)) =>
+                {
+                    let tail = if matches!(mine, Segment::CatchAll(_)) {
+                        &other.segments[i..]
+                    } else {
+                        &self.segments[i..]
+                    };
+                    for s in tail {
+                        segments.push(match s {
+                            Segment::Literal(l) => Segment::Literal(l.clone()),
+                            Segment::Param(_) => capture(false),
+                            Segment::CatchAll(_) => capture(true),
+                        });
+                    }
+                    break;
+                }
+                (Some(Segment::Literal(a)), Some(Segment::Literal(b))) if a != b => return None,
+                (Some(Segment::Literal(l)), _) | (_, Some(Segment::Literal(l))) => {
+                    segments.push(Segment::Literal(l.clone()));
+                }
+                (Some(_), Some(_)) => segments.push(capture(false)),
+            }
+        }
+        let mut raw = String::new();
+        for s in &segments {
+            raw.push('/');
+            match s {
+                Segment::Literal(l) => raw.push_str(l),
+                Segment::Param(n) => raw.push_str(&format!("{{{n}}}")),
+                Segment::CatchAll(n) => raw.push_str(&format!("{{*{n}}}")),
+            }
+        }
+        if raw.is_empty() {
+            raw.push('/');
+        }
+        Some(PathTemplate { segments, raw })
+    }
+
+    /// One path this template matches, written with `a` for each capture (as
+    /// [`overlap`](Self::overlap) writes its examples).
+    pub fn example(&self) -> String {
+        let mut path = String::new();
+        for s in &self.segments {
+            path.push('/');
+            path.push_str(match s {
+                Segment::Literal(l) => l,
+                Segment::Param(_) | Segment::CatchAll(_) => "a",
+            });
+        }
+        if path.is_empty() {
+            path.push('/');
+        }
+        path
+    }
+
+    /// Do both templates match the same paths, capturing the same segments in the same
+    /// order, whatever the captures are called? Then a scope template's n-th capture is
+    /// one value under either ([`ScopeTemplate::renders_like`]).
+    pub fn same_shape(&self, other: &PathTemplate) -> bool {
+        self.segments.len() == other.segments.len()
+            && self
+                .segments
+                .iter()
+                .zip(&other.segments)
+                .all(|pair| match pair {
+                    (Segment::Literal(a), Segment::Literal(b)) => a == b,
+                    (Segment::Param(_), Segment::Param(_))
+                    | (Segment::CatchAll(_), Segment::CatchAll(_)) => true,
+                    _ => false,
+                })
+    }
+
     /// True when every path this template matches is also matched by `earlier`
     /// (so a later route with this template can never be reached).
     pub fn is_covered_by(&self, earlier: &PathTemplate) -> bool {
@@ -416,6 +515,13 @@ impl ScopeTemplate {
             parts,
             raw: raw.to_string(),
         })
+    }
+
+    /// Does this template render what `other` renders, for templates over path templates
+    /// of the same shape ([`PathTemplate::same_shape`])? Captures are compared by their
+    /// place in the path, not by name: `report/{r}` renders like `report/{report}`.
+    pub fn renders_like(&self, other: &ScopeTemplate) -> bool {
+        self.parts == other.parts
     }
 
     pub fn is_constant(&self) -> bool {
@@ -704,6 +810,86 @@ mod tests {
         assert_eq!(amb("/{a}/{b}", "s/{a}-{b}"), Some(("a".into(), "b".into())));
         assert_eq!(amb("/{a}/{b}", "{b}{a}"), Some(("b".into(), "a".into())));
         assert_eq!(amb("/{a}/{b}", "s/{a}"), None);
+    }
+
+    /// The intersection matches exactly the paths both templates match; its example is
+    /// one of them.
+    #[test]
+    fn intersections_and_shapes() {
+        let t = |p: &str| PathTemplate::parse(p).unwrap();
+        let i = |a: &str, b: &str| t(a).intersection(&t(b)).map(|x| x.to_string());
+        assert_eq!(
+            i("/{b}/{*k}", "/reports/{r}/{*o}").as_deref(),
+            Some("/reports/{c0}/{*c1}")
+        );
+        assert_eq!(
+            i("/reports/{r}/{*o}", "/{b}/{*k}").as_deref(),
+            Some("/reports/{c0}/{*c1}")
+        );
+        assert_eq!(i("/a/{*r}", "/{x}/{*s}").as_deref(), Some("/a/{*c0}"));
+        assert_eq!(i("/a/{x}", "/{y}/b").as_deref(), Some("/a/b"));
+        assert_eq!(i("/{*r}", "/a/{x}/c").as_deref(), Some("/a/{c0}/c"));
+        assert_eq!(i("/", "/").as_deref(), Some("/"));
+        assert_eq!(i("/a/{x}", "/b/{y}"), None);
+        assert_eq!(i("/a/{*r}", "/a"), None);
+        assert_eq!(i("/a", "/a/{*r}"), None);
+        assert_eq!(i("/a/{x}", "/a/{x}/c"), None);
+        let shared = t("/{b}/{*k}")
+            .intersection(&t("/reports/{r}/{*o}"))
+            .unwrap();
+        assert_eq!(shared.example(), "/reports/a/a");
+        assert!(shared.is_covered_by(&t("/reports/{report}/{*object}")));
+        assert!(!shared.is_covered_by(&t("/reports/{report}/x")));
+        assert_eq!(t("/").example(), "/");
+
+        assert!(t("/r/{a}/{*b}").same_shape(&t("/r/{x}/{*y}")));
+        assert!(!t("/r/{a}/{*b}").same_shape(&t("/r/{a}/{b}")));
+        assert!(!t("/r/{a}").same_shape(&t("/s/{a}")));
+        assert!(!t("/r/{a}").same_shape(&t("/r/{a}/{b}")));
+        let s = |p: &str, s: &str| ScopeTemplate::parse(s, &t(p)).unwrap();
+        assert!(s("/r/{a}/{*b}", "r/{a}").renders_like(&s("/r/{x}/{*y}", "r/{x}")));
+        assert!(!s("/r/{a}/{*b}", "r/{a}").renders_like(&s("/r/{x}/{*y}", "r/{y}")));
+        assert!(!s("/r/{a}", "r/{a}").renders_like(&s("/r/{a}", "t/{a}")));
+    }
+
+    proptest! {
+        /// A path matches the intersection exactly when it matches both templates.
+        #[test]
+        fn an_intersection_matches_what_both_match(
+            a in (proptest::collection::vec(0u8..3, 0..4), any::<bool>()),
+            b in (proptest::collection::vec(0u8..3, 0..4), any::<bool>()),
+            path in proptest::collection::vec("x|y|z", 0..6),
+        ) {
+            // Segments `x`, `y` or a capture, and perhaps a catch-all at the end.
+            let template = |(kinds, rest): &(Vec<u8>, bool)| {
+                let mut raw: String = kinds
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| match k {
+                        0 => "/x".to_string(),
+                        1 => "/y".to_string(),
+                        _ => format!("/{{p{i}}}"),
+                    })
+                    .collect();
+                if *rest {
+                    raw.push_str("/{*r}");
+                }
+                PathTemplate::parse(if raw.is_empty() { "/" } else { &raw })
+            };
+            let (Ok(a), Ok(b)) = (template(&a), template(&b)) else {
+                return Err(TestCaseError::fail("a template did not parse"));
+            };
+            let segs: Segments<'_> = path.iter().map(|s| Cow::Borrowed(s.as_str())).collect();
+            let both = a.matches(&segs).is_some() && b.matches(&segs).is_some();
+            let shared = a.intersection(&b);
+            prop_assert_eq!(
+                shared.as_ref().is_some_and(|s| s.matches(&segs).is_some()),
+                both,
+                "{} and {} at /{}: {:?}", a, b, path.join("/"), shared
+            );
+            // An overlap exists exactly when an intersection does.
+            prop_assert_eq!(a.overlap(&b).is_some(), shared.is_some());
+        }
     }
 
     #[test]

@@ -362,11 +362,16 @@ impl Config {
         }
         for u in &self.upstreams {
             out.push_str(&format!(
-                "upstream {:<12} {} (timeout {:?}){}\n",
+                "upstream {:<12} {} (timeout {:?}){}{}\n",
                 u.name,
                 u.url,
                 u.timeout,
-                u.tls.as_ref().map(|t| format!(" {t}")).unwrap_or_default()
+                u.tls.as_ref().map(|t| format!(" {t}")).unwrap_or_default(),
+                if u.distinct_hosts {
+                    " · distinct hosts"
+                } else {
+                    ""
+                }
             ));
         }
         for r in &self.routes {
@@ -416,6 +421,22 @@ impl Config {
                     crate::proxy::problem::Dialect::S3 => " · errors s3",
                 },
             ));
+            if let Some(s3) = r.s3() {
+                out.push_str(&format!(
+                    "  api s3: {} · {}\n",
+                    s3.virtual_host_domain
+                        .as_ref()
+                        .map_or("path-style only".to_string(), |d| format!(
+                            "path-style and virtual-hosted *.{d}"
+                        )),
+                    s3.bucket_scope.as_ref().map_or(
+                        "bucket requests refused (no bucket_scope)".to_string(),
+                        |b| { format!("bucket scope \"{b}\"") }
+                    ),
+                ));
+            } else if r.api == crate::proxy::config::Api::Plain {
+                out.push_str("  api plain: the path names all a request changes\n");
+            }
         }
         out
     }
@@ -514,13 +535,16 @@ upstream = "objects"
 equal = "reject"
 idempotency = "optional"
 "#;
-        let text = GOOD
-            .split("[[route]]")
-            .next()
-            .unwrap_or_default()
-            .to_string()
-            + routes;
+        // The backend serves each host name its own objects (SPEC §2: else `other-host`
+        // and `top` would fence /a two ways, which is refused, not warned about).
+        let text = GOOD.split("[[route]]").next().unwrap_or_default().replace(
+            "url = \"http://127.0.0.1:9000\"\n",
+            "url = \"http://127.0.0.1:9000\"\ndistinct_hosts = true\n",
+        ) + routes;
         let c = Config::parse(&text, Path::new(".")).expect("a config with warnings loads");
+        assert!(
+            Config::parse(&text.replace("distinct_hosts = true\n", ""), Path::new(".")).is_err()
+        );
         let w = c.warnings();
         let has = |needle: &str| w.iter().any(|x| x.contains(needle));
         assert!(
@@ -956,6 +980,337 @@ colour = "red"
         );
         let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
         assert!(errs[0].message.contains("can never match"), "{errs:?}");
+    }
+
+    /// A file of `GOOD`'s sections with these upstreams and routes.
+    fn with_upstreams_and_routes(upstreams: &str, routes: &str) -> String {
+        let head = GOOD.split("[[upstream]]").next().unwrap_or_default();
+        format!("{head}{upstreams}{routes}")
+    }
+
+    const ONE_STORE: &str = r#"
+[[upstream]]
+name = "objects"
+url = "http://127.0.0.1:9000"
+"#;
+
+    /// The errors of one object, one scope (SPEC §2) in `text`, as (place, message).
+    fn host_chosen(text: &str) -> Vec<(String, String)> {
+        match Config::parse(text, Path::new(".")) {
+            Ok(_) => Vec::new(),
+            Err(errs) => errs
+                .0
+                .into_iter()
+                .filter(|e| e.message.contains("the Host header would choose"))
+                .map(|e| (e.path, e.message))
+                .collect(),
+        }
+    }
+
+    /// Where a backend reads one path as one object whatever the Host, routes that take
+    /// the same path for different hosts must fence it alike: refused, naming both
+    /// routes, the upstream, a path and the ways out.
+    #[test]
+    fn routes_that_let_the_host_choose_the_scope_are_refused() {
+        let tenant_then_any = r#"
+[[route]]
+name = "tenant-reports"
+host = "reports.tenant-a.example.com"
+path = "/reports/{report}/{*object}"
+scope = "tenant-a/report/{report}"
+upstream = "objects"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+"#;
+        let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, tenant_then_any));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        let (place, message) = &found[0];
+        assert_eq!(place, "route[1]");
+        assert_eq!(
+            message,
+            "routes `tenant-reports` (host reports.tenant-a.example.com, scope \"tenant-a/report/{report}\") \
+             and `reports` (any other host, scope \"report/{report}\") send the same paths to upstream \
+             `objects`, such as /reports/a/a: the Host header would choose how one object is fenced. \
+             Give both the same path and scope templates, send them to separate upstreams (different \
+             backends), or, if the backend serves different objects for different host names, set \
+             `distinct_hosts = true` on `objects`"
+        );
+
+        // Fenced for one host, passed through for the others: the Host picks no fence.
+        let fenced_then_open = r#"
+[[route]]
+name = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{*key}"
+scope = "object/{bucket}/{key}"
+upstream = "objects"
+[[route]]
+name = "static"
+path = "/static/{*file}"
+upstream = "objects"
+fenced = false
+"#;
+        let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, fenced_then_open));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0]
+                .1
+                .contains("and `static` (any other host, pass-through)")
+                && found[0].1.contains("such as /static/a:"),
+            "{found:#?}"
+        );
+
+        // Two hosts, one path each way round: passed through for one, fenced for the other.
+        let open_then_fenced = r#"
+[[route]]
+name = "public"
+host = "public.example"
+path = "/files/{*rest}"
+upstream = "objects"
+fenced = false
+[[route]]
+name = "files"
+host = "files.example"
+path = "/files/{name}"
+scope = "file/{name}"
+upstream = "objects"
+"#;
+        let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, open_then_fenced));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].1.starts_with(
+                "routes `public` (host public.example, pass-through) and `files` (host files.example, scope \"file/{name}\")"
+            ) && found[0].1.contains("such as /files/a:"),
+            "{found:#?}"
+        );
+
+        // Fenced for both hosts, under different scopes.
+        let two_scopes = tenant_then_any.replace(
+            "name = \"reports\"\n",
+            "name = \"reports\"\nhost = \"reports.example.com\"\n",
+        );
+        let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, &two_scopes));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0]
+                .1
+                .contains("and `reports` (host reports.example.com, scope"),
+            "{found:#?}"
+        );
+
+        // Both fenced, with one scope template over different path templates: the shared
+        // path /reports/a/a renders `report/a` under one and `report/reports` under the
+        // other.
+        let other_shape = r#"
+[[route]]
+name = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{report}/{*key}"
+scope = "report/{bucket}"
+upstream = "objects"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+"#;
+        let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, other_shape));
+        assert_eq!(found.len(), 1, "{found:#?}");
+
+        // A second [[upstream]] with the same URL is the same backend.
+        let twice = r#"
+[[upstream]]
+name = "objects"
+url = "http://127.0.0.1:9000"
+[[upstream]]
+name = "objects-again"
+url = "http://127.0.0.1:9000/"
+timeout = "5m"
+"#;
+        let on_two =
+            tenant_then_any.replacen("upstream = \"objects\"", "upstream = \"objects-again\"", 1);
+        let found = host_chosen(&with_upstreams_and_routes(twice, &on_two));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0]
+                .1
+                .contains("to upstreams `objects-again` and `objects` (one URL)")
+                && found[0].1.ends_with("set `distinct_hosts = true` on both"),
+            "{found:#?}"
+        );
+        // Both entries must say the backend tells hosts apart.
+        let one_says = twice.replacen(
+            "url = \"http://127.0.0.1:9000\"\n",
+            "url = \"http://127.0.0.1:9000\"\ndistinct_hosts = true\n",
+            1,
+        );
+        let text = with_upstreams_and_routes(&one_says, &on_two);
+        assert_eq!(host_chosen(&text).len(), 1, "{text}");
+        let both_say = one_says.replace(
+            "timeout = \"5m\"\n",
+            "timeout = \"5m\"\ndistinct_hosts = true\n",
+        );
+        let text = with_upstreams_and_routes(&both_say, &on_two);
+        assert!(Config::parse(&text, Path::new(".")).is_ok(), "{text}");
+    }
+
+    /// What one object, one scope allows: one fence for a path whatever the host, a
+    /// backend per host, a backend that serves each host its own objects, one host.
+    #[test]
+    fn routes_that_fence_each_path_one_way_are_accepted() {
+        let accepted = |upstreams: &str, routes: &str| {
+            let text = with_upstreams_and_routes(upstreams, routes);
+            if let Err(e) = Config::parse(&text, Path::new(".")) {
+                panic!("refused: {e:?}\n{text}");
+            }
+        };
+        // The same templates (captures named apart), and pass-through both ways.
+        accepted(
+            ONE_STORE,
+            r#"
+[[route]]
+name = "tenant-reports"
+host = "reports.tenant-a.example.com"
+path = "/reports/{r}/{*object}"
+scope = "report/{r}"
+upstream = "objects"
+methods = ["PUT"]
+[[route]]
+name = "static-cdn"
+host = "cdn.example.com"
+path = "/static/{*file}"
+upstream = "objects"
+fenced = false
+[[route]]
+name = "static"
+path = "/static/{*f}"
+upstream = "objects"
+fenced = false
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+"#,
+        );
+        let tenant_then_any = r#"
+[[route]]
+name = "tenant-reports"
+host = "reports.tenant-a.example.com"
+path = "/reports/{report}/{*object}"
+scope = "tenant-a/report/{report}"
+upstream = "tenant-a"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+"#;
+        // Separate backends.
+        accepted(
+            &format!(
+                "{ONE_STORE}[[upstream]]\nname = \"tenant-a\"\nurl = \"http://127.0.0.1:9001\"\n"
+            ),
+            tenant_then_any,
+        );
+        // One backend that serves each host name its own objects.
+        let vhosts = "[[upstream]]\nname = \"objects\"\nurl = \"http://127.0.0.1:9000\"\ndistinct_hosts = true\n";
+        let one_upstream = tenant_then_any.replace("\"tenant-a\"", "\"objects\"");
+        accepted(vhosts, &one_upstream);
+        let c = Config::parse(
+            &with_upstreams_and_routes(vhosts, &one_upstream),
+            Path::new("."),
+        )
+        .expect("distinct hosts");
+        assert!(c.upstreams[0].distinct_hosts);
+        assert!(
+            c.describe().contains(" · distinct hosts\n"),
+            "{}",
+            c.describe()
+        );
+        let c = Config::parse(GOOD, Path::new(".")).expect("good");
+        assert!(!c.upstreams[0].distinct_hosts, "off unless declared");
+        // One host: the file's order decides, not the Host.
+        accepted(
+            ONE_STORE,
+            r#"
+[[route]]
+name = "tenant-reports"
+host = "reports.tenant-a.example.com"
+path = "/reports/{report}/{*object}"
+scope = "tenant-a/report/{report}"
+upstream = "objects"
+[[route]]
+name = "tenant-objects"
+host = "reports.tenant-a.example.com"
+path = "/{bucket}/{*key}"
+scope = "tenant-a/object/{bucket}/{key}"
+upstream = "objects"
+"#,
+        );
+        // A route for any host first takes its paths from every host: a later route for
+        // one host gets none of them.
+        accepted(
+            ONE_STORE,
+            r#"
+[[route]]
+name = "static"
+path = "/static/{*file}"
+upstream = "objects"
+fenced = false
+[[route]]
+name = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{*key}"
+scope = "object/{bucket}/{key}"
+upstream = "objects"
+"#,
+        );
+        // A carve-out for the host takes the shared paths before its general route does:
+        // `s3` never gets /reports/..., which `s3-reports` fences as `reports` does.
+        accepted(
+            ONE_STORE,
+            r#"
+[[route]]
+name = "s3-reports"
+host = "s3.example.com"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+errors = "s3"
+[[route]]
+name = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{*key}"
+scope = "object/{bucket}/{key}"
+upstream = "objects"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+"#,
+        );
+        // Paths that no request could bring to both: nothing shared.
+        accepted(
+            ONE_STORE,
+            r#"
+[[route]]
+name = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{*key}"
+scope = "object/{bucket}/{key}"
+upstream = "objects"
+[[route]]
+name = "health"
+path = "/healthz"
+upstream = "objects"
+fenced = false
+"#,
+        );
     }
 
     /// Parsing reads no file: a text whose only faults are in the files it names parses

@@ -13,7 +13,6 @@ use crate::config::value::{array, duration, parse_size, section};
 use crate::fence::policy::EqualPolicy;
 use crate::proxy::idempotency::config::{Mode, OnUnknown};
 use crate::proxy::problem::Dialect;
-pub use crate::proxy::s3::S3Api;
 use crate::route::{PathTemplate, RouteMatch, ScopeTemplate, Segment};
 use crate::tls::{RawUpstreamTls, UpstreamTls, UpstreamTlsFiles};
 
@@ -25,6 +24,21 @@ pub struct Upstream {
     pub timeout: Duration,
     /// Client TLS settings; `Some` exactly for https upstreams.
     pub tls: Option<UpstreamTls>,
+    /// The backend serves different objects for different Host names (name-based virtual
+    /// hosts), so routes for different hosts may fence one path differently (SPEC §2).
+    pub distinct_hosts: bool,
+}
+
+/// What an `api = "s3"` route knows beyond a plain route's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Api {
+    /// The backend also serves virtual-hosted requests, `Host: {bucket}.{domain}`: the
+    /// bucket is then taken from the Host. Lowercase, without a trailing dot.
+    pub virtual_host_domain: Option<String>,
+    /// The scope of requests on a bucket itself (create, delete, its settings); rendered
+    /// from the bucket capture only. `None`: those are refused when they would change
+    /// anything (403 `unfenced_operation`).
+    pub bucket_scope: Option<ScopeTemplate>,
 }
 
 /// What a route's backend API is, where the path alone does not say what a request
@@ -132,6 +146,7 @@ struct RawUpstream {
     url: String,
     timeout: Option<String>,
     tls: Option<RawUpstreamTls>,
+    distinct_hosts: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -163,6 +178,7 @@ pub(crate) struct UpstreamDraft {
     url: Uri,
     timeout: Duration,
     tls: Option<UpstreamTlsFiles>,
+    distinct_hosts: bool,
 }
 
 impl UpstreamDraft {
@@ -173,6 +189,7 @@ impl UpstreamDraft {
             url: self.url,
             timeout: self.timeout,
             tls: self.tls.and_then(|t| t.load(errors)),
+            distinct_hosts: self.distinct_hosts,
         }
     }
 }
@@ -303,6 +320,7 @@ fn parse_upstream(raw: RawUpstream, path: &str, base: &Path, errors: &mut Errors
         url,
         timeout,
         tls,
+        distinct_hosts: raw.distinct_hosts.unwrap_or(false),
     }
 }
 
@@ -370,7 +388,169 @@ pub(crate) fn parse_routes(
         }
     }
     shadowed_s3(&routes, &positions, errors);
+    for c in host_chosen_scopes(&routes, cx.upstreams) {
+        errors.push(format!("route[{}]", positions[c.second]), c.message);
+    }
     routes
+}
+
+/// The path templates a route answers for: its `path`. Every check of which routes share
+/// paths asks this, so a route that answers for more paths than its template names them
+/// here.
+fn paths_of(route: &Route) -> Vec<PathTemplate> {
+    let mut paths = vec![route.path.clone()];
+    // An S3 route also takes its buckets and the service (`/{bucket}`, `/`).
+    if route.s3().is_some()
+        && let Some(Segment::Param(bucket)) = route.path.segments.first()
+    {
+        paths.extend(
+            [format!("/{{{bucket}}}"), "/".to_string()]
+                .iter()
+                .filter_map(|t| PathTemplate::parse(t).ok()),
+        );
+    }
+    paths
+}
+
+/// Two routes that would fence one object two ways, the Host header choosing which.
+#[derive(Debug)]
+struct HostChosenScope {
+    /// Index in the routes of the later route of the two (the error's place).
+    second: usize,
+    message: String,
+}
+
+/// SPEC §2, one object, one scope. A backend that ignores Host (S3 path-style, WebDAV)
+/// reads one path as one object whatever host name a client used; if the routes for two
+/// host names fenced that path differently, a writer would pick its fence, or none, by
+/// the name it connects to. So routes i < j on one backend that both get some path for
+/// some host must fence it alike, unless the backend declares `distinct_hosts`.
+///
+/// Which pairs can both get a path: i names a host, and j names another or none (if i
+/// names none it takes the path from every host first; two routes for one host are
+/// ordered by the file, not by Host). A shared path that an earlier route takes from
+/// every host that would bring it to i (or to j) does not count: neither gets it. Pairs
+/// are judged one by one, so a shared path that several earlier routes take between
+/// them still counts (a refusal on the safe side).
+fn host_chosen_scopes(routes: &[Route], upstreams: &[UpstreamDraft]) -> Vec<HostChosenScope> {
+    let mut out = Vec::new();
+    for (j, b) in routes.iter().enumerate() {
+        for (i, a) in routes[..j].iter().enumerate() {
+            let Some(host) = a.host.as_deref() else {
+                continue;
+            };
+            if b.host.as_deref() == Some(host) || fenced_alike(a, b) {
+                continue;
+            }
+            let (Some(ua), Some(ub)) = (upstreams.get(a.upstream), upstreams.get(b.upstream))
+            else {
+                continue;
+            };
+            // Two entries with one URL are one backend, and it tells hosts apart only if
+            // both say so.
+            let one_backend = a.upstream == b.upstream || same_origin(&ua.url, &ub.url);
+            if !one_backend || (ua.distinct_hosts && ub.distinct_hosts) {
+                continue;
+            }
+            let Some(shared) = shared_paths(a, b)
+                .into_iter()
+                .find(|p| !taken_before(&routes[..i], a, p) && !taken_before(&routes[..j], b, p))
+            else {
+                continue;
+            };
+            let fence = |r: &Route| {
+                if r.fenced {
+                    format!("scope \"{}\"", r.scope)
+                } else {
+                    "pass-through".to_string()
+                }
+            };
+            let (backend, on) = if a.upstream == b.upstream {
+                (
+                    format!("upstream `{}`", ua.name),
+                    format!("on `{}`", ua.name),
+                )
+            } else {
+                (
+                    format!("upstreams `{}` and `{}` (one URL)", ua.name, ub.name),
+                    "on both".to_string(),
+                )
+            };
+            out.push(HostChosenScope {
+                second: j,
+                message: format!(
+                    "routes `{}` (host {host}, {}) and `{}` ({}, {}) send the same paths to {backend}, such as {}: the Host header would choose how one object is fenced. \
+                     Give both the same path and scope templates, send them to separate upstreams (different backends), \
+                     or, if the backend serves different objects for different host names, set `distinct_hosts = true` {on}",
+                    a.name,
+                    fence(a),
+                    b.name,
+                    b.host
+                        .as_deref()
+                        .map_or_else(|| "any other host".to_string(), |h| format!("host {h}")),
+                    fence(b),
+                    shared.example(),
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// Do two routes fence every path they share alike? Both pass-through, or both fenced
+/// with one path template and one scope template (captures may be named differently).
+fn fenced_alike(a: &Route, b: &Route) -> bool {
+    let same_api = match (a.s3(), b.s3()) {
+        (None, None) => true,
+        // Two S3 routes fence a bucket's requests alike too.
+        (Some(x), Some(y)) => match (&x.bucket_scope, &y.bucket_scope) {
+            (None, None) => true,
+            (Some(p), Some(q)) => p.renders_like(q),
+            _ => false,
+        },
+        // An S3 route reads what names objects outside the path; another route does not.
+        _ => false,
+    };
+    match (a.fenced, b.fenced) {
+        (false, false) => true,
+        (true, true) => same_api && a.path.same_shape(&b.path) && a.scope.renders_like(&b.scope),
+        _ => false,
+    }
+}
+
+/// The paths both routes answer for, as templates.
+fn shared_paths(a: &Route, b: &Route) -> Vec<PathTemplate> {
+    let theirs = paths_of(b);
+    paths_of(a)
+        .iter()
+        .flat_map(|p| theirs.iter().filter_map(|q| p.intersection(q)))
+        .collect()
+}
+
+/// Does one of `earlier` take every path of `paths` from each host that would bring them
+/// to `route` (a route with no host, or one for `route`'s host)?
+fn taken_before(earlier: &[Route], route: &Route, paths: &PathTemplate) -> bool {
+    earlier.iter().any(|e| {
+        (e.host.is_none() || e.host == route.host)
+            && paths_of(e).iter().any(|p| paths.is_covered_by(p))
+    })
+}
+
+/// Do two upstream URLs name one server: scheme, host (in any case) and port, the
+/// scheme's port where none is written?
+fn same_origin(a: &Uri, b: &Uri) -> bool {
+    let port = |u: &Uri| {
+        u.port_u16().unwrap_or(if u.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        })
+    };
+    a.scheme_str() == b.scheme_str()
+        && a.host()
+            .zip(b.host())
+            .is_some_and(|(x, y)| x.eq_ignore_ascii_case(y))
+        && port(a) == port(b)
 }
 
 /// An S3 route must see every request of its host (SPEC §15): a route before it that
@@ -784,9 +964,15 @@ upstream = "objects"
         );
         refused(after, "route[1]", "can never match");
         let elsewhere = format!(
-            "{S3}[[route]]\nname = \"late\"\npath = \"/x\"\nupstream = \"objects\"\nfenced = false\n"
+            "{S3}[[upstream]]\nname = \"web\"\nurl = \"http://127.0.0.1:9001\"\n[[route]]\nname = \"late\"\npath = \"/x\"\nupstream = \"web\"\nfenced = false\n"
         );
         Config::parse(&elsewhere, Path::new("."))
             .expect("a host-less route after it takes other hosts");
+        // The same on the S3 route's own backend: another host would reach its objects
+        // unread as S3 (one object, one scope).
+        let same_backend = format!(
+            "{S3}[[route]]\nname = \"late\"\npath = \"/x\"\nupstream = \"objects\"\nfenced = false\n"
+        );
+        refused(same_backend, "route[1]", "the Host header would choose");
     }
 }

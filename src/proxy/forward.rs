@@ -861,6 +861,7 @@ impl Forwarder {
                             .timeout
                             .saturating_add(config.fencing.drain_timeout),
                         tls: None,
+                        distinct_hosts: route_upstream.distinct_hosts,
                     };
                     (&hop_upstream, None)
                 }

@@ -219,7 +219,8 @@ async fn hostile_clients_get_clear_errors_and_nothing_unfenced_passes() {
 /// A `host =` route is not fallen past on a spelling of its host that the backend reads
 /// as the same host, nor on a request that names no host (the upstream would fill in its
 /// own): with an unfenced catch-all behind it on the same upstream, either would be an
-/// unfenced path to the fenced virtual host.
+/// unfenced path to the fenced virtual host. (The upstream serves each host name its own
+/// objects, `distinct_hosts`: else the two routes would be refused, SPEC §2.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_a_route_was_chosen_on_is_the_host_the_backend_sees() {
     let double = Double::start().await;
@@ -235,6 +236,7 @@ path = "marks.redb"
 [[upstream]]
 name = "u"
 url = "http://{}"
+distinct_hosts = true
 [[route]]
 name = "files"
 host = "files.internal"

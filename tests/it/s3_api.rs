@@ -9,7 +9,9 @@ use crate::support::{self, Client, Double, Resp};
 
 const ENDPOINT: &str = "s3.test";
 
-fn config(upstream: SocketAddr, bucket_scope: bool) -> String {
+/// The S3 route in front of `upstream`; every other host's requests go to `web`, another
+/// backend (on the S3 backend they would reach its objects by another Host: refused).
+fn config(upstream: SocketAddr, web: SocketAddr, bucket_scope: bool) -> String {
     format!(
         r#"
 [server]
@@ -31,10 +33,13 @@ virtual_host_domain = "{ENDPOINT}"
 path = "/{{bucket}}/{{*key}}"
 scope = "object/{{bucket}}/{{key}}"
 {}upstream = "s3"
+[[upstream]]
+name = "web"
+url = "http://{web}"
 [[route]]
 name = "other"
 path = "/{{*rest}}"
-upstream = "s3"
+upstream = "web"
 fenced = false
 "#,
         if bucket_scope {
@@ -63,6 +68,11 @@ async fn send(
     client.send(method, target, &headers, body).await
 }
 
+/// Another backend, for the hosts that are not the S3 endpoint's.
+async fn web() -> SocketAddr {
+    Double::start().await.addr
+}
+
 fn delete_body(keys: &[&str]) -> String {
     let objects: String = keys
         .iter()
@@ -83,7 +93,7 @@ fn s3_code(r: &Resp) -> String {
 async fn delete_objects_is_fenced_on_the_keys_in_its_body() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let proxy = support::start_text(&config(double.addr, false), dir.path()).await;
+    let proxy = support::start_text(&config(double.addr, web().await, false), dir.path()).await;
     let c = Client::new(proxy.proxy_addr);
 
     let put = send(
@@ -187,7 +197,7 @@ fn form(key: &str, file_name: &str, content: &str) -> String {
 async fn a_form_upload_is_fenced_on_its_key_field() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let proxy = support::start_text(&config(double.addr, false), dir.path()).await;
+    let proxy = support::start_text(&config(double.addr, web().await, false), dir.path()).await;
     let c = Client::new(proxy.proxy_addr);
     let ct = [("content-type", "multipart/form-data; boundary=b0und")];
 
@@ -260,7 +270,7 @@ async fn a_form_upload_is_fenced_on_its_key_field() {
 async fn both_addressing_styles_render_one_scope() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let proxy = support::start_text(&config(double.addr, false), dir.path()).await;
+    let proxy = support::start_text(&config(double.addr, web().await, false), dir.path()).await;
     let c = Client::new(proxy.proxy_addr);
 
     let path_style = send(
@@ -333,7 +343,7 @@ async fn both_addressing_styles_render_one_scope() {
 async fn requests_on_a_bucket_take_its_scope_or_are_refused() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let proxy = support::start_text(&config(double.addr, false), dir.path()).await;
+    let proxy = support::start_text(&config(double.addr, web().await, false), dir.path()).await;
     let c = Client::new(proxy.proxy_addr);
     let lifecycle = "<LifecycleConfiguration/>";
     for (method, target, token) in [
@@ -371,7 +381,7 @@ async fn requests_on_a_bucket_take_its_scope_or_are_refused() {
     // With a bucket_scope, the bucket's changes are fenced on it.
     let double = Double::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let proxy = support::start_text(&config(double.addr, true), dir.path()).await;
+    let proxy = support::start_text(&config(double.addr, web().await, true), dir.path()).await;
     let c = Client::new(proxy.proxy_addr);
     let ok = send(
         &c,

@@ -20,19 +20,8 @@ use http::{HeaderMap, HeaderValue, Method, header};
 
 use crate::body::BoxError;
 
+pub use crate::proxy::config::S3Api;
 use crate::route::{Capture, ScopeTemplate, Segments};
-
-/// What an `api = "s3"` route knows beyond a plain route's table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3Api {
-    /// The backend also serves virtual-hosted requests, `Host: {bucket}.{domain}`: the
-    /// bucket is then taken from the Host. Lowercase, without a trailing dot.
-    pub virtual_host_domain: Option<String>,
-    /// The scope of requests on a bucket itself (create, delete, its settings); rendered
-    /// from the bucket capture only. `None`: those are refused when they would change
-    /// anything (403 `unfenced_operation`).
-    pub bucket_scope: Option<ScopeTemplate>,
-}
 
 /// What an S3 request acts on, from its method, query and path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +137,7 @@ fn query_names(query: &str) -> Result<Vec<Cow<'_, str>>, String> {
 /// names are lower case, and a backend that folded the case would name another bucket
 /// than the fence read.
 pub fn virtual_host<'a, 'h>(
-    routes: &'a [crate::config::Route],
+    routes: &'a [crate::proxy::config::Route],
     host: &'h str,
 ) -> Result<Option<(&'a str, &'h str)>, String> {
     for r in routes {
@@ -177,7 +166,7 @@ pub fn virtual_host<'a, 'h>(
 /// all its paths) answers in S3's dialect, so that an S3
 /// SDK reads the error's code; problem+json otherwise.
 pub fn unrouted_dialect(
-    routes: &[crate::config::Route],
+    routes: &[crate::proxy::config::Route],
     headers: Option<&HeaderMap>,
 ) -> crate::proxy::problem::Dialect {
     use crate::proxy::problem::Dialect;
