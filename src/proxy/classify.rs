@@ -195,6 +195,14 @@ pub(crate) fn classify<B>(
         Some(api) => {
             let op = s3::operation(req.method(), req.uri().query(), caps.len())
                 .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+            if let Some(h) = s3::SECOND_OBJECT
+                .iter()
+                .find(|h| req.headers().contains_key(**h))
+            {
+                return Err(at(Outcome::InvalidRequest {
+                    detail: format!("{h} names a second object that this request would change"),
+                }));
+            }
             // What has no scope to fence may pass only as a read without a token.
             let read = !route.fences_method(req.method()) && matches!(head.token, Seen::None);
             let unfenceable = |detail: &str| {

@@ -163,7 +163,32 @@ fn boundary(content_type: Option<&HeaderValue>) -> Result<String, String> {
     let value = content_type
         .and_then(|v| v.to_str().ok())
         .ok_or("the Content-Type is not ASCII")?;
-    multer::parse_boundary(value).map_err(|e| format!("the form's boundary: {e}"))
+    // Exactly one `boundary`, a token or a quoted string without escapes: from a type
+    // with two, or an escape, a server could read another boundary, and other fields.
+    let mut found: Option<&str> = None;
+    for param in value.split(';').skip(1) {
+        let Some((name, v)) = param.split_once('=') else {
+            continue;
+        };
+        if !name.trim().eq_ignore_ascii_case("boundary") {
+            continue;
+        }
+        if found.is_some() {
+            return Err("the Content-Type names two boundaries".into());
+        }
+        let v = v.trim();
+        let v = match v.strip_prefix('"') {
+            Some(q) => q.strip_suffix('"').ok_or("an unclosed quoted boundary")?,
+            None => v,
+        };
+        if v.is_empty() || v.len() > 70 || v.contains(['"', '\\', ';', ',']) {
+            return Err("the form's boundary is not a plain one of 1 to 70 characters".into());
+        }
+        found = Some(v);
+    }
+    found
+        .map(str::to_string)
+        .ok_or_else(|| "the Content-Type names no boundary".into())
 }
 
 async fn fields<B>(stream: TeeStream<B>, boundary: String) -> Result<Vec<String>, String>
@@ -177,6 +202,24 @@ where
     let mut key: Option<String> = None;
     let bad = |e: multer::Error| format!("the form: {e}");
     while let Some(field) = form.next_field().await.map_err(bad)? {
+        // One Content-Disposition with one name: a server could read another of two.
+        let dispositions = field.headers().get_all(http::header::CONTENT_DISPOSITION);
+        let mut values = dispositions.iter();
+        let (Some(disposition), None) = (values.next(), values.next()) else {
+            return Err("a form part without one Content-Disposition".into());
+        };
+        let names = disposition
+            .to_str()
+            .map_err(|_| "a Content-Disposition that is not ASCII".to_string())?
+            .split(';')
+            .filter(|p| {
+                p.split_once('=')
+                    .is_some_and(|(n, _)| n.trim().eq_ignore_ascii_case("name"))
+            })
+            .count();
+        if names != 1 {
+            return Err("a form part's Content-Disposition names it twice, or not at all".into());
+        }
         let name = field.name().unwrap_or_default().to_string();
         if name.eq_ignore_ascii_case("file") {
             let key = key.ok_or("the form has no key field before its file")?;
@@ -287,6 +330,35 @@ mod tests {
             ("file", None, "x"),
         ]))
         .await;
+        assert!(key.is_err(), "{key:?}");
+        for ct in [
+            "multipart/form-data; boundary=XyZ; boundary=other",
+            "multipart/form-data; boundary=\"X\\yZ\"",
+            "multipart/form-data",
+        ] {
+            let ct = HeaderValue::from_static(ct);
+            let (key, _) = read_key(
+                Some(&ct),
+                Full::new(Bytes::from(form(&[
+                    ("key", None, "a"),
+                    ("file", None, "x"),
+                ]))),
+            )
+            .await;
+            assert!(key.is_err(), "{ct:?}: {key:?}");
+        }
+        let quoted = HeaderValue::from_static("multipart/form-data; Boundary=\"XyZ\"");
+        let (key, _) = read_key(
+            Some(&quoted),
+            Full::new(Bytes::from(form(&[
+                ("key", None, "a"),
+                ("file", None, "x"),
+            ]))),
+        )
+        .await;
+        assert_eq!(key, Ok(vec!["a".to_string()]));
+        let twice = "--XyZ\r\nContent-Disposition: form-data; name=\"key\"; name=\"other\"\r\n\r\na\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--XyZ--\r\n";
+        let (key, _) = key_of(twice.to_string()).await;
         assert!(key.is_err(), "{key:?}");
         let ct = HeaderValue::from_static("application/xml");
         let (key, _) = read_key(Some(&ct), Full::new(Bytes::from_static(b"<x/>"))).await;

@@ -66,9 +66,31 @@ pub fn operation(
             }
         }
         1 => Operation::Bucket,
+        _ if *method == Method::POST => {
+            // S3's POSTs on an object say what they are in the query. A bare one, or one
+            // naming `delete`, is no S3 request on an object, and a server could read it
+            // as one on the bucket (a form upload, a DeleteObjects): refused.
+            let names = query_names(query.unwrap_or(""))?;
+            let named = |n: &str| names.iter().any(|m| m.eq_ignore_ascii_case(n));
+            if named("delete") || !OBJECT_POSTS.iter().any(|n| named(n)) {
+                return Err(
+                    "a POST on an object is S3's only with ?uploads, ?uploadId, ?restore or ?select"
+                        .into(),
+                );
+            }
+            Operation::Object
+        }
         _ => Operation::Object,
     })
 }
+
+/// The query names of S3's POSTs on an object: CreateMultipartUpload,
+/// CompleteMultipartUpload, RestoreObject, SelectObjectContent.
+const OBJECT_POSTS: [&str; 4] = ["uploads", "uploadId", "restore", "select"];
+
+/// Headers with which a request changes a second object that its path does not name
+/// (S3 Express's RenameObject removes the source it names): refused on an S3 route.
+pub const SECOND_OBJECT: [&str; 1] = ["x-amz-rename-source"];
 
 /// What a request on an object does with multipart uploads: creates one (`?uploads` on a
 /// POST), names one (`uploadId`), or neither. Two `uploadId` parameters are an error (a
@@ -278,7 +300,16 @@ where
     B::Error: Into<BoxError>,
 {
     if op == Operation::PostForm {
-        return form::read_key(headers.get(header::CONTENT_TYPE), body).await;
+        // One Content-Type: a server could read the boundary of another.
+        let mut types = headers.get_all(header::CONTENT_TYPE).iter();
+        let content_type = match (types.next(), types.next()) {
+            (one, None) => one,
+            _ => {
+                let refused = Err("more than one Content-Type".to_string());
+                return (refused, form::Replay::new(Vec::new(), Some(Box::pin(body))));
+            }
+        };
+        return form::read_key(content_type, body).await;
     }
     let limit = max_body.map_or(delete::MAX_BYTES, |m| {
         usize::try_from(m).map_or(delete::MAX_BYTES, |m| m.min(delete::MAX_BYTES))
@@ -317,6 +348,19 @@ mod tests {
         let op = |m: Method, q: Option<&str>, n| operation(&m, q, n).expect("operation");
         assert_eq!(op(Method::PUT, None, 2), Operation::Object);
         assert_eq!(op(Method::POST, Some("uploads"), 2), Operation::Object);
+        assert_eq!(
+            op(Method::POST, Some("uploadId=x&x-id=Complete"), 2),
+            Operation::Object
+        );
+        assert_eq!(op(Method::POST, Some("restore"), 2), Operation::Object);
+        for q in [
+            None,
+            Some("delete"),
+            Some("uploads&delete"),
+            Some("x-id=PutObject"),
+        ] {
+            assert!(operation(&Method::POST, q, 2).is_err(), "{q:?}");
+        }
         assert_eq!(op(Method::GET, None, 0), Operation::Service);
         assert_eq!(op(Method::PUT, Some("lifecycle"), 1), Operation::Bucket);
         assert_eq!(op(Method::DELETE, None, 1), Operation::Bucket);
