@@ -43,13 +43,20 @@ enum Destination {
 
 /// The target named by a request's `Destination` header, routed with the request's host
 /// (a backend such as nginx's WebDAV module writes the destination's path on the server
-/// the request reached, whatever host the header names, so another host is refused).
-/// `X-Original-URL` and `X-Rewrite-URL` are refused outright on every route. Called only
-/// when [`HeadScan`] saw one of these names.
+/// the request reached, whatever host the header names, so another host is refused), on
+/// a route of the request's own upstream (`upstream`). `X-Original-URL` and
+/// `X-Rewrite-URL` are refused outright on every route. Called only when [`HeadScan`]
+/// saw one of these names.
+///
+/// The header is read as every backend might read it (SPEC §16): a raw `#` (which
+/// `http::Uri` would drop, and wsgidav keeps), a query, or an escaped `#`, `?` or `;`
+/// (servers such as wsgidav decode the header before they split it, so `%3F` would end
+/// the name there) is refused.
 fn destination<B>(
     config: &Config,
     req: &Request<B>,
     host: Option<&str>,
+    upstream: usize,
     seen: Seen<'_>,
 ) -> Result<Destination, String> {
     if let Some(h) = RETARGETS.iter().find(|h| req.headers().contains_key(*h)) {
@@ -64,6 +71,25 @@ fn destination<B>(
             .to_str()
             .map_err(|_| "Destination is not ASCII".to_string())?,
     };
+    if value.contains('#') {
+        return Err("Destination has a `#`: servers differ on whether it ends the path".into());
+    }
+    if value.contains('?') {
+        return Err(
+            "Destination has a query: servers differ on whether it is part of the name".into(),
+        );
+    }
+    if ["%23", "%3f", "%3b"].iter().any(|e| {
+        value
+            .as_bytes()
+            .windows(3)
+            .any(|w| w.eq_ignore_ascii_case(e.as_bytes()))
+    }) {
+        return Err(
+            "Destination has an escaped `#`, `?` or `;` (%23, %3F, %3B): a server that decodes it before splitting it reads another path"
+                .into(),
+        );
+    }
     let uri: http::Uri = value
         .parse()
         .map_err(|e| format!("Destination is not a URI: {e}"))?;
@@ -90,6 +116,9 @@ fn destination<B>(
     let segments = route::canonicalize(uri.path()).map_err(|e| format!("Destination: {e}"))?;
     match route::find(&config.routes, host, &segments) {
         None => Err("Destination matches no route".into()),
+        Some((_, r, _)) if r.upstream != upstream => {
+            Err("Destination is on a route of another upstream".into())
+        }
         Some((_, r, _)) if !r.fenced => Ok(Destination::Unfenced),
         Some((_, r, caps)) => Ok(Destination::Scope(r.scope.render(&caps))),
     }
@@ -164,7 +193,7 @@ pub(crate) fn classify<B>(
     // A COPY or MOVE writes its Destination too: that target must be fenced by this
     // request's own scope, or be a pass-through route's.
     let destination = if head.retarget {
-        destination(config, req, host, head.destination)
+        destination(config, req, host, route.upstream, head.destination)
             .map_err(|detail| at(Outcome::InvalidRequest { detail }))?
     } else {
         Destination::None

@@ -26,3 +26,4 @@ mod sequence;
 mod store;
 mod streaming;
 mod tls;
+mod webdav;

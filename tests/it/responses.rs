@@ -1388,6 +1388,15 @@ async fn a_destination_stays_in_the_requests_scope() {
         "ftp://127.0.0.1/reports/a/y",
         "reports/a/y",
         "?x",
+        // Read as every backend might read it (SPEC §16): a `#` that http::Uri would
+        // drop, a query, and escapes a decoding server would split at.
+        "/reports/a/y#/../../b/x",
+        "/reports/a/y#frag",
+        "/reports/a/y?x=1",
+        "/reports/a/y%3F",
+        "/reports/a/y%3fz",
+        "/reports/a/y%23",
+        "/reports/a/y%3Bv=1",
     ];
     for dest in refused {
         env.refused(
@@ -1472,4 +1481,67 @@ async fn a_destination_stays_in_the_requests_scope() {
     env.accepted("PUT", "/reports/b/x", &[("fencing-token", "10")])
         .await;
     env.stop().await;
+}
+
+/// A `Destination` on a route of another upstream is refused, pass-through or fenced: the
+/// backend that gets the request writes the destination on itself, under the path the
+/// other upstream's route would have fenced (SPEC §16).
+#[tokio::test]
+async fn a_destination_stays_on_the_requests_upstream() {
+    let (one, two) = (Double::start().await, Double::start().await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+settle = "0s"
+[[upstream]]
+name = "one"
+url = "http://{}"
+[[upstream]]
+name = "two"
+url = "http://{}"
+[[route]]
+name = "open"
+path = "/open/{{*rest}}"
+upstream = "one"
+fenced = false
+[[route]]
+name = "files"
+path = "/files/{{*rest}}"
+scope = "files"
+upstream = "two"
+[[route]]
+name = "open-two"
+path = "/open-two/{{*rest}}"
+upstream = "two"
+fenced = false
+"#,
+        one.addr, two.addr
+    );
+    let proxy = support::start_text(&text, dir.path()).await;
+    let client = Client::new(proxy.proxy_addr);
+    for (path, token, dest) in [
+        ("/open/x", None, "/open-two/x"),
+        ("/open/x", None, "/files/x"),
+        ("/files/x", Some("1"), "/open/x"),
+    ] {
+        let mut headers = vec![("destination", dest)];
+        if let Some(t) = token {
+            headers.push(("fencing-token", t));
+        }
+        let resp = client.send("COPY", path, &headers, "").await;
+        assert_problem(&resp, 400, "invalid_request");
+    }
+    assert!(one.seen().is_empty() && two.seen().is_empty());
+    let ok = client
+        .send("COPY", "/open-two/x", &[("destination", "/open-two/y")], "")
+        .await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    assert_eq!(two.seen().len(), 1);
 }
