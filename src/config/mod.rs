@@ -423,7 +423,7 @@ impl Config {
             ));
             if let Some(s3) = r.s3() {
                 out.push_str(&format!(
-                    "  api s3: {} · {}\n",
+                    "  api s3: {} · {} · keys {}\n",
                     s3.virtual_host_domain
                         .as_ref()
                         .map_or("path-style only".to_string(), |d| format!(
@@ -433,6 +433,10 @@ impl Config {
                         "bucket requests refused (no bucket_scope)".to_string(),
                         |b| { format!("bucket scope \"{b}\"") }
                     ),
+                    match s3.keys {
+                        crate::proxy::s3::Keys::Strict => "strict",
+                        crate::proxy::s3::Keys::Opaque => "opaque",
+                    },
                 ));
             } else if r.api == crate::proxy::config::Api::Plain {
                 out.push_str("  api plain: the path names all a request changes\n");
@@ -1481,7 +1485,7 @@ upstream[1].name: `u` is defined twice
 route[0].scope: `{y}` is not a capture of the path template
 route[0].upstream: no upstream named `nope`
 route[0].equal: `maybe`: expected "accept" or "reject"
-route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`, `sequence`, `errors`, `api`, `virtual_host_domain`, `bucket_scope`
+route[1]: unknown field `colour`, expected one of `name`, `path`, `scope`, `upstream`, `host`, `fenced`, `methods`, `equal`, `idempotency`, `idempotency_unknown`, `max_body`, `proof`, `sequence`, `errors`, `api`, `virtual_host_domain`, `bucket_scope`, `keys`
 ----
 admin: unknown field `colour`, expected one of `cert`, `key`, `client_ca`, `resumption`
 log.access: must be "off", "stdout" or a file path, not empty

@@ -4,8 +4,6 @@
 //! would let a fenced write pass as something else is refused (method overrides, WebDAV
 //! `Destination` into another scope, retargeting headers, `Upgrade`).
 
-use std::borrow::Cow;
-
 use http::{HeaderValue, Method, Request, header};
 
 use super::s3::{self, Operation};
@@ -149,14 +147,6 @@ pub(crate) fn classify<B>(
             },
         ));
     }
-    let segments = route::canonicalize(req.uri().path()).map_err(|e| {
-        (
-            None,
-            Outcome::InvalidPath {
-                detail: e.to_string(),
-            },
-        )
-    })?;
     let head = HeadScan::of(req.headers(), &config.fencing.header);
     if let Some(name) = head.alias {
         return Err((
@@ -170,16 +160,31 @@ pub(crate) fn classify<B>(
     }
     let host = request_host(req, head.host)
         .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
-    // Virtual-hosted S3 (SPEC §15): the bucket named by the Host goes in front of the
-    // path, and the request is routed as its path-style twin, so both render one scope.
-    let mut segments = segments;
-    let host = match host.map(|h| s3::virtual_host(&config.routes, h)) {
-        Some(Ok(Some((endpoint, bucket)))) => {
-            segments.insert(0, Cow::Borrowed(bucket));
-            Some(endpoint)
-        }
+    // An S3 route's host (SPEC §15): the bucket a virtual-hosted request names in its
+    // Host goes in front of the path, so that it is routed as its path-style twin and
+    // both render one scope; on `keys = "opaque"` the key is read whole.
+    let on_s3 = match host.map(|h| s3::for_host(&config.routes, h)) {
         Some(Err(detail)) => return Err((None, Outcome::InvalidRequest { detail })),
-        _ => host,
+        Some(Ok(found)) => found,
+        None => None,
+    };
+    let bad_path = |e: route::PathError| {
+        (
+            None,
+            Outcome::InvalidPath {
+                detail: e.to_string(),
+            },
+        )
+    };
+    let (host, segments) = match on_s3 {
+        None => (
+            host,
+            route::canonicalize(req.uri().path()).map_err(bad_path)?,
+        ),
+        Some(s) => (
+            Some(s.endpoint),
+            s3::segments(req.uri().path(), s.bucket, s.keys).map_err(bad_path)?,
+        ),
     };
     let (idx, route, caps) =
         route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;

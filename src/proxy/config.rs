@@ -39,6 +39,8 @@ pub struct S3Api {
     /// from the bucket capture only. `None`: those are refused when they would change
     /// anything (403 `unfenced_operation`).
     pub bucket_scope: Option<ScopeTemplate>,
+    /// How keys are read: held to a path's rules, or whole and verbatim (`keys`).
+    pub keys: crate::proxy::s3::Keys,
 }
 
 /// What a route's backend API is, where the path alone does not say what a request
@@ -169,6 +171,7 @@ struct RawRoute {
     api: Option<String>,
     virtual_host_domain: Option<String>,
     bucket_scope: Option<String>,
+    keys: Option<String>,
 }
 
 /// One `[[upstream]]` as parsed: its TLS files are named, not read yet.
@@ -255,9 +258,21 @@ fn s3_api(
         }
         bare.to_string()
     });
+    let keys = match raw.keys.as_deref() {
+        None | Some("strict") => crate::proxy::s3::Keys::Strict,
+        Some("opaque") => crate::proxy::s3::Keys::Opaque,
+        Some(other) => {
+            errors.push(
+                format!("{path}.keys"),
+                format!("`{other}`: expected \"strict\" or \"opaque\""),
+            );
+            crate::proxy::s3::Keys::Strict
+        }
+    };
     S3Api {
         virtual_host_domain,
         bucket_scope,
+        keys,
     }
 }
 
@@ -503,11 +518,14 @@ fn fenced_alike(a: &Route, b: &Route) -> bool {
     let same_api = match (a.s3(), b.s3()) {
         (None, None) => true,
         // Two S3 routes fence a bucket's requests alike too.
-        (Some(x), Some(y)) => match (&x.bucket_scope, &y.bucket_scope) {
-            (None, None) => true,
-            (Some(p), Some(q)) => p.renders_like(q),
-            _ => false,
-        },
+        (Some(x), Some(y)) => {
+            x.keys == y.keys
+                && match (&x.bucket_scope, &y.bucket_scope) {
+                    (None, None) => true,
+                    (Some(p), Some(q)) => p.renders_like(q),
+                    _ => false,
+                }
+        }
         // An S3 route reads what names objects outside the path; another route does not.
         _ => false,
     };
@@ -641,6 +659,7 @@ fn parse_route(
         for (key, set) in [
             ("virtual_host_domain", raw.virtual_host_domain.is_some()),
             ("bucket_scope", raw.bucket_scope.is_some()),
+            ("keys", raw.keys.is_some()),
         ] {
             if set {
                 errors.push(format!("{path}.{key}"), "only for an api = \"s3\" route");

@@ -518,7 +518,13 @@ impl<S> Fence<S, Typed> {
             )
         };
         let classified = keys.map_err(malformed).and_then(|keys| {
-            match s3::one_scope(&route.scope, &named.bucket, keys.iter().map(String::as_str)) {
+            let mode = route.s3().map(|s| s.keys).unwrap_or_default();
+            match s3::one_scope(
+                &route.scope,
+                &named.bucket,
+                keys.iter().map(String::as_str),
+                mode,
+            ) {
                 Ok(scope) => super::classify::named(&table.config, &parts, idx, scope),
                 Err(s3::Refused::Malformed(detail)) => Err(malformed(detail)),
                 Err(s3::Refused::MultiScope(detail)) => {

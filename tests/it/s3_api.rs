@@ -12,6 +12,16 @@ const ENDPOINT: &str = "s3.test";
 /// The S3 route in front of `upstream`; every other host's requests go to `web`, another
 /// backend (on the S3 backend they would reach its objects by another Host: refused).
 fn config(upstream: SocketAddr, web: SocketAddr, bucket_scope: bool) -> String {
+    let extra = if bucket_scope {
+        "bucket_scope = \"bucket/{bucket}\"\n"
+    } else {
+        ""
+    };
+    config_with(upstream, web, extra)
+}
+
+/// [`config`] with `extra` lines in the S3 route.
+fn config_with(upstream: SocketAddr, web: SocketAddr, extra: &str) -> String {
     format!(
         r#"
 [server]
@@ -42,11 +52,7 @@ path = "/{{*rest}}"
 upstream = "web"
 fenced = false
 "#,
-        if bucket_scope {
-            "bucket_scope = \"bucket/{bucket}\"\n"
-        } else {
-            ""
-        }
+        extra
     )
 }
 
@@ -412,4 +418,46 @@ async fn requests_on_a_bucket_take_its_scope_or_are_refused() {
     );
     let missing = send(&c, ENDPOINT, "DELETE", "/bkt", None, &[], "").await;
     assert_eq!(missing.status, 428, "{missing:?}");
+}
+
+/// `keys = "opaque"`: keys S3 allows and a path's rules refuse are keys of their own, one
+/// scope per spelling of one key, in the path and in a body alike.
+#[tokio::test]
+async fn opaque_keys_are_keys_of_their_own() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let text = config_with(double.addr, web().await, "keys = \"opaque\"\n");
+    let proxy = support::start_text(&text, dir.path()).await;
+    let c = Client::new(proxy.proxy_addr);
+    let put = |target: &'static str, token: &'static str| {
+        let c = &c;
+        async move { send(c, ENDPOINT, "PUT", target, Some(token), &[], "x").await }
+    };
+    for (target, token) in [
+        ("/bkt/a//b", "5"),
+        ("/bkt/a/./b", "5"),
+        ("/bkt/a%5Cb", "5"),
+        ("/bkt/dir/", "5"),
+        ("/bkt/a/b", "1"),
+    ] {
+        let r = put(target, token).await;
+        assert_eq!(r.result(), "accepted", "{target}: {r:?}");
+    }
+    // The same keys spelt otherwise, in the path and in a DeleteObjects body.
+    for target in ["/bkt/a%2F%2Fb", "/bkt/a%2F.%2Fb", "/bkt/a\\b", "/bkt/dir%2F"] {
+        let r = put(target, "4").await;
+        assert_eq!(r.status, 409, "{target}: {r:?}");
+    }
+    let body = delete_body(&["a//b"]);
+    let r = send(&c, ENDPOINT, "POST", "/bkt?delete", Some("4"), &[], &body).await;
+    assert_eq!(r.status, 409, "{r:?}");
+    assert!(r.body.contains("<Scope>object/bkt/a//b</Scope>"), "{}", r.body);
+    let r = send(&c, "bkt.s3.test", "PUT", "/a//b", Some("4"), &[], "x").await;
+    assert_eq!(r.status, 409, "virtual-hosted: {r:?}");
+    // Still refused: control characters, bad escapes, a bucket that is not one segment.
+    for target in ["/bkt/a%0Ab", "/bkt/a%zz", "//k", "/b%2Fx/k"] {
+        let r = put(target, "9").await;
+        assert_eq!(r.status, 400, "{target}: {r:?}");
+        assert_eq!(r.result(), "invalid_path");
+    }
 }

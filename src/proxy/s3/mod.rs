@@ -153,19 +153,34 @@ fn query_names(query: &str) -> Result<Vec<Cow<'_, str>>, String> {
     Ok(out)
 }
 
-/// The bucket a virtual-hosted request names in its Host, for the first `api = "s3"`
-/// route whose `virtual_host_domain` the host is a subdomain of: that route's host (to
-/// route by) and the bucket. A bucket with an upper-case letter is an error: S3 bucket
-/// names are lower case, and a backend that folded the case would name another bucket
-/// than the fence read.
-pub fn virtual_host<'a, 'h>(
+/// A request to an S3 route's host: the route's endpoint (to route by), the bucket a
+/// virtual-hosted request names in its Host, and how the route reads keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct S3Host<'a, 'h> {
+    pub endpoint: &'a str,
+    pub bucket: Option<&'h str>,
+    pub keys: Keys,
+}
+
+/// The S3 route whose endpoint `host` is, or whose `virtual_host_domain` it is a
+/// subdomain of (the first in file order). A virtual-hosted bucket with an upper-case
+/// letter is an error: S3 bucket names are lower case, and a backend that folded the
+/// case would name another bucket than the fence read.
+pub fn for_host<'a, 'h>(
     routes: &'a [crate::proxy::config::Route],
     host: &'h str,
-) -> Result<Option<(&'a str, &'h str)>, String> {
+) -> Result<Option<S3Host<'a, 'h>>, String> {
     for r in routes {
         let (Some(s3), Some(endpoint)) = (r.s3(), r.host.as_deref()) else {
             continue;
         };
+        if host.eq_ignore_ascii_case(endpoint) {
+            return Ok(Some(S3Host {
+                endpoint,
+                bucket: None,
+                keys: s3.keys,
+            }));
+        }
         let Some(domain) = s3.virtual_host_domain.as_deref() else {
             continue;
         };
@@ -177,9 +192,90 @@ pub fn virtual_host<'a, 'h>(
                 "the bucket `{bucket}` of a virtual-hosted request has upper-case letters; S3 bucket names are lower case"
             ));
         }
-        return Ok(Some((endpoint, bucket)));
+        return Ok(Some(S3Host {
+            endpoint,
+            bucket: Some(bucket),
+            keys: s3.keys,
+        }));
     }
     Ok(None)
+}
+
+/// How an S3 route reads an object's key (`keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Keys {
+    /// Held to a path's rules (SPEC §2): no empty, `.` or `..` segment, no `\`; one
+    /// trailing `/` dropped. For backends that store objects as files.
+    #[default]
+    Strict,
+    /// Whole and verbatim (only controls refused): `a//b`, `a/./b`, `a\b` and `dir/`
+    /// are keys of their own, for backends that store keys as given (AWS S3).
+    Opaque,
+}
+
+/// The segments an S3 route is matched on: the bucket (from the Host when `bucket` is
+/// given, else the path's first segment), then the key. With [`Keys::Strict`] they are
+/// the canonical path's; with [`Keys::Opaque`] the key is one segment, the rest of the
+/// path percent-decoded whole (`%2F` is a `/` of the key, as S3 reads it).
+pub fn segments<'p>(
+    path: &'p str,
+    bucket: Option<&'p str>,
+    keys: Keys,
+) -> Result<Segments<'p>, crate::route::PathError> {
+    use crate::route::{PathError, canonicalize};
+    let rest = path.strip_prefix('/').ok_or(PathError::NotOriginForm)?;
+    if keys == Keys::Strict {
+        let mut segments = canonicalize(path)?;
+        if let Some(b) = bucket {
+            segments.insert(0, Cow::Borrowed(b));
+        }
+        return Ok(segments);
+    }
+    let (bucket, key) = match bucket {
+        Some(b) => (Cow::Borrowed(b), rest),
+        None => {
+            let (raw, key) = rest.split_once('/').unwrap_or((rest, ""));
+            if raw.is_empty() {
+                return match key {
+                    "" => Ok(Segments::new()),
+                    _ => Err(PathError::EmptySegment),
+                };
+            }
+            let mut one = canonicalize(path.get(..raw.len() + 1).unwrap_or(path))?;
+            match (one.pop(), one.is_empty()) {
+                (Some(b), true) => (b, key),
+                _ => return Err(PathError::ForbiddenCharacter),
+            }
+        }
+    };
+    let mut out = Segments::new();
+    out.push(bucket);
+    if !key.is_empty() {
+        out.push(decode_key(key)?);
+    }
+    Ok(out)
+}
+
+/// A key read whole: percent-decoded, valid UTF-8, no control character.
+fn decode_key(raw: &str) -> Result<Cow<'_, str>, crate::route::PathError> {
+    use crate::route::PathError;
+    let decoded = percent_encoding::percent_decode_str(raw);
+    // A `%` that starts no escape would be taken literally by the decoder: refused, as
+    // a path's is.
+    let bytes = raw.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+        {
+            return Err(PathError::BadEscape);
+        }
+    }
+    let text = decoded.decode_utf8().map_err(|_| PathError::NotUtf8)?;
+    if text.chars().any(char::is_control) {
+        return Err(PathError::ForbiddenCharacter);
+    }
+    Ok(text)
 }
 
 /// The dialect of a refusal made before a route was chosen (an unsafe path, no route):
@@ -242,7 +338,21 @@ fn strip_domain<'h>(host: &'h str, domain: &str) -> Option<&'h str> {
 /// as a path is, with the rules of a path's decoded segments (SPEC §2): no empty, `.` or
 /// `..` segment, no `\`, NUL or control character; one trailing `/` is dropped, as a
 /// path's is. So a key named in a body and the same key named in a path render one scope.
-pub fn object_scope(template: &ScopeTemplate, bucket: &str, key: &str) -> Result<String, String> {
+pub fn object_scope(
+    template: &ScopeTemplate,
+    bucket: &str,
+    key: &str,
+    keys: Keys,
+) -> Result<String, String> {
+    if keys == Keys::Opaque {
+        if key.is_empty() || key.chars().any(char::is_control) {
+            return Err(format!(
+                "the key `{}`: empty, or with a control character",
+                key.escape_debug()
+            ));
+        }
+        return Ok(template.render(&[Capture::One(bucket), Capture::Rest(&[Cow::Borrowed(key)])]));
+    }
     let trimmed = key.strip_suffix('/').unwrap_or(key);
     if trimmed.is_empty() {
         return Err("an empty key".into());
@@ -259,11 +369,12 @@ pub fn object_scope(template: &ScopeTemplate, bucket: &str, key: &str) -> Result
 pub fn one_scope<'k>(
     template: &ScopeTemplate,
     bucket: &str,
-    keys: impl IntoIterator<Item = &'k str>,
+    names: impl IntoIterator<Item = &'k str>,
+    keys: Keys,
 ) -> Result<String, Refused> {
     let mut scope: Option<String> = None;
-    for key in keys {
-        let s = object_scope(template, bucket, key).map_err(Refused::Malformed)?;
+    for key in names {
+        let s = object_scope(template, bucket, key, keys).map_err(Refused::Malformed)?;
         match &scope {
             None => scope = Some(s),
             Some(first) if *first == s => {}
@@ -413,29 +524,92 @@ mod tests {
     fn keys_named_in_a_body_render_as_paths_do() {
         let t = template("object/{bucket}/{key}");
         assert_eq!(
-            object_scope(&t, "b", "a/b.csv").as_deref(),
+            object_scope(&t, "b", "a/b.csv", Keys::Strict).as_deref(),
             Ok("object/b/a/b.csv")
         );
-        assert_eq!(object_scope(&t, "b", "dir/").as_deref(), Ok("object/b/dir"));
         assert_eq!(
-            object_scope(&t, "b", "a;b %").as_deref(),
+            object_scope(&t, "b", "dir/", Keys::Strict).as_deref(),
+            Ok("object/b/dir")
+        );
+        assert_eq!(
+            object_scope(&t, "b", "a;b %", Keys::Strict).as_deref(),
             Ok("object/b/a;b %")
         );
         for bad in [
             "", "/", "a//b", "/a", "a/./b", "..", "a\\b", "a\u{0}b", "a\nb", "a//",
         ] {
-            assert!(object_scope(&t, "b", bad).is_err(), "{bad:?}");
+            assert!(object_scope(&t, "b", bad, Keys::Strict).is_err(), "{bad:?}");
         }
         let coarse = template("report/{bucket}");
         assert_eq!(
-            one_scope(&coarse, "b", ["x", "y/z"]).as_deref(),
+            one_scope(&coarse, "b", ["x", "y/z"], Keys::Strict).as_deref(),
             Ok("report/b")
         );
         assert!(matches!(
-            one_scope(&t, "b", ["x", "y"]),
+            one_scope(&t, "b", ["x", "y"], Keys::Strict),
             Err(Refused::MultiScope(_))
         ));
-        assert!(matches!(one_scope(&t, "b", []), Err(Refused::Malformed(_))));
+        assert!(matches!(
+            one_scope(&t, "b", [], Keys::Strict),
+            Err(Refused::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn opaque_keys_are_read_whole() {
+        let t = template("object/{bucket}/{key}");
+        for (key, scope) in [
+            ("a//b", "object/b/a//b"),
+            ("a/./b", "object/b/a/./b"),
+            ("a\\b", "object/b/a\\b"),
+            ("dir/", "object/b/dir/"),
+            ("/lead", "object/b//lead"),
+        ] {
+            assert_eq!(
+                object_scope(&t, "b", key, Keys::Opaque).as_deref(),
+                Ok(scope),
+                "{key}"
+            );
+        }
+        assert!(object_scope(&t, "b", "", Keys::Opaque).is_err());
+        assert!(object_scope(&t, "b", "a\nb", Keys::Opaque).is_err());
+        let seg = |p, b, k| {
+            segments(p, b, k).map(|s| s.iter().map(|c| c.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            seg("/bkt/a//b", None, Keys::Opaque),
+            Ok(vec!["bkt".into(), "a//b".into()])
+        );
+        assert_eq!(
+            seg("/bkt/a%2Fb%5C", None, Keys::Opaque),
+            Ok(vec!["bkt".into(), "a/b\\".into()])
+        );
+        assert_eq!(seg("/bkt/", None, Keys::Opaque), Ok(vec!["bkt".into()]));
+        assert_eq!(seg("/", None, Keys::Opaque), Ok(vec![]));
+        assert_eq!(
+            seg("//a", Some("bkt"), Keys::Opaque),
+            Ok(vec!["bkt".into(), "/a".into()])
+        );
+        assert_eq!(seg("/", Some("bkt"), Keys::Opaque), Ok(vec!["bkt".into()]));
+        assert_eq!(
+            seg("/a/b/", Some("bkt"), Keys::Strict),
+            Ok(vec!["bkt".into(), "a".into(), "b".into()])
+        );
+        for bad in [
+            "//a",
+            "/b%2Fx/k",
+            "/bkt/a%zz",
+            "/bkt/a%0A",
+            "/bkt/%ff",
+            "/../k",
+        ] {
+            assert!(seg(bad, None, Keys::Opaque).is_err(), "{bad}");
+        }
+        // One key, two spellings: one scope.
+        assert_eq!(
+            seg("/bkt/a/b", None, Keys::Opaque),
+            seg("/bkt/a%2Fb", None, Keys::Opaque)
+        );
     }
 
     #[test]
