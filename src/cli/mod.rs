@@ -1,6 +1,7 @@
 //! Commands (SPEC §6). Config is parsed and validated before any runtime starts.
 
 pub mod demo;
+pub mod probe;
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -67,6 +68,20 @@ pub enum Command {
     Keygen {
         #[arg(long)]
         out: PathBuf,
+    },
+    /// What a backend needs: `--keys http://host:port/bucket` tells whether an S3 store
+    /// keeps keys such as `a//b` apart (`keys = "opaque"`) or reads them as another key
+    /// (`keys = "strict"`). It writes, reads and deletes a few objects under a prefix of
+    /// its own. Credentials sign with SigV4 (or AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    Probe {
+        #[arg(long)]
+        keys: String,
+        #[arg(long)]
+        access_key: Option<String>,
+        #[arg(long)]
+        secret_key: Option<String>,
+        #[arg(long, default_value = "us-east-1")]
+        region: String,
     },
     /// Merge a backup into the store by max: never lowers a mark. The server must be stopped.
     Restore {
@@ -175,6 +190,28 @@ fn execute(cli: Cli) -> Result<ExitCode, ExitCode> {
         Command::Store {
             command: StoreCommand::Recover { config, floor },
         } => recover(&load(&config)?, floor),
+        Command::Probe {
+            keys,
+            access_key,
+            secret_key,
+            region,
+        } => {
+            let access_key = access_key.or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok());
+            let secret_key = secret_key.or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok());
+            let creds = match (access_key, secret_key) {
+                (Some(access_key), Some(secret_key)) => Some(probe::Credentials {
+                    access_key,
+                    secret_key,
+                    region,
+                }),
+                (None, None) => None,
+                _ => return Err(fail("give both an access key and a secret key, or neither")),
+            };
+            runtime()?
+                .block_on(probe::keys(&keys, creds.as_ref()))
+                .map_err(fail)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Keygen { out } => {
             let id = crate::proof::keygen(&out).map_err(fail)?;
             println!("key id {id}: {0}.key (secret), {0}.pub", out.display());

@@ -371,3 +371,120 @@ upstream = "u"
     assert_eq!(open.body, "GET /xml-open/any/thing token=-");
     assert!(open.headers.get("fencing-result").is_none());
 }
+
+/// `fencegate probe --keys`: s3s-fs stores objects as files, so `a//b` is `a/b` there and
+/// an S3 route in front of it needs `keys = "strict"`; a store that keeps keys as given
+/// may have `keys = "opaque"`. Requests are signed (s3s-fs refuses a wrong secret).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_tells_which_keys_a_backend_needs() {
+    let s3 = S3sFs::start(support::free_port(), None);
+    let python = tool("s3-venv/bin/python", "the boto3 virtualenv");
+    let created = Command::new(python)
+        .arg("-c")
+        .arg(format!(
+            "import boto3; boto3.client('s3', endpoint_url='http://{}', aws_access_key_id='{ACCESS_KEY}', aws_secret_access_key='{SECRET_KEY}', region_name='us-east-1').create_bucket(Bucket='probe')",
+            s3.addr
+        ))
+        .status()
+        .expect("python");
+    assert!(created.success());
+    let probe = |secret: &str, url: String| {
+        Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .args([
+                "probe",
+                "--keys",
+                &url,
+                "--access-key",
+                ACCESS_KEY,
+                "--secret-key",
+                secret,
+            ])
+            .output()
+            .expect("fencegate probe")
+    };
+    let out = probe(SECRET_KEY, format!("http://{}/probe", s3.addr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("a//b       (next to a/b): the same object as `a/b`"),
+        "{text}"
+    );
+    assert!(text.contains("keys = \"strict\""), "{text}");
+    let wrong = probe("wrong", format!("http://{}/probe", s3.addr));
+    assert!(
+        !wrong.status.success(),
+        "a wrong secret is refused by s3s-fs"
+    );
+
+    // A store that keeps every key as sent, by its raw path.
+    let verbatim = verbatim_store().await;
+    let out = probe(SECRET_KEY, format!("http://{verbatim}/bucket"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("keys = \"opaque\""), "{text}");
+    assert!(!text.contains("the same object"), "{text}");
+}
+
+/// An HTTP store of bodies by raw path (PUT, GET, DELETE), on loopback.
+async fn verbatim_store() -> SocketAddr {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let objects: Arc<Mutex<HashMap<String, Bytes>>> = Arc::default();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let objects = objects.clone();
+            let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let objects = objects.clone();
+                async move {
+                    let path = req.uri().path().to_string();
+                    let method = req.method().clone();
+                    let body = req
+                        .into_body()
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
+                    let mut map = objects.lock().expect("store");
+                    let (status, out) = match method {
+                        http::Method::PUT => {
+                            map.insert(path, body);
+                            (200, Bytes::new())
+                        }
+                        http::Method::GET => match map.get(&path) {
+                            Some(b) => (200, b.clone()),
+                            None => (404, Bytes::new()),
+                        },
+                        http::Method::DELETE => {
+                            map.remove(&path);
+                            (204, Bytes::new())
+                        }
+                        _ => (405, Bytes::new()),
+                    };
+                    let mut resp = http::Response::new(Full::new(out));
+                    *resp.status_mut() = http::StatusCode::from_u16(status).expect("status");
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}

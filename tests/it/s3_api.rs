@@ -444,14 +444,23 @@ async fn opaque_keys_are_keys_of_their_own() {
         assert_eq!(r.result(), "accepted", "{target}: {r:?}");
     }
     // The same keys spelt otherwise, in the path and in a DeleteObjects body.
-    for target in ["/bkt/a%2F%2Fb", "/bkt/a%2F.%2Fb", "/bkt/a\\b", "/bkt/dir%2F"] {
+    for target in [
+        "/bkt/a%2F%2Fb",
+        "/bkt/a%2F.%2Fb",
+        "/bkt/a\\b",
+        "/bkt/dir%2F",
+    ] {
         let r = put(target, "4").await;
         assert_eq!(r.status, 409, "{target}: {r:?}");
     }
     let body = delete_body(&["a//b"]);
     let r = send(&c, ENDPOINT, "POST", "/bkt?delete", Some("4"), &[], &body).await;
     assert_eq!(r.status, 409, "{r:?}");
-    assert!(r.body.contains("<Scope>object/bkt/a//b</Scope>"), "{}", r.body);
+    assert!(
+        r.body.contains("<Scope>object/bkt/a//b</Scope>"),
+        "{}",
+        r.body
+    );
     let r = send(&c, "bkt.s3.test", "PUT", "/a//b", Some("4"), &[], "x").await;
     assert_eq!(r.status, 409, "virtual-hosted: {r:?}");
     // Still refused: control characters, bad escapes, a bucket that is not one segment.
