@@ -257,6 +257,33 @@ struct Holding {
     epoch: u64,
     holder: String,
     delay_lease: i64,
+    /// The lease id's secret part. etcd hands out lease ids in sequence: the id a client
+    /// is given carries 128 random bits besides etcd's, and only a request with them
+    /// renews or releases (SPEC §8). Kept as it is (anyone who reads the lock keys can
+    /// write them too), so that the holder's status can show its whole id. Empty in keys
+    /// written before: such a lease is `lost` to every renew and release.
+    #[serde(default)]
+    secret: String,
+}
+
+/// A lease id as clients see it: etcd's lease (hex), a `.`, and 128 random bits (hex).
+fn parse_lease_id(id: &str) -> Option<(i64, &str)> {
+    let (lease, secret) = id.split_once('.')?;
+    let lease = i64::from_str_radix(lease, 16).ok()?;
+    (secret.len() == 32 && secret.bytes().all(|b| b.is_ascii_hexdigit())).then_some((lease, secret))
+}
+
+/// Whether `secret` (from a client's lease id) is the one `holding` was granted with,
+/// compared in constant time (no early exit tells how much of it matched).
+fn secret_matches(holding: &Holding, secret: &str) -> bool {
+    let (given, kept) = (secret.as_bytes(), holding.secret.as_bytes());
+    given.len() == kept.len()
+        && !kept.is_empty()
+        && given
+            .iter()
+            .zip(kept)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 fn unavailable(e: impl std::fmt::Display) -> Outcome {
@@ -566,10 +593,12 @@ impl Etcd {
                 }
             }
         };
+        let secret = crate::authority::lease_secret();
         let value = serde_json::json!({
             "holder": req.holder,
             "delay_lease": delay_lease,
             "epoch": epoch.value,
+            "secret": secret,
         });
         let (key, delay) = (lock_key(&req.scope), delay_key(&req.scope));
         let mut puts = vec![TxnOp::put(
@@ -635,7 +664,7 @@ impl Etcd {
             drop(tracked);
             return Outcome::Acquired(Grant {
                 scope: req.scope.clone(),
-                lease_id: format!("{lease:x}"),
+                lease_id: format!("{lease:x}.{secret}"),
                 token,
                 ttl: req.ttl,
             });
@@ -737,10 +766,12 @@ impl Etcd {
         ttl: Duration,
         holder: Option<&str>,
     ) -> Outcome {
-        let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
+        let Some((lease, secret)) = parse_lease_id(lease_id) else {
             return Outcome::Lost;
         };
-        let outcome = self.renew_lease(scope, lease, token, ttl, holder).await;
+        let outcome = self
+            .renew_lease(scope, lease, secret, token, ttl, holder)
+            .await;
         match &outcome {
             Outcome::Renewed { ttl } => {
                 if let Some(t) = self.tracked().get_mut(&lease) {
@@ -757,6 +788,7 @@ impl Etcd {
         &self,
         scope: &str,
         lease: i64,
+        secret: &str,
         token: Token,
         ttl: Duration,
         holder: Option<&str>,
@@ -766,7 +798,12 @@ impl Etcd {
         // The holder is part of the key's value, written once with it: (lease, token)
         // name one holding, whose holder cannot change.
         let holding = match self.current(scope, lease, token).await {
-            Ok(Some(holding)) if holder.is_none_or(|h| h == holding.holder) => holding,
+            Ok(Some(holding))
+                if holder.is_none_or(|h| h == holding.holder)
+                    && secret_matches(&holding, secret) =>
+            {
+                holding
+            }
             Ok(_) => return Outcome::Lost,
             Err(e) => return unavailable(e),
         };
@@ -810,10 +847,12 @@ impl Etcd {
         token: Token,
         holder: Option<&str>,
     ) -> Outcome {
-        let Ok(lease) = i64::from_str_radix(lease_id, 16) else {
+        let Some((lease, secret)) = parse_lease_id(lease_id) else {
             return Outcome::Lost;
         };
-        let outcome = self.release_lease(scope, lease, token, holder).await;
+        let outcome = self
+            .release_lease(scope, lease, secret, token, holder)
+            .await;
         match &outcome {
             Outcome::Released => {
                 let t = self.tracked().remove(&lease);
@@ -831,6 +870,7 @@ impl Etcd {
         &self,
         scope: &str,
         lease: i64,
+        secret: &str,
         token: Token,
         holder: Option<&str>,
     ) -> Outcome {
@@ -838,7 +878,11 @@ impl Etcd {
             return Outcome::Lost;
         };
         let holding = match self.current(scope, lease, token).await {
-            Ok(Some(h)) if holder.is_none_or(|name| name == h.holder) => h,
+            Ok(Some(h))
+                if holder.is_none_or(|name| name == h.holder) && secret_matches(&h, secret) =>
+            {
+                h
+            }
             Ok(_) => return Outcome::Lost,
             Err(e) => return unavailable(e),
         };
@@ -895,10 +939,13 @@ impl Etcd {
         let token = holding
             .as_ref()
             .and_then(|h| token_of(h.epoch, kv.create_revision()));
+        let lease_id = holding
+            .as_ref()
+            .map(|h| format!("{:x}.{}", kv.lease(), h.secret));
         Ok(LockStatus {
             scope: scope.to_string(),
             holder: holding.map(|h| h.holder),
-            lease_id: Some(format!("{:x}", kv.lease())),
+            lease_id,
             token,
             remaining: self.remaining(kv.lease()).await,
             last_issued: token,

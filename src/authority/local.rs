@@ -7,7 +7,6 @@
 //! `bump-epoch` (a restore) it cannot know which scopes were granted, so it waits for all.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -106,7 +105,6 @@ pub struct Local {
     /// Woken on every release and every grant, so waiting acquirers look again.
     changed: Notify,
     lease_seq: AtomicU64,
-    lease_salt: u64,
     /// Expiries and lease ages are counted here, where the clock and the sweep are.
     metrics: Arc<AuthorityMetrics>,
 }
@@ -144,9 +142,6 @@ impl Local {
             slots: Mutex::new(HashMap::new()),
             changed: Notify::new(),
             lease_seq: AtomicU64::new(0),
-            lease_salt: std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish(),
             metrics: Arc::default(),
         })
     }
@@ -170,12 +165,16 @@ impl Local {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// 128 random bits (SPEC §8: the lease id is the holder's only proof when the
+    /// authority has no clients), and the sequence number, which keeps ids apart even
+    /// should the system's randomness fail.
     fn new_lease_id(&self) -> String {
         let seq = self.lease_seq.fetch_add(1, Ordering::Relaxed);
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(self.lease_salt);
-        h.write_u64(seq);
-        format!("{:016x}{:08x}", h.finish(), seq & 0xffff_ffff)
+        format!(
+            "{}{:08x}",
+            crate::authority::lease_secret(),
+            seq & 0xffff_ffff
+        )
     }
 
     /// Acquires, waiting up to `req.wait` for a busy scope.

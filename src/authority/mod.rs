@@ -248,6 +248,29 @@ pub(crate) async fn serve(
     Ok((addr, task))
 }
 
+/// 128 random bits, hex: the part of a lease id that proves holdership (SPEC §8). From
+/// the system's randomness; should that fail, from std's randomly keyed hashers of the
+/// time and a counter, which are still not guessable from another lease's id.
+pub fn lease_secret() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut b = [0u8; 16];
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).is_err() {
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        for (i, half) in b.chunks_mut(8).enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(now);
+            h.write_u64(n);
+            h.write_usize(i);
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// `fencegate authority bump-epoch`: every later token compares above every earlier one.
 /// Answers the new epoch. With `local`, run it with the server stopped (it opens the
 /// store file); with `etcd`, it writes the cluster's epoch key and authorities may run.

@@ -612,6 +612,28 @@ scopes = ["s/*"]
         assert_eq!((r.status, r.json()["result"].as_str()), (409, Some("lost")));
     }
     assert_eq!(status("Bearer secret-a").await["holder"], "a");
+    // The id is etcd's lease (handed out in sequence) and 128 random bits: the holder's
+    // own client with etcd's part alone, or with another secret, is `lost` too (SPEC §8).
+    let (etcd_part, secret) = id.split_once('.').expect("lease id with a secret part");
+    assert_eq!(secret.len(), 32, "{id}");
+    let mut other = secret.as_bytes().to_vec();
+    other[0] = if other[0] == b'0' { b'1' } else { b'0' };
+    let other = String::from_utf8(other).expect("hex");
+    for guess in [
+        etcd_part.to_string(),
+        format!("{etcd_part}.{other}"),
+        format!("{etcd_part}."),
+    ] {
+        for (path, ttl) in [("/v1/locks/release", false), ("/v1/locks/renew", true)] {
+            let body = lease(ttl).replace(&id, &guess);
+            let r = call("Bearer secret-a", path, body).await;
+            assert_eq!(
+                (r.status, r.json()["result"].as_str()),
+                (409, Some("lost")),
+                "{path} with {guess}"
+            );
+        }
+    }
     let r = call("Bearer secret-a", "/v1/locks/renew", lease(true)).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let r = call("Bearer secret-a", "/v1/locks/release", lease(false)).await;
