@@ -163,7 +163,14 @@ pub(crate) fn classify<B>(
     // An S3 route's host (SPEC §15): the bucket a virtual-hosted request names in its
     // Host goes in front of the path, so that it is routed as its path-style twin and
     // both render one scope; on `keys = "opaque"` the key is read whole.
-    let on_s3 = match host.map(|h| s3::for_host(&config.routes, h)) {
+    let raw_host = match head.host {
+        Seen::One(v) => v.to_str().ok(),
+        _ => req.uri().authority().map(http::uri::Authority::as_str),
+    };
+    let on_s3 = match host
+        .zip(raw_host)
+        .map(|(h, raw)| s3::for_host(&config.routes, h, raw))
+    {
         Some(Err(detail)) => return Err((None, Outcome::InvalidRequest { detail })),
         Some(Ok(found)) => found,
         None => None,
@@ -227,7 +234,16 @@ pub(crate) fn classify<B>(
     let scope = match route.s3() {
         None => route.scope.render(&caps),
         Some(api) => {
-            let op = s3::operation(req.method(), req.uri().query(), caps.len())
+            // One Content-Type: a server could read another of two (a form's, say).
+            let mut types = req.headers().get_all(header::CONTENT_TYPE).iter();
+            let content_type = types.next();
+            if types.next().is_some() {
+                return Err(at(Outcome::InvalidRequest {
+                    detail: "more than one Content-Type".into(),
+                }));
+            }
+            let form = s3::is_form_data(content_type);
+            let op = s3::operation(req.method(), req.uri().query(), caps.len(), form)
                 .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
             if let Some(h) = s3::SECOND_OBJECT
                 .iter()
@@ -287,10 +303,18 @@ pub(crate) fn classify<B>(
                         Some(route::Capture::One(b)) => (*b).to_string(),
                         _ => return Err(unfenceable("a bucket's request without its bucket")),
                     };
+                    // A form posted to an object's path names that key too, to a server
+                    // that reads the path.
+                    let path_key = match caps.get(1) {
+                        Some(route::Capture::Rest(segs)) => Some(segs.join("/")),
+                        Some(route::Capture::One(k)) => Some((*k).to_string()),
+                        None => None,
+                    };
                     return Ok(Classified::Named(Named {
                         route: idx,
                         op,
                         bucket,
+                        path_key,
                     }));
                 }
             }
@@ -454,6 +478,8 @@ pub(crate) struct Named {
     pub(crate) op: Operation,
     /// The bucket, from the path or the Host.
     pub(crate) bucket: String,
+    /// The key of the path, when it names one (a form posted to an object's path).
+    pub(crate) path_key: Option<String>,
 }
 
 /// A fenced request on its way to the gate.

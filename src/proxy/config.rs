@@ -32,6 +32,9 @@ pub struct Upstream {
 /// What an `api = "s3"` route knows beyond a plain route's table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct S3Api {
+    /// The endpoint as clients name it in Host (`host`, lowercase, with its port when
+    /// they send one): a request to the route's host must name it exactly.
+    pub endpoint: String,
     /// The backend also serves virtual-hosted requests, `Host: {bucket}.{domain}`: the
     /// bucket is then taken from the Host. Lowercase, without a trailing dot.
     pub virtual_host_domain: Option<String>,
@@ -247,17 +250,31 @@ fn s3_api(
             .ok(),
         _ => None,
     };
-    let virtual_host_domain = raw.virtual_host_domain.as_ref().map(|d| {
-        let d = d.to_ascii_lowercase();
-        let bare = d.strip_suffix('.').unwrap_or(&d);
-        if crate::route::host_of(&d) != Ok(bare) || bare.starts_with('[') {
+    // Both as clients send them in Host, port included when they send one: S3 servers
+    // match their domain byte for byte, and read any other Host as a bucket's name.
+    let mut authority = |key: &str, value: &str| {
+        let v = value.to_ascii_lowercase();
+        if crate::route::host_of(&v).is_err()
+            || v.ends_with('.')
+            || v.contains(".:")
+            || v.starts_with('[')
+        {
             errors.push(
-                format!("{path}.virtual_host_domain"),
-                "must be a host name without scheme, port or path",
+                format!("{path}.{key}"),
+                "must be a host name and optional port, as clients send it in Host (no scheme or path, no trailing dot)",
             );
         }
-        bare.to_string()
-    });
+        v
+    };
+    let endpoint = raw
+        .host
+        .as_deref()
+        .map(|h| authority("host", h))
+        .unwrap_or_default();
+    let virtual_host_domain = raw
+        .virtual_host_domain
+        .as_deref()
+        .map(|d| authority("virtual_host_domain", d));
     let keys = match raw.keys.as_deref() {
         None | Some("strict") => crate::proxy::s3::Keys::Strict,
         Some("opaque") => crate::proxy::s3::Keys::Opaque,
@@ -270,6 +287,7 @@ fn s3_api(
         }
     };
     S3Api {
+        endpoint,
         virtual_host_domain,
         bucket_scope,
         keys,
@@ -388,9 +406,24 @@ pub(crate) fn parse_routes(
     }
     for (i, r) in routes.iter().enumerate() {
         // An S3 route takes every path of its host (its buckets and the service too).
+        // An S3 route takes every path of its host and of its virtual hosts.
+        let under_s3 = |e: &Route| {
+            let (Some(s3), Some(h)) = (e.s3(), r.host.as_deref()) else {
+                return false;
+            };
+            e.host.as_deref() == Some(h)
+                || s3
+                    .virtual_host_domain
+                    .as_deref()
+                    .and_then(|d| crate::route::host_of(d).ok())
+                    .is_some_and(|d| {
+                        h.len() > d.len() + 1
+                            && h.ends_with(d)
+                            && h.as_bytes()[h.len() - d.len() - 1] == b'.'
+                    })
+        };
         let covers = |e: &Route| {
-            (e.host.is_none() || e.host == r.host)
-                && (r.path.is_covered_by(&e.path) || (e.s3().is_some() && r.host.is_some()))
+            under_s3(e) || ((e.host.is_none() || e.host == r.host) && r.path.is_covered_by(&e.path))
         };
         if let Some(e) = routes[..i].iter().find(|e| covers(e)) {
             errors.push(
@@ -584,6 +617,21 @@ fn shadowed_s3(routes: &[Route], positions: &[usize], errors: &mut Errors) {
         if r.s3().is_none() {
             continue;
         }
+        // One S3 route per backend: S3 servers read a Host that is not their domain as
+        // the name of a bucket, so a second route's host would name, as a bucket, what
+        // the first route's clients reach by path under another scope.
+        if let Some(e) = routes[..i]
+            .iter()
+            .find(|e| e.s3().is_some() && e.upstream == r.upstream)
+        {
+            errors.push(
+                format!("route[{}]", positions[i]),
+                format!(
+                    "S3 routes `{}` and `{}` share an upstream: an S3 server reads any Host but its own as a bucket's name, so one object would have two scopes; give each S3 endpoint its own upstream",
+                    e.name, r.name
+                ),
+            );
+        }
         for e in &routes[..i] {
             if e.host.is_some() && e.host != r.host {
                 continue;
@@ -669,6 +717,13 @@ fn parse_route(
     // Kept as the router compares it: lowercase, without a trailing dot.
     let host = raw.host.map(|h| {
         let h = h.to_ascii_lowercase();
+        // An S3 route's endpoint may carry a port: the Host its clients send (its S3
+        // table keeps it whole); it routes by the name.
+        if let Api::S3(s3) = &api {
+            return crate::route::host_of(&s3.endpoint)
+                .unwrap_or(&s3.endpoint)
+                .to_string();
+        }
         let bare = h.strip_suffix('.').unwrap_or(&h);
         if crate::route::host_of(&h) != Ok(bare) {
             errors.push(
@@ -906,11 +961,15 @@ upstream = "objects"
         assert_eq!(c.routes[0].errors, Dialect::S3, "S3's dialect by default");
         let full = S3.replace(
             "upstream = \"objects\"\n",
-            "upstream = \"objects\"\nbucket_scope = \"bucket/{bucket}\"\nvirtual_host_domain = \"S3.Example.com.\"\nerrors = \"problem\"\n",
+            "upstream = \"objects\"\nbucket_scope = \"bucket/{bucket}\"\nvirtual_host_domain = \"S3.Example.com:9000\"\nerrors = \"problem\"\n",
         );
         let c = Config::parse(&full, Path::new(".")).expect("parses");
         let s3 = c.routes[0].s3().expect("an S3 route");
-        assert_eq!(s3.virtual_host_domain.as_deref(), Some("s3.example.com"));
+        assert_eq!(
+            s3.virtual_host_domain.as_deref(),
+            Some("s3.example.com:9000")
+        );
+        assert_eq!(s3.endpoint, "s3.example.com");
         assert_eq!(
             s3.bucket_scope.as_ref().map(|t| t.to_string()).as_deref(),
             Some("bucket/{bucket}")
@@ -957,6 +1016,31 @@ upstream = "objects"
             format!("{S3}virtual_host_domain = \"http://x\"\n"),
             "route[0].virtual_host_domain",
             "host name",
+        );
+        refused(
+            format!("{S3}virtual_host_domain = \"s3.example.com.\"\n"),
+            "route[0].virtual_host_domain",
+            "no trailing dot",
+        );
+        // A second S3 route on one backend, and a route under an S3 route's virtual hosts.
+        let second = format!(
+            "{S3}[[route]]\nname = \"other\"\napi = \"s3\"\nhost = \"other.test\"\npath = \"/{{b}}/{{*k}}\"\nscope = \"object/{{b}}/{{k}}\"\nupstream = \"objects\"\n"
+        );
+        refused(second, "route[1]", "share an upstream");
+        let vhosted = S3.replace(
+            "upstream = \"objects\"\n",
+            "upstream = \"objects\"\nvirtual_host_domain = \"s3.example.com\"\n[[upstream]]\nname = \"web\"\nurl = \"http://127.0.0.1:9001\"\n[[route]]\nname = \"late\"\nhost = \"x.s3.example.com\"\npath = \"/x\"\nupstream = \"web\"\nfenced = false\n",
+        );
+        refused(vhosted, "route[1]", "can never match");
+        let with_port = S3.replace(
+            "host = \"s3.example.com\"",
+            "host = \"S3.example.com:9000\"",
+        );
+        let c = Config::parse(&with_port, Path::new(".")).expect("an S3 endpoint may carry a port");
+        assert_eq!(c.routes[0].host.as_deref(), Some("s3.example.com"));
+        assert_eq!(
+            c.routes[0].s3().map(|s| s.endpoint.as_str()),
+            Some("s3.example.com:9000")
         );
         refused(
             S3.replace("api = \"s3\"", "api = \"webdav\""),

@@ -519,12 +519,9 @@ impl<S> Fence<S, Typed> {
         };
         let classified = keys.map_err(malformed).and_then(|keys| {
             let mode = route.s3().map(|s| s.keys).unwrap_or_default();
-            match s3::one_scope(
-                &route.scope,
-                &named.bucket,
-                keys.iter().map(String::as_str),
-                mode,
-            ) {
+            // A form posted to an object's path names that key too.
+            let names = keys.iter().chain(named.path_key.as_ref());
+            match s3::one_scope(&route.scope, &named.bucket, names.map(String::as_str), mode) {
                 Ok(scope) => super::classify::named(&table.config, &parts, idx, scope),
                 Err(s3::Refused::Malformed(detail)) => Err(malformed(detail)),
                 Err(s3::Refused::MultiScope(detail)) => {

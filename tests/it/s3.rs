@@ -107,8 +107,8 @@ url = "http://{upstream}"
 [[route]]
 name = "objects"
 api = "s3"
-host = "{ENDPOINT_HOST}"
-virtual_host_domain = "{ENDPOINT_HOST}"
+host = "{ENDPOINT_HOST}:{listen}"
+virtual_host_domain = "{ENDPOINT_HOST}:{listen}"
 path = "/{{bucket}}/{{*key}}"
 scope = "object/{{bucket}}/{{key}}"
 bucket_scope = "bucket/{{bucket}}"
@@ -169,8 +169,9 @@ async fn boto3(script: &str, endpoint: &str) -> (std::process::ExitStatus, Strin
 async fn boto3_through_fencegate_to_a_sigv4_server() {
     let s3 = S3sFs::start(support::free_port(), None);
     let dir = tempfile::tempdir().expect("dir");
-    let proxy = support::start_text(&config(s3.addr, 0), dir.path()).await;
-    let endpoint = format!("http://{ENDPOINT_HOST}:{}", proxy.proxy_addr.port());
+    let listen = support::free_port();
+    let _proxy = support::start_text(&config(s3.addr, listen), dir.path()).await;
+    let endpoint = format!("http://{ENDPOINT_HOST}:{listen}");
     let (status, out, err) = boto3("s3_sdk.py", &endpoint).await;
     println!("{out}");
     assert!(

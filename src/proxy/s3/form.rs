@@ -142,16 +142,68 @@ where
         read: Vec::new(),
         len: 0,
     }));
-    let key = match boundary(content_type) {
-        Ok(boundary) => fields(TeeStream(tee.clone()), boundary).await,
-        Err(e) => Err(e),
+    let (key, boundary) = match boundary(content_type) {
+        Ok(boundary) => (
+            fields(TeeStream(tee.clone()), boundary.clone()).await,
+            boundary,
+        ),
+        Err(e) => (Err(e), String::new()),
     };
     // The reader (and its handle on the body) is gone: the body is this one's again.
     let (read, rest) = match tee.lock() {
         Ok(mut t) => (std::mem::take(&mut t.read), t.body.take()),
         Err(_) => (Vec::new(), None),
     };
+    let key = key.and_then(|(names, parts)| {
+        let mut raw = Vec::with_capacity(read.iter().map(Bytes::len).sum());
+        for b in &read {
+            raw.extend_from_slice(b);
+        }
+        delimiters_agree(&raw, &boundary, parts)?;
+        Ok(names)
+    });
     (key, Replay::new(read, rest))
+}
+
+/// Checks that the delimiters a line-by-line reader of the form would see before its file
+/// part are the ones `multer` saw: the first `parts + 1` occurrences of `--boundary` each
+/// begin the body or follow a CRLF, and end their line, and the last of them starts the
+/// part named `file`. s3s reads a form by lines, so a `--boundary` line inside a field's
+/// value (after its blank line, with no CRLF of the value's before it) is a delimiter
+/// there and data to multer: a second `key` the fence never read.
+fn delimiters_agree(raw: &[u8], boundary: &str, parts: usize) -> Result<(), String> {
+    let delimiter = format!("--{boundary}");
+    let at: Vec<usize> = memchr::memmem::find_iter(raw, delimiter.as_bytes())
+        .take(parts + 1)
+        .collect();
+    let bad =
+        || Err("the form has a delimiter inside a field, or around its file part".to_string());
+    if at.len() != parts + 1 {
+        return bad();
+    }
+    for &p in &at {
+        let line_start = p == 0 || raw.get(..p).is_some_and(|b| b.ends_with(b"\r\n"));
+        let line_end = raw
+            .get(p + delimiter.len()..)
+            .is_some_and(|b| b.starts_with(b"\r\n"));
+        if !line_start || !line_end {
+            return bad();
+        }
+    }
+    // The file part's headers, up to its blank line, name it `file`.
+    let start = at[parts] + delimiter.len() + 2;
+    let headers = raw.get(start..).unwrap_or_default();
+    let end =
+        memchr::memmem::find(headers, b"\r\n\r\n").ok_or("the file part's headers do not end")?;
+    let headers = String::from_utf8_lossy(&headers[..end]).to_ascii_lowercase();
+    let named_file = headers.split(';').any(|p| {
+        p.split_once('=')
+            .is_some_and(|(n, v)| n.trim() == "name" && v.trim().trim_matches('"') == "file")
+    });
+    if !named_file {
+        return bad();
+    }
+    Ok(())
 }
 
 fn boundary(content_type: Option<&HeaderValue>) -> Result<String, String> {
@@ -191,7 +243,8 @@ fn boundary(content_type: Option<&HeaderValue>) -> Result<String, String> {
         .ok_or_else(|| "the Content-Type names no boundary".into())
 }
 
-async fn fields<B>(stream: TeeStream<B>, boundary: String) -> Result<Vec<String>, String>
+/// The keys the form names and how many parts come before its file part.
+async fn fields<B>(stream: TeeStream<B>, boundary: String) -> Result<(Vec<String>, usize), String>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -200,6 +253,7 @@ where
         multer::Constraints::new().size_limit(multer::SizeLimit::new().per_field(MAX_FIELD));
     let mut form = multer::Multipart::with_constraints(stream, boundary, limits);
     let mut key: Option<String> = None;
+    let mut parts = 0;
     let bad = |e: multer::Error| format!("the form: {e}");
     while let Some(field) = form.next_field().await.map_err(bad)? {
         // One Content-Disposition with one name: a server could read another of two.
@@ -223,7 +277,7 @@ where
         let name = field.name().unwrap_or_default().to_string();
         if name.eq_ignore_ascii_case("file") {
             let key = key.ok_or("the form has no key field before its file")?;
-            return resolve(key, field.file_name());
+            return Ok((resolve(key, field.file_name()), parts));
         }
         if name.eq_ignore_ascii_case("key") {
             if key.is_some() {
@@ -233,19 +287,20 @@ where
         } else {
             field.bytes().await.map_err(bad)?;
         }
+        parts += 1;
     }
     Err("the form has no file field".into())
 }
 
 /// The key as written and, if it has S3's `${filename}`, with it replaced by the file
 /// part's filename (empty without one): a backend may store either.
-fn resolve(key: String, file_name: Option<&str>) -> Result<Vec<String>, String> {
+fn resolve(key: String, file_name: Option<&str>) -> Vec<String> {
     const VAR: &str = "${filename}";
     if !key.contains(VAR) {
-        return Ok(vec![key]);
+        return vec![key];
     }
     let resolved = key.replace(VAR, file_name.unwrap_or_default());
-    Ok(vec![resolved, key])
+    vec![resolved, key]
 }
 
 #[cfg(test)]
@@ -357,6 +412,15 @@ mod tests {
         )
         .await;
         assert_eq!(key, Ok(vec!["a".to_string()]));
+        // A `--boundary` line right after a field's blank line: data to multer, a
+        // delimiter to a server that reads by lines (and a second key there).
+        let smuggled = "--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nmine\r\n--XyZ\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nvictim\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--XyZ--\r\n";
+        let (key, forwarded) = key_of(smuggled.to_string()).await;
+        assert!(key.is_err(), "{key:?}");
+        assert_eq!(forwarded, smuggled);
+        let lf_only = "--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nmine\n--XyZ\nx\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--XyZ--\r\n";
+        let (key, _) = key_of(lf_only.to_string()).await;
+        assert!(key.is_err(), "{key:?}");
         let twice = "--XyZ\r\nContent-Disposition: form-data; name=\"key\"; name=\"other\"\r\n\r\na\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--XyZ--\r\n";
         let (key, _) = key_of(twice.to_string()).await;
         assert!(key.is_err(), "{key:?}");

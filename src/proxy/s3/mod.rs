@@ -52,7 +52,13 @@ pub fn operation(
     method: &Method,
     query: Option<&str>,
     captures: usize,
+    form: bool,
 ) -> Result<Operation, String> {
+    // A POST of `multipart/form-data` is a form upload to s3s whatever its path and
+    // query (it checks the form's signature before it routes): read as one.
+    if form && *method == Method::POST {
+        return Ok(Operation::PostForm);
+    }
     Ok(match captures {
         0 => Operation::Service,
         1 if *method == Method::POST => {
@@ -162,41 +168,58 @@ pub struct S3Host<'a, 'h> {
     pub keys: Keys,
 }
 
-/// The S3 route whose endpoint `host` is, or whose `virtual_host_domain` it is a
-/// subdomain of (the first in file order). A virtual-hosted bucket with an upper-case
-/// letter is an error: S3 bucket names are lower case, and a backend that folded the
-/// case would name another bucket than the fence read.
+/// The S3 route whose endpoint `host` names, or whose `virtual_host_domain` it is a
+/// subdomain of (the first in file order); `raw` is the Host as sent (with its port).
+///
+/// S3 servers match their domain byte for byte, port included, and read any other Host
+/// as the name of a bucket (s3s: the whole Host, lower-cased): `Host: S3.TEST` or
+/// `s3.test` without the expected port would write bucket `s3.test`, not the bucket of
+/// the path. So a request that names the route's host must name it exactly as the route
+/// does (`s3.test:18080`, or `bkt.s3.test:18080` virtual-hosted), with no upper-case
+/// letter anywhere (S3 bucket names are lower case); anything else is an error.
 pub fn for_host<'a, 'h>(
     routes: &'a [crate::proxy::config::Route],
-    host: &'h str,
+    host: &str,
+    raw: &'h str,
 ) -> Result<Option<S3Host<'a, 'h>>, String> {
     for r in routes {
-        let (Some(s3), Some(endpoint)) = (r.s3(), r.host.as_deref()) else {
+        let (Some(s3), Some(name)) = (r.s3(), r.host.as_deref()) else {
             continue;
         };
-        if host.eq_ignore_ascii_case(endpoint) {
+        let domain = s3.virtual_host_domain.as_deref();
+        let named = host.eq_ignore_ascii_case(name)
+            || domain
+                .and_then(|d| crate::route::host_of(d).ok())
+                .is_some_and(|d| strip_domain(host, d).is_some());
+        if !named {
+            continue;
+        }
+        if raw.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(format!(
+                "the Host `{raw}` has upper-case letters: S3 names are lower case, and a backend may read it as another bucket"
+            ));
+        }
+        if raw == s3.endpoint {
             return Ok(Some(S3Host {
-                endpoint,
+                endpoint: name,
                 bucket: None,
                 keys: s3.keys,
             }));
         }
-        let Some(domain) = s3.virtual_host_domain.as_deref() else {
-            continue;
-        };
-        let Some(bucket) = strip_domain(host, domain) else {
-            continue;
-        };
-        if bucket.bytes().any(|b| b.is_ascii_uppercase()) {
-            return Err(format!(
-                "the bucket `{bucket}` of a virtual-hosted request has upper-case letters; S3 bucket names are lower case"
-            ));
+        if let Some(bucket) = domain.and_then(|d| strip_domain(raw, d)) {
+            return Ok(Some(S3Host {
+                endpoint: name,
+                bucket: Some(bucket),
+                keys: s3.keys,
+            }));
         }
-        return Ok(Some(S3Host {
-            endpoint,
-            bucket: Some(bucket),
-            keys: s3.keys,
-        }));
+        let expected = match domain {
+            Some(d) => format!("`{}` or `<bucket>.{d}`", s3.endpoint),
+            None => format!("`{}`", s3.endpoint),
+        };
+        return Err(format!(
+            "the Host `{raw}` must be {expected} exactly: an S3 server reads any other Host as the name of a bucket"
+        ));
     }
     Ok(None)
 }
@@ -303,6 +326,7 @@ pub fn unrouted_dialect(
                 h.eq_ignore_ascii_case(host)
                     || r.s3()
                         .and_then(|s| s.virtual_host_domain.as_deref())
+                        .and_then(|d| crate::route::host_of(d).ok())
                         .is_some_and(|d| strip_domain(host, d).is_some())
             }
         };
@@ -456,7 +480,7 @@ mod tests {
 
     #[test]
     fn operations() {
-        let op = |m: Method, q: Option<&str>, n| operation(&m, q, n).expect("operation");
+        let op = |m: Method, q: Option<&str>, n| operation(&m, q, n, false).expect("operation");
         assert_eq!(op(Method::PUT, None, 2), Operation::Object);
         assert_eq!(op(Method::POST, Some("uploads"), 2), Operation::Object);
         assert_eq!(
@@ -470,7 +494,7 @@ mod tests {
             Some("uploads&delete"),
             Some("x-id=PutObject"),
         ] {
-            assert!(operation(&Method::POST, q, 2).is_err(), "{q:?}");
+            assert!(operation(&Method::POST, q, 2, false).is_err(), "{q:?}");
         }
         assert_eq!(op(Method::GET, None, 0), Operation::Service);
         assert_eq!(op(Method::PUT, Some("lifecycle"), 1), Operation::Bucket);
@@ -498,7 +522,23 @@ mod tests {
         assert_eq!(op(Method::POST, None, 1), Operation::PostForm);
         assert_eq!(op(Method::POST, Some(""), 1), Operation::PostForm);
         assert_eq!(op(Method::POST, Some("policy"), 1), Operation::Bucket);
-        assert!(operation(&Method::POST, Some("%ff"), 1).is_err());
+        assert!(operation(&Method::POST, Some("%ff"), 1, false).is_err());
+        for (q, n) in [
+            (Some("x"), 1),
+            (Some("uploads"), 2),
+            (None, 2),
+            (Some("delete"), 1),
+        ] {
+            assert_eq!(
+                operation(&Method::POST, q, n, true),
+                Ok(Operation::PostForm),
+                "{q:?}"
+            );
+        }
+        assert_eq!(
+            operation(&Method::PUT, None, 2, true),
+            Ok(Operation::Object)
+        );
     }
 
     #[test]
