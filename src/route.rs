@@ -524,6 +524,17 @@ impl ScopeTemplate {
         self.parts == other.parts
     }
 
+    /// Does the template render capture `i` anywhere?
+    pub fn uses_capture(&self, i: usize) -> bool {
+        self.parts.iter().any(|p| *p == ScopePart::Capture(i))
+    }
+
+    /// Does the template end with capture `i` (so that the scopes it renders for every
+    /// value of that capture share the prefix rendered before it)?
+    pub fn ends_with_capture(&self, i: usize) -> bool {
+        self.parts.last() == Some(&ScopePart::Capture(i))
+    }
+
     pub fn is_constant(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, ScopePart::Text(_)))
     }

@@ -279,6 +279,26 @@ pub(crate) fn classify<B>(
                     return Ok(decided);
                 }
                 Operation::Bucket => match &api.bucket_scope {
+                    Some(t) if s3::deletes_bucket(req.method(), req.uri().query()) => {
+                        let deletes = s3::bucket_objects(&route.scope, &caps).ok_or_else(|| {
+                            unfenceable(
+                                "a DeleteBucket, and this route's scope uses the key where its marks cannot be found by prefix",
+                            )
+                        })?;
+                        let scope = t.render(&caps);
+                        let mut decided = decide(
+                            config,
+                            req.method(),
+                            &head,
+                            (idx, route),
+                            scope,
+                            &destination,
+                        )?;
+                        if let Classified::Fenced(f) = &mut decided {
+                            f.upload = Some(deletes);
+                        }
+                        return Ok(decided);
+                    }
                     Some(t) => t.render(&caps),
                     None if read => return Ok(unfenced()),
                     None => {

@@ -403,8 +403,38 @@ pub(crate) async fn check(
     }
     // A part, a completion or an abort names an upload id: it must have been created in
     // this scope (SPEC §15). Checked where the scope is decided, before admission.
-    if let Some(s3::upload::Upload::Uses(id)) = &upload {
-        check_upload(gates, config, idx, &scope, token, id)?;
+    match &upload {
+        Some(s3::upload::Upload::Uses(id)) => check_upload(gates, config, idx, &scope, token, id)?,
+        Some(s3::upload::Upload::DeletesBucket { scopes, exact }) => {
+            // In a cluster another instance may hold the bucket's marks.
+            let beneath = if placement.is_some() {
+                Some("(marks held by other instances)".to_string())
+            } else {
+                gates
+                    .store()
+                    .marked_beneath(scopes, *exact, &scope)
+                    .map_err(|_| {
+                        (
+                            Some(idx),
+                            Outcome::Unavailable {
+                                scope: scope.clone(),
+                                token,
+                            },
+                        )
+                    })?
+            };
+            if let Some(other) = beneath {
+                return Err((
+                    Some(idx),
+                    Outcome::MultiScope {
+                        detail: format!(
+                            "a DeleteBucket may delete the bucket's objects with it, and one is fenced under another scope ({other})"
+                        ),
+                    },
+                ));
+            }
+        }
+        _ => {}
     }
     let proof = proof.as_ref().map(|v| Proof {
         keys: &config.fencing.proof_keys,

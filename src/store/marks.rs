@@ -411,6 +411,39 @@ impl MarkStore {
             .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
     }
 
+    /// A scope with a mark that starts with `prefix` (is `prefix`, when `exact`), other
+    /// than `except`: the journal's advances not yet in redb, then redb's marks.
+    pub fn marked_beneath(
+        &self,
+        prefix: &str,
+        exact: bool,
+        except: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let matches = |s: &str| {
+            s != except
+                && if exact {
+                    s == prefix
+                } else {
+                    s.starts_with(prefix)
+                }
+        };
+        let pending = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .find(|s| matches(s))
+            .map(|s| s.to_string());
+        if pending.is_some() {
+            return Ok(pending);
+        }
+        Ok(list_marks(&*self.inner.db, prefix, None, 2)?
+            .into_iter()
+            .map(|(s, _)| s)
+            .find(|s| matches(s)))
+    }
+
     /// The record under `key`, expired or not (the caller reads its expiry).
     pub fn record(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let txn = self.inner.db.begin_read().map_err(read_err)?;

@@ -90,6 +90,31 @@ pub fn operation(
     })
 }
 
+/// Is this a DeleteBucket (a DELETE on the bucket with no sub-resource)?
+pub fn deletes_bucket(method: &Method, query: Option<&str>) -> bool {
+    *method == Method::DELETE
+        && query_names(query.unwrap_or(""))
+            .is_ok_and(|names| names.iter().all(|n| n.eq_ignore_ascii_case("x-id")))
+}
+
+/// The object scopes of a bucket under the route's scope template (`caps` holds the
+/// bucket only): the one scope of all its objects when the template does not use the
+/// key, the prefix of all of them when it ends with the key, else `None`.
+pub fn bucket_objects(template: &ScopeTemplate, caps: &[Capture<'_>]) -> Option<upload::Upload> {
+    if !template.uses_capture(1) {
+        return Some(upload::Upload::DeletesBucket {
+            scopes: template.render(caps),
+            exact: true,
+        });
+    }
+    template
+        .ends_with_capture(1)
+        .then(|| upload::Upload::DeletesBucket {
+            scopes: template.render(caps),
+            exact: false,
+        })
+}
+
 /// The query names of S3's POSTs on an object: CreateMultipartUpload,
 /// CompleteMultipartUpload, RestoreObject, SelectObjectContent.
 const OBJECT_POSTS: [&str; 4] = ["uploads", "uploadId", "restore", "select"];

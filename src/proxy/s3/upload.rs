@@ -28,6 +28,10 @@ pub enum Upload {
     Creates,
     /// A part, a copied part, a completion or an abort of this upload id: checked.
     Uses(String),
+    /// DeleteBucket: some servers (s3s-fs) delete a bucket with its objects, so no object
+    /// scope of the bucket but the request's own may hold a mark: these scopes, the one
+    /// scope of all its objects (`exact`), or every scope with this prefix.
+    DeletesBucket { scopes: String, exact: bool },
 }
 
 /// The record key of `upload_id` from upstream `upstream`. A scope never starts with a
