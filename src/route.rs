@@ -526,7 +526,7 @@ impl ScopeTemplate {
 
     /// Does the template render capture `i` anywhere?
     pub fn uses_capture(&self, i: usize) -> bool {
-        self.parts.iter().any(|p| *p == ScopePart::Capture(i))
+        self.parts.contains(&ScopePart::Capture(i))
     }
 
     /// Does the template end with capture `i` (so that the scopes it renders for every
