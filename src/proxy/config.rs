@@ -328,6 +328,28 @@ fn parse_upstream(raw: RawUpstream, path: &str, base: &Path, errors: &mut Errors
         &format!("{path}.timeout"),
         errors,
     );
+    // Credentials in the URL are never sent upstream, and would be shown wherever the URL
+    // is: refused, and never echoed.
+    if raw
+        .url
+        .split_once("://")
+        .map_or(raw.url.as_str(), |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .is_some_and(|authority| authority.contains('@'))
+    {
+        errors.push(
+            format!("{path}.url"),
+            "holds credentials (user:password@): fencegate does not send them upstream; remove them",
+        );
+        return UpstreamDraft {
+            name: raw.name,
+            url: Uri::from_static("http://invalid"),
+            timeout,
+            tls: None,
+            distinct_hosts: raw.distinct_hosts.unwrap_or(false),
+        };
+    }
     let url = match raw.url.parse::<Uri>() {
         Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some() => {
             if u.path() != "/" && !u.path().is_empty() || u.query().is_some() {
@@ -1077,5 +1099,24 @@ upstream = "objects"
             "{S3}[[route]]\nname = \"late\"\npath = \"/x\"\nupstream = \"objects\"\nfenced = false\n"
         );
         refused(same_backend, "route[1]", "the Host header would choose");
+    }
+
+    /// Credentials in an upstream URL are refused by name, and never echoed.
+    #[test]
+    fn upstream_credentials_are_refused_unshown() {
+        for url in [
+            "http://admin:PASS@127.0.0.1:9",
+            "https://PASS@h:1",
+            "http://a:PASS@h",
+        ] {
+            let text = ROUTES.replace("http://127.0.0.1:9000", url);
+            let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
+            let e = errs
+                .iter()
+                .find(|e| e.path == "upstream[0].url")
+                .expect("refused");
+            assert!(e.message.contains("credentials"), "{e:?}");
+            assert!(!format!("{errs:?}").contains("PASS"), "{errs:?}");
+        }
     }
 }

@@ -1068,17 +1068,21 @@ impl Forwarder {
                     if let Some(g) = guard.as_mut() {
                         g.not_forwarded();
                     }
+                    upstream_failure(&upstream.name, &e.detail);
                     fail(Outcome::UpstreamUnavailable {
                         scope,
-                        detail: e.detail,
+                        detail: "the connection (or its TLS handshake) failed".into(),
                     })
                 }
                 // Sent, then reset or timed out: the upstream may still apply it. The guard
                 // drops uncompleted, so the scope settles before a newer generation goes.
-                Ok(Err(e)) => fail(Outcome::UpstreamTimeout {
-                    scope,
-                    detail: e.detail,
-                }),
+                Ok(Err(e)) => {
+                    upstream_failure(&upstream.name, &e.detail);
+                    fail(Outcome::UpstreamTimeout {
+                        scope,
+                        detail: "the exchange ended without a response".into(),
+                    })
+                }
                 Err(()) if stopped => fail(Outcome::UpstreamTimeout {
                     scope,
                     detail: "this instance's ownership of the scope's shard ended mid-exchange"
@@ -1091,6 +1095,24 @@ impl Forwarder {
             }
         }
     }
+}
+
+/// Logs why an exchange with `upstream` failed: addresses, TLS and socket details are
+/// for the operator's log, never for the client's answer. At most one line a second
+/// (an upstream that is down fails every request), with the count of those not logged.
+fn upstream_failure(upstream: &str, detail: &str) {
+    use std::sync::atomic::AtomicU64;
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static QUIET: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, Ordering::Relaxed) == now {
+        QUIET.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let unlogged = QUIET.swap(0, Ordering::Relaxed);
+    tracing::warn!(upstream, detail, unlogged, "upstream exchange failed");
 }
 
 /// The forwarder as the binary calls it (see [`crate::proxy::fence::Stage`]).

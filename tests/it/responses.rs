@@ -903,6 +903,13 @@ async fn closed_upstream_port_is_upstream_unavailable() {
     let resp = client.put("/reports/down/x", "1", "").await;
     let body = assert_problem(&resp, 502, "upstream_unavailable");
     assert_members(&body, Some("report/down"), None, None);
+    // The client is told what happened, not where: no address, port or socket error.
+    let title = body["title"].as_str().unwrap_or_default();
+    assert!(
+        !title.contains(&addr.port().to_string()) && !title.contains("127.0.0.1"),
+        "{title}"
+    );
+    assert!(!title.to_ascii_lowercase().contains("refused"), "{title}");
     // Never received, so nothing to settle: the same token may retry.
     let resp = client.put("/reports/down/x", "1", "").await;
     assert_problem(&resp, 502, "upstream_unavailable");
