@@ -584,6 +584,124 @@ impl ScopeTemplate {
     }
 }
 
+/// What a scope template's capture may hold, for [`ScopeTemplate::can_meet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureKind {
+    /// One path segment: one or more characters, none of them `/`.
+    Segment,
+    /// The rest of a path: segments joined by `/`.
+    Segments,
+    /// Any non-empty text (an S3 key read whole).
+    Any,
+}
+
+/// One step of a scope pattern: a literal character or a capture.
+#[derive(Clone, Copy)]
+enum Step {
+    Char(char),
+    Capture(CaptureKind),
+}
+
+/// Where a pattern's reader is: before step `at` (`phase` 0), inside a capture that has
+/// read a character (1), or inside `Segments` just after a `/` (2).
+type State = (usize, u8);
+
+impl ScopeTemplate {
+    fn steps(&self, kinds: &[CaptureKind]) -> Vec<Step> {
+        let mut out = Vec::new();
+        for part in &self.parts {
+            match part {
+                ScopePart::Text(t) => out.extend(t.chars().map(Step::Char)),
+                ScopePart::Capture(i) => out.push(Step::Capture(
+                    kinds.get(*i).copied().unwrap_or(CaptureKind::Any),
+                )),
+            }
+        }
+        out
+    }
+
+    /// Can this template (whose captures hold `kinds`) and `other` (with `theirs`) render
+    /// one and the same scope? Decided exactly, on the product of the two patterns'
+    /// automata over the characters their texts hold, `/`, and one character neither
+    /// holds (which stands for every other).
+    pub fn can_meet(
+        &self,
+        kinds: &[CaptureKind],
+        other: &ScopeTemplate,
+        theirs: &[CaptureKind],
+    ) -> bool {
+        let (a, b) = (self.steps(kinds), other.steps(theirs));
+        let mut alphabet: Vec<char> = a
+            .iter()
+            .chain(&b)
+            .filter_map(|s| match s {
+                Step::Char(c) => Some(*c),
+                Step::Capture(_) => None,
+            })
+            .chain(['/'])
+            .collect();
+        alphabet.sort_unstable();
+        alphabet.dedup();
+        // A character that is in no text (and is not `/`): all others behave like it.
+        let other_char = ('\u{E000}'..)
+            .find(|c| !alphabet.contains(c))
+            .unwrap_or('\u{E000}');
+        alphabet.push(other_char);
+        let start = (closure(&a, (0, 0)), closure(&b, (0, 0)));
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![start];
+        while let Some((x, y)) = todo.pop() {
+            if x.contains(&(a.len(), 0)) && y.contains(&(b.len(), 0)) {
+                return true;
+            }
+            if !seen.insert((x.clone(), y.clone())) {
+                continue;
+            }
+            for &c in &alphabet {
+                let nx = advance(&a, &x, c);
+                let ny = advance(&b, &y, c);
+                if !nx.is_empty() && !ny.is_empty() {
+                    todo.push((nx, ny));
+                }
+            }
+        }
+        false
+    }
+}
+
+/// The states reachable from `s` without reading (a capture that has read enough may
+/// end), sorted.
+fn closure(steps: &[Step], s: State) -> Vec<State> {
+    let mut out = vec![s];
+    if s.1 == 1 && matches!(steps.get(s.0), Some(Step::Capture(_))) {
+        out.extend(closure(steps, (s.0 + 1, 0)));
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The states after reading `c` from any of `states`.
+fn advance(steps: &[Step], states: &[State], c: char) -> Vec<State> {
+    let mut out = Vec::new();
+    for &(at, phase) in states {
+        let next: Option<State> = match (steps.get(at), phase) {
+            (Some(Step::Char(want)), 0) => (*want == c).then_some((at + 1, 0)),
+            (Some(Step::Capture(CaptureKind::Any)), _) => Some((at, 1)),
+            (Some(Step::Capture(CaptureKind::Segment)), _) => (c != '/').then_some((at, 1)),
+            (Some(Step::Capture(CaptureKind::Segments)), 1) if c == '/' => Some((at, 2)),
+            (Some(Step::Capture(CaptureKind::Segments)), _) => (c != '/').then_some((at, 1)),
+            _ => None,
+        };
+        if let Some(n) = next {
+            out.extend(closure(steps, n));
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// What the router needs of a route; the config owns the rest.
 pub trait RouteMatch {
     fn path(&self) -> &PathTemplate;
@@ -932,6 +1050,52 @@ mod tests {
         assert!(!p("/a/{x}").is_covered_by(&p("/a/b")));
         assert!(!p("/a").is_covered_by(&p("/a/{*r}")));
         assert!(!p("/a/b/c").is_covered_by(&p("/a/{x}")));
+    }
+
+    #[test]
+    fn scope_templates_that_can_meet() {
+        use CaptureKind::{Any, Segment, Segments};
+        let t = |path: &str, scope: &str| {
+            let p = PathTemplate::parse(path).expect("path");
+            ScopeTemplate::parse(scope, &p).expect("scope")
+        };
+        let meet =
+            |a: &ScopeTemplate, ka: &[CaptureKind], b: &ScopeTemplate, kb: &[CaptureKind]| {
+                a.can_meet(ka, b, kb) && b.can_meet(kb, a, ka)
+            };
+        let raw = t("/raw/{d}", "doc/{d}");
+        let docs = t("/docs/{d}", "doc/{d}");
+        assert!(meet(&raw, &[Segment], &docs, &[Segment]));
+        let meta = t("/m/{d}", "doc/{d}/meta");
+        assert!(
+            !meet(&raw, &[Segment], &meta, &[Segment]),
+            "a segment holds no /"
+        );
+        assert!(meet(&raw, &[Segments], &meta, &[Segment]), "a rest does");
+        assert!(
+            !meet(&raw, &[Segment], &t("/x", "doc/"), &[]),
+            "a capture is never empty"
+        );
+        assert!(meet(&raw, &[Segment], &t("/x", "doc/x"), &[]));
+        assert!(!meet(&raw, &[Segment], &t("/x", "docs/x"), &[]));
+        let two = t("/a/{x}/{y}", "{x}:{y}");
+        assert!(meet(&two, &[Segment, Segment], &t("/c", "a:b:c"), &[]));
+        assert!(!meet(
+            &t("/r/{k}", "object/{k}"),
+            &[Segments],
+            &t("/b/{b}", "bucket/{b}"),
+            &[Segment]
+        ));
+        assert!(
+            meet(&t("/r/{k}", "o/{k}"), &[Any], &t("/q", "o//x"), &[]),
+            "an opaque key may hold //"
+        );
+        assert!(!meet(
+            &t("/r/{k}", "o/{k}"),
+            &[Segments],
+            &t("/q", "o//x"),
+            &[]
+        ));
     }
 
     #[test]

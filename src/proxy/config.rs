@@ -458,6 +458,7 @@ pub(crate) fn parse_routes(
         }
     }
     shadowed_s3(&routes, &positions, errors);
+    one_policy_per_scope(&routes, &positions, errors);
     for c in host_chosen_scopes(&routes, cx.upstreams) {
         errors.push(format!("route[{}]", positions[c.second]), c.message);
     }
@@ -624,6 +625,70 @@ fn same_origin(a: &Uri, b: &Uri) -> bool {
             .zip(b.host())
             .is_some_and(|(x, y)| x.eq_ignore_ascii_case(y))
         && port(a) == port(b)
+}
+
+/// The scope templates a fenced route renders, each with what its captures may hold:
+/// its `scope`, and an S3 route's `bucket_scope`.
+fn scopes_of(route: &Route) -> Vec<(&ScopeTemplate, Vec<crate::route::CaptureKind>)> {
+    use crate::route::CaptureKind;
+    let mut kinds: Vec<CaptureKind> = route
+        .path
+        .segments
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Param(_) => Some(CaptureKind::Segment),
+            Segment::CatchAll(_) => Some(CaptureKind::Segments),
+            Segment::Literal(_) => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    if let Some(s3) = route.s3() {
+        if s3.keys == crate::proxy::s3::Keys::Opaque
+            && let Some(k) = kinds.get_mut(1)
+        {
+            *k = CaptureKind::Any;
+        }
+        if let Some(b) = &s3.bucket_scope {
+            out.push((b, vec![CaptureKind::Segment]));
+        }
+    }
+    out.push((&route.scope, kinds));
+    out
+}
+
+/// SPEC §9: one scope, one proof policy. Two fenced routes that can render one scope
+/// must agree on what decides it: `proof` (else a token nobody issued, taken on the route
+/// without proofs, would decide the scope the other requires proofs for), `equal` and
+/// `sequence` (else a client picks the weaker one by its path). Whether two templates
+/// can render one scope is decided exactly ([`ScopeTemplate::can_meet`]).
+fn one_policy_per_scope(routes: &[Route], positions: &[usize], errors: &mut Errors) {
+    for (j, b) in routes.iter().enumerate().filter(|(_, r)| r.fenced) {
+        for a in routes[..j].iter().filter(|r| r.fenced) {
+            let differs = [
+                ("proof", a.proof != b.proof),
+                ("equal", a.equal != b.equal),
+                ("sequence", a.sequence != b.sequence),
+            ];
+            let Some((setting, _)) = differs.iter().find(|(_, d)| *d) else {
+                continue;
+            };
+            let meet = scopes_of(a).iter().find_map(|(sa, ka)| {
+                scopes_of(b)
+                    .into_iter()
+                    .find(|(sb, kb)| sa.can_meet(ka, sb, kb))
+                    .map(|(sb, _)| (sa.to_string(), sb.to_string()))
+            });
+            if let Some((sa, sb)) = meet {
+                errors.push(
+                    format!("route[{}]", positions[j]),
+                    format!(
+                        "routes `{}` (scope \"{sa}\") and `{}` (scope \"{sb}\") can render the same scope with different `{setting}` settings: whichever is weaker would decide the scope for both; give them one setting, or scopes that cannot meet",
+                        a.name, b.name
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// An S3 route must see every request of its host (SPEC §15): a route before it that
@@ -1118,5 +1183,35 @@ upstream = "objects"
             assert!(e.message.contains("credentials"), "{e:?}");
             assert!(!format!("{errs:?}").contains("PASS"), "{errs:?}");
         }
+    }
+
+    /// SPEC §9: two routes that can render one scope must agree on what decides it.
+    #[test]
+    fn one_scope_one_policy() {
+        let routes = |a: &str, b: &str| {
+            format!(
+                "[store]\npath = \"x.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:9000\"\n\
+                 [[route]]\nname = \"raw\"\npath = \"/raw/{{d}}\"\nscope = \"doc/{{d}}\"\nupstream = \"u\"\n{a}\
+                 [[route]]\nname = \"docs\"\npath = \"/docs/{{d}}\"\nscope = \"doc/{{d}}\"\nupstream = \"u\"\n{b}"
+            )
+        };
+        for (a, b, setting) in [
+            ("", "equal = \"reject\"\n", "equal"),
+            ("sequence = \"required\"\n", "", "sequence"),
+        ] {
+            let errs = Config::parse(&routes(a, b), Path::new(".")).unwrap_err().0;
+            assert!(
+                errs.iter().any(|e| e.path == "route[1]"
+                    && e.message.contains("can render the same scope")
+                    && e.message.contains(&format!("`{setting}`"))),
+                "{errs:?}"
+            );
+        }
+        Config::parse(&routes("", ""), Path::new(".")).expect("one policy");
+        let apart = routes("", "equal = \"reject\"\n").replace(
+            "scope = \"doc/{d}\"\nupstream = \"u\"\nequal",
+            "scope = \"doc/{d}/v\"\nupstream = \"u\"\nequal",
+        );
+        Config::parse(&apart, Path::new(".")).expect("scopes that cannot meet");
     }
 }
