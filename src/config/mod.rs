@@ -282,6 +282,22 @@ impl Config {
     /// start-up.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
+        // Bearer secrets and the marks' API in the clear, where others can listen.
+        if !self.admin.listen.ip().is_loopback() && self.admin.tls.is_none() {
+            out.push(format!(
+                "[admin] listens on {} without tls: its bearer token and the marks' API cross the network in the clear",
+                self.admin.listen
+            ));
+        }
+        if let Some(a) = &self.authority
+            && !a.listen.ip().is_loopback()
+            && a.tls.is_none()
+        {
+            out.push(format!(
+                "[authority] listens on {} without tls: clients' bearer secrets and lease ids cross the network in the clear",
+                a.listen
+            ));
+        }
         for (i, r) in self.routes.iter().enumerate() {
             if !r.fenced {
                 continue;
@@ -329,6 +345,17 @@ impl Config {
             self.admin.listen,
             self.store.path.display()
         );
+        let f = &self.fencing;
+        out.push_str(&format!(
+            "fencing header {} · drain_timeout {} · settle {} · max_inflight_per_scope {} · max_waiters_per_scope {} · max_scope_bytes {} · proof keys {}\n",
+            f.header,
+            humantime::format_duration(f.drain_timeout),
+            humantime::format_duration(f.settle),
+            f.max_inflight_per_scope,
+            f.max_waiters_per_scope,
+            f.max_scope_bytes,
+            if f.proof_keys.is_empty() { "none" } else { "set" },
+        ));
         if let Some(a) = &self.authority {
             let backend = match &a.backend {
                 crate::authority::config::Backend::Local => "local".to_string(),
@@ -501,6 +528,28 @@ upstream = "objects"
     }
 
     /// Allowed, but likely mistakes: warned about, not refused.
+    #[test]
+    fn warns_of_listeners_beyond_loopback_without_tls() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("admin.token"), "t0ken-of-the-admin").expect("token");
+        let text = "[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"admin.token\"\n[store]\npath = \"x.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n[[route]]\nname = \"r\"\npath = \"/r\"\nscope = \"r\"\nupstream = \"u\"\n";
+        let c = Config::parse(text, dir.path()).expect("parses");
+        assert!(
+            c.warnings()
+                .iter()
+                .any(|w| w.starts_with("[admin] listens on 0.0.0.0:9090 without tls")),
+            "{:?}",
+            c.warnings()
+        );
+        let local = text.replace("0.0.0.0:9090", "127.0.0.1:9090");
+        let c = Config::parse(&local, dir.path()).expect("parses");
+        assert!(c.warnings().iter().all(|w| !w.starts_with("[admin]")));
+        assert!(
+            c.describe()
+                .contains("fencing header fencing-token · drain_timeout")
+        );
+    }
+
     #[test]
     fn warns_of_shared_scopes_and_pass_through_routes_over_fenced_paths() {
         let routes = r#"
