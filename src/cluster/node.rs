@@ -52,6 +52,8 @@ impl Joining {
             },
         )
         .await?;
+        // Before anything is claimed: one count for the whole cluster.
+        crate::cluster::registry::agree_on_shards(&ownership, config.shards).await?;
         let owned = OwnedShards::new(&ownership, config.shards);
         Ok(Joining {
             ownership: Arc::new(ownership),

@@ -50,6 +50,49 @@ fn instance_key(ownership: &Ownership) -> String {
     )
 }
 
+/// The key that holds a cluster's shard count, written by its first instance and kept
+/// for its life (no lease).
+fn shards_count_key(cluster: &str) -> String {
+    format!("/fencegate/cluster/{cluster}/config/shards")
+}
+
+/// Agrees on the cluster's shard count: the first instance writes `shards`; every later
+/// one must be configured with the same, else it is refused (`Error::Config`). Instances
+/// of one cluster with two counts map one scope to two shards, with two marks in etcd:
+/// a stale token would pass through the instance that reads the other mark.
+pub async fn agree_on_shards(ownership: &Ownership, shards: u32) -> Result<(), Error> {
+    let key = shards_count_key(ownership.cluster());
+    let value = shards.to_string();
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(key.as_str(), value.as_str(), None)])
+        .or_else([TxnOp::get(key.as_str(), None)]);
+    let resp = ownership
+        .members()
+        .call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| Error::Etcd(format!("agreeing on {key}: {e}")))?;
+    if resp.succeeded() {
+        return Ok(());
+    }
+    let held = resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    });
+    match held {
+        Some(v) if v == value.as_bytes() => Ok(()),
+        Some(v) => Err(Error::Config(format!(
+            "cluster `{}` has {} shards ({key} in etcd), and this instance is configured with {shards}: a cluster's shard count is fixed for its life",
+            ownership.cluster(),
+            String::from_utf8_lossy(&v)
+        ))),
+        None => Err(Error::Etcd(format!("agreeing on {key}: no answer"))),
+    }
+}
+
 /// Registers the instance under its name with `peer_addr`, in one transaction: created if
 /// the name is free; if it is already held under this ownership's lease, it is a retry (an
 /// answer that was lost, a new address) and the value is updated. A name held under

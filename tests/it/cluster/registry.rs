@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use etcd_client::CompactionOptions;
 use fencegate::cluster::ownership::{Claim, Error, Ownership, OwnershipConfig};
-use fencegate::cluster::registry::{Owner, View, ViewWatch, deregister, register};
+use fencegate::cluster::registry::{Owner, View, ViewWatch, agree_on_shards, deregister, register};
 use tokio::time::Instant;
 
 use crate::support::BOUND;
@@ -362,4 +362,28 @@ async fn a_watch_from_a_compacted_revision_falls_back_to_a_full_read() {
     .await;
     assert_eq!(view.full_reads(), 2, "no read beyond the one fallback");
     agrees_with_a_fresh_read(&view, &a, 8).await;
+}
+
+/// One shard count per cluster: the first instance sets it, one configured with another
+/// is refused by name (two counts would map one scope to two shards, two marks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_keeps_one_shard_count() {
+    let etcd = EtcdCluster::start(1).await;
+    let a = instance(&etcd, "a").await;
+    let b = instance(&etcd, "b").await;
+    agree_on_shards(&a, 8).await.expect("the first sets it");
+    agree_on_shards(&b, 8).await.expect("the same count joins");
+    match agree_on_shards(&b, 4).await {
+        Err(Error::Config(message)) => {
+            assert!(message.contains("has 8 shards"), "{message}");
+            assert!(message.contains("configured with 4"), "{message}");
+        }
+        other => panic!("another count must be refused: {other:?}"),
+    }
+    let mut c = admin(&etcd).await;
+    let held = c.get(key("config/shards"), None).await.expect("get");
+    assert_eq!(
+        held.kvs().first().map(|kv| kv.value().to_vec()),
+        Some(b"8".to_vec())
+    );
 }
