@@ -461,8 +461,8 @@ impl Config {
                         |b| { format!("bucket scope \"{b}\"") }
                     ),
                     match s3.keys {
-                        crate::proxy::s3::Keys::Strict => "strict",
-                        crate::proxy::s3::Keys::Opaque => "opaque",
+                        crate::proxy::config::Keys::Strict => "strict",
+                        crate::proxy::config::Keys::Opaque => "opaque",
                     },
                 ));
             } else if r.api == crate::proxy::config::Api::Plain {

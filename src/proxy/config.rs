@@ -43,7 +43,19 @@ pub struct S3Api {
     /// anything (403 `unfenced_operation`).
     pub bucket_scope: Option<ScopeTemplate>,
     /// How keys are read: held to a path's rules, or whole and verbatim (`keys`).
-    pub keys: crate::proxy::s3::Keys,
+    pub keys: Keys,
+}
+
+/// How an S3 route reads an object's key (`keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Keys {
+    /// Held to a path's rules (SPEC §2): no empty, `.` or `..` segment, no `\`; one
+    /// trailing `/` dropped. For backends that store objects as files.
+    #[default]
+    Strict,
+    /// Whole and verbatim (only controls refused): `a//b`, `a/./b`, `a\b` and `dir/`
+    /// are keys of their own, for backends that store keys as given (AWS S3).
+    Opaque,
 }
 
 /// What a route's backend API is, where the path alone does not say what a request
@@ -276,14 +288,14 @@ fn s3_api(
         .as_deref()
         .map(|d| authority("virtual_host_domain", d));
     let keys = match raw.keys.as_deref() {
-        None | Some("strict") => crate::proxy::s3::Keys::Strict,
-        Some("opaque") => crate::proxy::s3::Keys::Opaque,
+        None | Some("strict") => Keys::Strict,
+        Some("opaque") => Keys::Opaque,
         Some(other) => {
             errors.push(
                 format!("{path}.keys"),
                 format!("`{other}`: expected \"strict\" or \"opaque\""),
             );
-            crate::proxy::s3::Keys::Strict
+            Keys::Strict
         }
     };
     S3Api {
@@ -643,7 +655,7 @@ fn scopes_of(route: &Route) -> Vec<(&ScopeTemplate, Vec<crate::route::CaptureKin
         .collect();
     let mut out = Vec::new();
     if let Some(s3) = route.s3() {
-        if s3.keys == crate::proxy::s3::Keys::Opaque
+        if s3.keys == Keys::Opaque
             && let Some(k) = kinds.get_mut(1)
         {
             *k = CaptureKind::Any;

@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue, Method, header};
 
 use crate::body::BoxError;
 
-pub use crate::proxy::config::S3Api;
+pub use crate::proxy::config::{Keys, S3Api};
 use crate::route::{Capture, ScopeTemplate, Segments};
 
 /// What an S3 request acts on, from its method, query and path.
@@ -247,18 +247,6 @@ pub fn for_host<'a, 'h>(
         ));
     }
     Ok(None)
-}
-
-/// How an S3 route reads an object's key (`keys`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Keys {
-    /// Held to a path's rules (SPEC §2): no empty, `.` or `..` segment, no `\`; one
-    /// trailing `/` dropped. For backends that store objects as files.
-    #[default]
-    Strict,
-    /// Whole and verbatim (only controls refused): `a//b`, `a/./b`, `a\b` and `dir/`
-    /// are keys of their own, for backends that store keys as given (AWS S3).
-    Opaque,
 }
 
 /// The segments an S3 route is matched on: the bucket (from the Host when `bucket` is
