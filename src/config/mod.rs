@@ -654,6 +654,46 @@ idempotency = "optional"
         assert_eq!(c.idempotency.max_buffered, 128 << 20);
     }
 
+    /// `fingerprint_ignore`: lowercase header names or `prefix*`, sorted and deduplicated;
+    /// anything else refused at its index (a bare `*` would blind the fingerprint).
+    #[test]
+    fn fingerprint_ignore_takes_lowercase_names_and_prefixes() {
+        let text = format!(
+            "{GOOD}\n[idempotency]\nfingerprint_ignore = [\"x-my-trace\", \"x-span-*\", \"x-my-trace\", \"cf-ray\"]\n"
+        );
+        let c = Config::parse(&text, Path::new(".")).expect("valid names");
+        let ignored = &c.idempotency.fingerprint_ignore;
+        assert_eq!(ignored.names, ["cf-ray", "x-my-trace"]);
+        assert_eq!(ignored.prefixes, ["x-span-"]);
+        assert!(ignored.covers("x-span-id") && ignored.covers("cf-ray"));
+        assert!(!ignored.covers("x-my-trace-2") && !ignored.covers("destination"));
+        let text = format!(
+            "{GOOD}\n[idempotency]\nfingerprint_ignore = [\"ok\", \"X-Trace\", \"*\", \"a b\", \"x:y\", \"\", \"a*b\"]\n"
+        );
+        let errs = errors_at(
+            &text,
+            &[
+                "idempotency.fingerprint_ignore[1]",
+                "idempotency.fingerprint_ignore[2]",
+                "idempotency.fingerprint_ignore[3]",
+                "idempotency.fingerprint_ignore[4]",
+                "idempotency.fingerprint_ignore[5]",
+                "idempotency.fingerprint_ignore[6]",
+            ],
+        );
+        assert!(
+            !errs
+                .iter()
+                .any(|e| e.path == "idempotency.fingerprint_ignore[0]"),
+            "{errs:?}"
+        );
+        let upper = errs
+            .iter()
+            .find(|e| e.path == "idempotency.fingerprint_ignore[1]")
+            .expect("X-Trace");
+        assert!(upper.to_string().contains("`x-trace`"), "{upper}");
+    }
+
     /// A good `[cluster]` loads in a build with etcd (its secret read, only its digest
     /// kept), and is refused where a cluster would break its promises: idempotency records
     /// are one instance's, a local authority's epochs one instance's file, and the peer

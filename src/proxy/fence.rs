@@ -790,7 +790,11 @@ where
             // On an error the guard drops uncompleted: the scope settles, as after an
             // exchange whose outcome is unknown.
             let resp = inner.call(req).await?;
-            if let Some(g) = guard.as_mut() {
+            // A 202 says the write was queued, not applied (SPEC §3, invariant 3): the
+            // guard drops uncompleted and the scope settles, as after a lost answer.
+            if let Some(g) = guard.as_mut()
+                && resp.status() != http::StatusCode::ACCEPTED
+            {
                 g.complete();
             }
             table.count(route, op, if fenced { "accepted" } else { "unfenced" });
@@ -970,6 +974,55 @@ upstream = "u"
         let second = second.await.unwrap().unwrap();
         assert_eq!(second.headers()[FENCING_RESULT], "accepted");
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// A 202 from the service says its write was queued, not applied (SPEC §3, invariant
+    /// 3): the scope settles before the next generation is let in, as after a lost
+    /// answer; after a 200 the next one goes at once. (Paused clock: `settle` passes
+    /// only when nothing else can run.)
+    #[tokio::test(start_paused = true)]
+    async fn a_202_leaves_the_generation_to_settle() {
+        const SETTLE: Duration = Duration::from_secs(2);
+        let config = Config::parse(CONFIG, std::path::Path::new(".")).unwrap();
+        let metrics = Arc::new(Metrics::new(["docs".to_string()]));
+        let store =
+            MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let gates = Arc::new(Gates::new(
+            store,
+            metrics.clone(),
+            Duration::from_secs(60),
+            SETTLE,
+        ));
+        let handler = tower::service_fn(|req: Request<http_body_util::Empty<Bytes>>| {
+            let status = req
+                .headers()
+                .get("x-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u16>().ok())
+                .and_then(|v| http::StatusCode::from_u16(v).ok())
+                .unwrap_or(http::StatusCode::OK);
+            let mut resp = Response::new(http_body_util::Empty::<Bytes>::new());
+            *resp.status_mut() = status;
+            std::future::ready(Ok::<_, Infallible>(resp))
+        });
+        let mut fence = FenceLayer::new(Arc::new(config), gates, metrics).layer(handler);
+        let req = |doc: &str, token: &str, status: &str| {
+            Request::put(format!("/docs/{doc}"))
+                .header("host", "h")
+                .header("fencing-token", token)
+                .header("x-status", status)
+                .body(http_body_util::Empty::new())
+                .unwrap()
+        };
+        for (doc, first, wait) in [("a", "200", Duration::ZERO), ("b", "202", SETTLE)] {
+            let r = fence.call(req(doc, "5", first)).await.unwrap();
+            assert_eq!(r.status().as_str(), first);
+            drop(r);
+            let started = tokio::time::Instant::now();
+            let r = fence.call(req(doc, "6", "200")).await.unwrap();
+            assert_eq!(r.headers()[FENCING_RESULT], "accepted", "{doc}");
+            assert_eq!(started.elapsed(), wait, "after a {first}");
+        }
     }
 
     /// Records what the typed handoff brings: the plan with its guard.

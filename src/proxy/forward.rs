@@ -65,6 +65,16 @@ pub enum Upstreamed {
     Tls(Response<TlsBody>),
 }
 
+impl Upstreamed {
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Upstreamed::Pooled(r) => r.status(),
+            Upstreamed::H1(r) => r.status(),
+            Upstreamed::Tls(r) => r.status(),
+        }
+    }
+}
+
 /// Sends a prepared request (see [`upstream_parts`]) whose body is `body`, in memory, to a
 /// plain-HTTP upstream through this thread's lean HTTP/1.1 pool. Here and in [`send`], the
 /// upstream's `timeout` also bounds every wait for more of the response body.
@@ -411,14 +421,73 @@ static FORWARDING: [HeaderName; 6] = [
     HeaderName::from_static("x-real-ip"),
 ];
 
+/// What became of a request body on its way to the upstream through hyper's client.
+#[derive(Debug, Default)]
+pub struct Outgoing {
+    /// The body outgrew the route's `max_body` on the way.
+    tripped: AtomicBool,
+    /// hyper's client took the body's end: every byte of it was handed to the
+    /// connection. An answer that completes before this did not see the whole request
+    /// (SPEC §3, invariant 3).
+    written: AtomicBool,
+}
+
+impl Outgoing {
+    pub fn tripped(&self) -> bool {
+        self.tripped.load(Ordering::Acquire)
+    }
+
+    pub fn written(&self) -> bool {
+        self.written.load(Ordering::Acquire)
+    }
+}
+
+/// A request body that notes in [`Outgoing::written`] when its end is taken.
+struct Writing<B> {
+    inner: B,
+    outgoing: Arc<Outgoing>,
+}
+
+impl<B> http_body::Body for Writing<B>
+where
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        // hyper ends the message after a frame that leaves the body at its end, without
+        // polling for `None`; a failed body never ends.
+        if matches!(polled, Poll::Ready(None))
+            || (matches!(polled, Poll::Ready(Some(Ok(_)))) && this.inner.is_end_stream())
+        {
+            this.outgoing.written.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The upstream request for hyper's client, from a head prepared by [`upstream_parts`]
-/// and the body to stream. Answers the request and a flag that turns true if the body
-/// outgrew `max_body` on the way.
+/// and the body to stream. Answers the request and what becomes of its body on the way:
+/// whether it outgrew `max_body`, and whether it was all written.
 pub fn upstream_request(
     mut parts: http::request::Parts,
     body: Body,
     max_body: Option<u64>,
-) -> (Request<Body>, Arc<AtomicBool>) {
+) -> (Request<Body>, Arc<Outgoing>) {
     // hyper's client sends a GET or HEAD whose body has no known length as if it had
     // none, and drops the body. A chunked GET (or an HTTP/2 one with data and no length)
     // goes upstream as received instead: chunked, since the length is not known.
@@ -431,25 +500,38 @@ pub fn upstream_request(
             HeaderValue::from_static("chunked"),
         );
     }
-    let tripped = Arc::new(AtomicBool::new(false));
+    let outgoing = Arc::new(Outgoing::default());
+    // An empty body is never polled: there is nothing to write.
+    if http_body::Body::is_end_stream(&body) {
+        outgoing.written.store(true, Ordering::Release);
+        return (Request::from_parts(parts, body), outgoing);
+    }
     let body = match max_body {
         // Fails at the frame that takes the body past `limit` (a body without a length;
         // one with a length over it was refused before): the flag tells that failure
         // from the client's own.
         Some(limit) => {
-            let flag = tripped.clone();
-            Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
-                .map_err(move |e| {
-                    if e.is::<LengthLimitError>() {
-                        flag.store(true, Ordering::Release);
-                    }
-                    e
-                })
-                .boxed()
+            let watch = outgoing.clone();
+            Writing {
+                inner: Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).map_err(
+                    move |e| {
+                        if e.is::<LengthLimitError>() {
+                            watch.tripped.store(true, Ordering::Release);
+                        }
+                        e
+                    },
+                ),
+                outgoing: outgoing.clone(),
+            }
+            .boxed()
         }
-        None => body,
+        None => Writing {
+            inner: body,
+            outgoing: outgoing.clone(),
+        }
+        .boxed(),
     };
-    (Request::from_parts(parts, body), tripped)
+    (Request::from_parts(parts, body), outgoing)
 }
 
 /// The head of the upstream request, made from the client's. The path and query go out
@@ -580,17 +662,50 @@ impl Added {
     }
 }
 
+/// Whether an upstream's answer confirms that its request was applied, which is known
+/// only once the answer is over (SPEC §3, invariant 3). One that does not leaves the
+/// generation indeterminate: its guard drops uncompleted, and the scope settles before a
+/// higher generation goes, as after an exchange that ended without an answer.
+pub struct Confirms {
+    /// 202 Accepted: taken to be applied later, which nothing will tell us.
+    queued: bool,
+    /// The request body on its way through hyper's client: an answer that completes
+    /// before it was all written was given without the whole request. `None`: it was
+    /// written whole before the answer was read (the lean exchange).
+    outgoing: Option<Arc<Outgoing>>,
+}
+
+impl Confirms {
+    pub fn new(status: http::StatusCode, outgoing: Option<Arc<Outgoing>>) -> Confirms {
+        Confirms {
+            queued: status == http::StatusCode::ACCEPTED,
+            outgoing,
+        }
+    }
+
+    /// Completes `guard` if the answer, now over, confirms its request; dropped either
+    /// way (uncompleted, the scope settles).
+    fn finish(&self, mut guard: InflightGuard) {
+        if !self.queued && self.outgoing.as_ref().is_none_or(|o| o.written()) {
+            guard.complete();
+        }
+    }
+}
+
 /// Prepares an upstream response for the client; the guard (if any) stays counted
-/// until the body has been fully read or dropped, or has made no progress for `stall`.
+/// until the body has been fully read or dropped, or has made no progress for `stall`,
+/// and is then completed if the answer `confirms` its request.
 pub fn client_response(
     resp: Upstreamed,
     guard: Option<InflightGuard>,
+    confirms: Confirms,
     stall: Duration,
     client: http::Version,
 ) -> Response<Body> {
     fn guarded<B>(
         resp: Response<B>,
         guard: Option<InflightGuard>,
+        confirms: Confirms,
         stall: Duration,
         client: http::Version,
     ) -> Response<Body>
@@ -603,12 +718,19 @@ pub fn client_response(
         // A body with nothing to read (a 204, a HEAD, an empty body) lets go at once.
         let held = match guard {
             Some(guard) if !body.is_end_stream() => {
-                let held = Arc::new(Held(Mutex::new(Some(guard))));
+                let held = Arc::new(Held {
+                    guard: Mutex::new(Some(guard)),
+                    confirms,
+                });
                 let mut deadline = Deadline::after(stall);
                 arm(&held, &mut deadline);
                 Some((held, deadline, stall))
             }
-            _ => None,
+            Some(guard) => {
+                confirms.finish(guard);
+                None
+            }
+            None => None,
         };
         let body = GuardedBody {
             inner: body,
@@ -619,9 +741,9 @@ pub fn client_response(
         Response::from_parts(parts, body.boxed())
     }
     match resp {
-        Upstreamed::Pooled(r) => guarded(r, guard, stall, client),
-        Upstreamed::H1(r) => guarded(r, guard, stall, client),
-        Upstreamed::Tls(r) => guarded(r, guard, stall, client),
+        Upstreamed::Pooled(r) => guarded(r, guard, confirms, stall, client),
+        Upstreamed::H1(r) => guarded(r, guard, confirms, stall, client),
+        Upstreamed::Tls(r) => guarded(r, guard, confirms, stall, client),
     }
 }
 
@@ -674,12 +796,18 @@ impl http_body::Body for CutShort {
 /// fencing is for may be) lets go of it as a client that went away would, so that a newer
 /// generation is not held up for as long as the old owner keeps its connection open. The
 /// upstream has already answered; only the delivery of its body is left.
-struct Held(Mutex<Option<InflightGuard>>);
+struct Held {
+    guard: Mutex<Option<InflightGuard>>,
+    /// Decides, once the answer is over, whether it confirmed its request.
+    confirms: Confirms,
+}
 
 impl Held {
     fn release(&self) {
-        let guard = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
-        drop(guard);
+        let guard = self.guard.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(guard) = guard {
+            self.confirms.finish(guard);
+        }
     }
 }
 
@@ -982,7 +1110,7 @@ impl Forwarder {
                                 Err(streamed) => streamed,
                             };
                             added.put_into(&mut parts.headers);
-                            let (out, tripped) = upstream_request(parts, body, max_body);
+                            let (out, outgoing) = upstream_request(parts, body, max_body);
                             // Boxed: hyper's client exchange makes a large future, which
                             // would make every request's future (moved whole on its way to
                             // hyper) that large.
@@ -992,7 +1120,7 @@ impl Forwarder {
                                 Box::pin(send(upstream, tls_client, out, connect_by)),
                             )
                             .await;
-                            (r.map_err(drop), Some(tripped))
+                            (r.map_err(drop), Some(outgoing))
                         }
                     }
                 };
@@ -1001,7 +1129,7 @@ impl Forwarder {
             // deadline, SPEC §10) gives the exchange up there and then: the shard's next
             // owner may start admitting once that ownership could have expired. Boxed, so
             // that the race takes no room in a lone instance's request future.
-            let ((result, too_large), stopped) = match stop {
+            let ((result, outgoing), stopped) = match stop {
                 None => (exchange!(), false),
                 Some(stop) => {
                     Box::pin(async move {
@@ -1019,9 +1147,8 @@ impl Forwarder {
                 .observe_duration(started.elapsed());
             match result {
                 Ok(Ok(resp)) => {
-                    if let Some(g) = guard.as_mut() {
-                        g.complete();
-                    }
+                    // The guard is completed, or not, when the answer is over.
+                    let confirms = Confirms::new(resp.status(), outgoing);
                     row.count(
                         op,
                         match (fenced, hop.is_some()) {
@@ -1031,7 +1158,8 @@ impl Forwarder {
                         },
                     );
                     // A body that stops moving for the upstream's timeout lets go of its generation.
-                    let mut resp = client_response(resp, guard, upstream.timeout, client_version);
+                    let mut resp =
+                        client_response(resp, guard, confirms, upstream.timeout, client_version);
                     if hop.is_some() {
                         // The owner decided: its Fencing-Result is the answer's.
                     } else if fenced {
@@ -1046,7 +1174,7 @@ impl Forwarder {
                 }
                 // The body outgrew the route's limit mid-stream: the upstream saw an incomplete
                 // message, which it cannot apply, so there is nothing to settle.
-                Ok(Err(_)) if too_large.is_some_and(|t| t.load(Ordering::Acquire)) => {
+                Ok(Err(_)) if outgoing.as_ref().is_some_and(|o| o.tripped()) => {
                     if let Some(g) = guard.as_mut() {
                         g.complete();
                     }
@@ -1273,7 +1401,8 @@ mod tests {
             (&[&b"abcdef"[..]][..], false, 5, &b""[..], true),
             (&[&b"ab"[..]][..], true, 5, &b"ab"[..], false),
         ] {
-            let (req, flag) = upstream_request(parts.clone(), streamed(pieces, fail), Some(limit));
+            let (req, outgoing) =
+                upstream_request(parts.clone(), streamed(pieces, fail), Some(limit));
             let mut body = req.into_body();
             let mut seen = Vec::new();
             let mut failed = false;
@@ -1288,7 +1417,8 @@ mod tests {
             }
             assert_eq!(seen, data, "{pieces:?}");
             assert_eq!(failed, tripped || fail, "{pieces:?}");
-            assert_eq!(flag.load(Ordering::Acquire), tripped, "{pieces:?}");
+            assert_eq!(outgoing.tripped(), tripped, "{pieces:?}");
+            assert_eq!(outgoing.written(), !failed, "{pieces:?}");
         }
     }
 

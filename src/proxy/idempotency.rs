@@ -17,9 +17,9 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 pub mod config;
+pub mod fingerprint;
 pub use config::{IdempotencyConfig, Mode, OnUnknown};
 
 use crate::fence::InflightGuard;
@@ -219,9 +219,38 @@ enum State {
 #[derive(Debug, Serialize, Deserialize)]
 struct Meta {
     fingerprint: String,
+    /// What `fingerprint` covers ([`fingerprint::VERSION`]); absent from the records of
+    /// versions before it, whose fingerprints covered no header (1).
+    #[serde(default = "first_fingerprint_version")]
+    fingerprint_version: u32,
     state: State,
     /// Which process run claimed it: an in-flight record of an earlier run is unknown.
     boot: u64,
+}
+
+impl Meta {
+    /// A record of this version's fingerprint.
+    fn new(fingerprint: String, state: State, boot: u64) -> Meta {
+        Meta {
+            fingerprint,
+            fingerprint_version: fingerprint::VERSION,
+            state,
+            boot,
+        }
+    }
+
+    /// Whether this record was made for the request fingerprinted `fingerprint` (by
+    /// this version). A record of another fingerprint version is not: its fingerprint
+    /// covered other parts of its request (a version 1 record, no header at all), so a
+    /// retry that matched it could still be another request. It is answered
+    /// `key_reused`, never `duplicate`.
+    fn made_for(&self, fingerprint: &str) -> bool {
+        self.fingerprint_version == fingerprint::VERSION && self.fingerprint == fingerprint
+    }
+}
+
+fn first_fingerprint_version() -> u32 {
+    1
 }
 
 /// Record layout: expiry (8 bytes, big-endian unix seconds) · JSON length (4) · JSON · body.
@@ -499,32 +528,20 @@ impl Idempotency {
                 );
             }
         };
-        let mut h = Sha256::new();
-        for part in [
-            parts.method.as_str().as_bytes(),
-            // The path as forwarded, not its canonical form: two spellings that share a
-            // scope may still name two objects (`x` and `x/` on an object store), and a
-            // retry that respells its path is refused (422), never taken for another.
-            parts.uri.path().as_bytes(),
-            parts.uri.query().unwrap_or("").as_bytes(),
-            token.to_string().as_bytes(),
-        ] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part);
-        }
-        h.update(&body);
-        let fingerprint: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let fingerprint = fingerprint::fingerprint(
+            &parts,
+            token,
+            &table.config.fencing.header,
+            &body,
+            &settings.fingerprint_ignore,
+        );
 
         let record_key = format!("{scope}\0{key}");
         let now = now_secs();
         let expires = now.saturating_add(settings.ttl.as_secs());
         let mine = encode(
             expires,
-            &Meta {
-                fingerprint: fingerprint.clone(),
-                state: State::InFlight,
-                boot: self.boot,
-            },
+            &Meta::new(fingerprint.clone(), State::InFlight, self.boot),
             &[],
         );
         // The claim, the forward and the record run in a task of their own. A claim is
@@ -570,11 +587,7 @@ impl Idempotency {
                         let (store, key) = (store.clone(), record_key.clone());
                         let released = encode(
                             expires,
-                            &Meta {
-                                fingerprint: fingerprint.clone(),
-                                state: State::Released,
-                                boot,
-                            },
+                            &Meta::new(fingerprint.clone(), State::Released, boot),
                             &[],
                         );
                         // Counted by the worker's drain: shutdown waits for it (within
@@ -597,7 +610,13 @@ impl Idempotency {
                 let Some((meta, stored_body)) = decode(&existing) else {
                     return refuse(&mut plan, Outcome::Unavailable { scope, token });
                 };
-                if meta.fingerprint != fingerprint {
+                if !meta.made_for(&fingerprint) {
+                    if meta.fingerprint_version != fingerprint::VERSION {
+                        tracing::debug!(
+                            version = meta.fingerprint_version,
+                            "an Idempotency-Key record of another fingerprint version: key_reused"
+                        );
+                    }
                     return refuse(&mut plan, Outcome::KeyReused { scope, token });
                 }
                 let retry_unknown = match meta.state {
@@ -647,15 +666,7 @@ impl Idempotency {
                 .unwrap_or("")
                 .to_string();
             let record = |state: State, body: &[u8]| {
-                encode(
-                    expires,
-                    &Meta {
-                        fingerprint: fingerprint.clone(),
-                        state,
-                        boot,
-                    },
-                    body,
-                )
+                encode(expires, &Meta::new(fingerprint.clone(), state, boot), body)
             };
             match result.as_str() {
                 "accepted" => {
@@ -961,17 +972,8 @@ mod tests {
     async fn every_expired_record_is_collected_in_one_run() {
         let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
             .expect("store");
-        let record = |expires: u64| {
-            encode(
-                expires,
-                &Meta {
-                    fingerprint: String::new(),
-                    state: State::Released,
-                    boot: 0,
-                },
-                &[],
-            )
-        };
+        let record =
+            |expires: u64| encode(expires, &Meta::new(String::new(), State::Released, 0), &[]);
         // 150 full batches of 2 expired records (a run used to stop after 100), and live
         // records that must stay.
         for i in 0..300 {
@@ -990,20 +992,44 @@ mod tests {
 
     #[test]
     fn records_round_trip() {
-        let meta = Meta {
-            fingerprint: "f".into(),
-            state: State::Completed {
+        let meta = Meta::new(
+            "f".into(),
+            State::Completed {
                 status: 201,
                 headers: vec![("etag".into(), b"\"1\"".to_vec())],
                 body_stored: true,
             },
-            boot: 7,
-        };
+            7,
+        );
         let v = encode(99, &meta, b"hello");
         assert_eq!(u64::from_be_bytes(v[..8].try_into().unwrap()), 99);
         let (m, body) = decode(&v).unwrap();
         assert_eq!(body, b"hello");
         assert!(matches!(m.state, State::Completed { status: 201, .. }));
         assert!(decode(&v[..10]).is_none());
+        assert!(m.made_for("f"));
+        assert!(!m.made_for("g"));
+    }
+
+    /// A record as the version before header fingerprints wrote it (no
+    /// `fingerprint_version`) still decodes, as version 1, and is made for no request of
+    /// this version, even one whose fingerprint were equal to its own: its fingerprint
+    /// covered no header, so a match could be another request (`key_reused`, never
+    /// `duplicate`).
+    #[test]
+    fn a_record_of_the_header_blind_version_matches_nothing() {
+        let fingerprint = "ab".repeat(32);
+        let json = format!(
+            r#"{{"fingerprint":"{fingerprint}","state":{{"Completed":{{"status":201,"headers":[],"body_stored":true}}}},"boot":7}}"#
+        );
+        let mut v = 99u64.to_be_bytes().to_vec();
+        v.extend_from_slice(&(json.len() as u32).to_be_bytes());
+        v.extend_from_slice(json.as_bytes());
+        v.extend_from_slice(b"moved");
+        let (m, body) = decode(&v).expect("an old record decodes");
+        assert_eq!(body, b"moved");
+        assert_eq!(m.fingerprint_version, 1);
+        assert!(matches!(m.state, State::Completed { status: 201, .. }));
+        assert!(!m.made_for(&fingerprint));
     }
 }

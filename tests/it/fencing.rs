@@ -255,6 +255,160 @@ async fn draining_and_settle_over_http() {
     proxy.shutdown().await;
 }
 
+/// An upstream that answers every request `200` with an empty body as soon as its head
+/// has come, before reading any of its body (which it then reads and drops); how many
+/// requests it answered so.
+async fn answers_on_the_head() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let answered = Arc::new(AtomicUsize::new(0));
+    let count = answered.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if conn
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+                while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    (addr, answered)
+}
+
+/// An answer that does not confirm the write was applied leaves the generation
+/// indeterminate (SPEC §3, invariant 3), as a lost answer does: the scope settles, and the
+/// next token is 503 `draining` (here `settle` outlasts the test) and never forwarded.
+/// Such answers: a 202 Accepted (with or without an `Idempotency-Key`), and a 200 that an
+/// upstream sent on the request's head, complete before fencegate had written the body
+/// (the client is still sending it). A 200 given after the whole body is the control: the
+/// next token goes at once.
+#[tokio::test]
+async fn an_answer_that_does_not_confirm_the_write_settles() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let double = Double::start().await;
+    let (early, answered) = answers_on_the_head().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::config_text(double.addr, "300ms", "1h", "10s")
+        + &format!(
+            r#"
+[[upstream]]
+name = "early"
+url = "http://{early}"
+[[route]]
+name = "early"
+path = "/early/{{k}}"
+scope = "early/{{k}}"
+upstream = "early"
+"#
+        );
+    let proxy = support::start_text(&text, dir.path()).await;
+    let client = Client::new(proxy.proxy_addr);
+
+    // Control: an answer after the whole request leaves nothing to settle, whichever
+    // way the body went (in memory, streamed with a length, chunked).
+    let r = client.put("/reports/done/x", "1", "A").await;
+    assert_eq!((r.status, r.result()), (200, "accepted"));
+    let big = "b".repeat(100 * 1024);
+    let r = client.put("/reports/big/x", "1", &big).await;
+    assert_eq!((r.status, r.result()), (200, "accepted"));
+    let (status, text) = support::raw(
+        proxy.proxy_addr,
+        b"PUT /reports/chunked/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\
+          Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    for path in ["/reports/done/x", "/reports/big/x", "/reports/chunked/x"] {
+        let r = client.put(path, "2", "B").await;
+        assert_eq!((r.status, r.result()), (200, "accepted"), "{path}");
+    }
+    let bodies: Vec<usize> = double.seen().iter().map(|s| s.body.len()).collect();
+    assert_eq!(
+        bodies,
+        [1, 100 * 1024, 5, 1, 1, 1],
+        "each body reached the upstream whole"
+    );
+
+    // 202: queued, maybe applied later; so with a key, whose record replays the 202.
+    for (path, key) in [
+        ("/reports/queued/x", None),
+        ("/idem/queued", Some("\"q-1\"")),
+    ] {
+        let mut headers = vec![("fencing-token", "1"), ("x-test-status", "202")];
+        if let Some(key) = key {
+            headers.push(("idempotency-key", key));
+        }
+        let r = client.send("PUT", path, &headers, "A").await;
+        assert_eq!((r.status, r.result()), (202, "accepted"), "{path}");
+        let r = client.put(path, "2", "B").await;
+        assert_eq!((r.status, r.result()), (503, "draining"), "{path}");
+        assert!(r.headers.contains_key("retry-after"));
+    }
+    assert_eq!(
+        double.count_token("2"),
+        3,
+        "only the controls' token 2 was forwarded"
+    );
+
+    // A 200 on the head while the body is still coming: chunked, its end never sent.
+    let mut conn = tokio::net::TcpStream::connect(proxy.proxy_addr)
+        .await
+        .expect("connect");
+    conn.write_all(
+        b"PUT /early/x HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\
+          Transfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n",
+    )
+    .await
+    .expect("write");
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(BOUND, async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed before an answer");
+            head.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("an answer within the bound");
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("fencing-result: accepted"), "{head}");
+    let r = client.put("/early/x", "2", "B").await;
+    assert_eq!((r.status, r.result()), (503, "draining"));
+    assert_eq!(
+        answered.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "token 2 never forwarded"
+    );
+    drop(conn);
+    proxy.shutdown().await;
+}
+
 /// A commit that fails answers 503 unavailable, forwards nothing, and flips /readyz.
 #[tokio::test]
 async fn store_failure_answers_unavailable_and_forwards_nothing() {

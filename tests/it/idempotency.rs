@@ -19,9 +19,20 @@ async fn settled(
     headers: &[(&str, &str)],
     body: &str,
 ) -> support::Resp {
+    settled_as(client, "PUT", path, headers, body).await
+}
+
+/// [`settled`] for a request of any method.
+async fn settled_as(
+    client: &Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> support::Resp {
     tokio::time::timeout(BOUND, async {
         loop {
-            let r = client.send("PUT", path, headers, body).await;
+            let r = client.send(method, path, headers, body).await;
             if r.result() != "in_progress" {
                 return r;
             }
@@ -120,6 +131,218 @@ async fn a_key_reused_on_another_spelling_is_not_a_duplicate() {
         ["/idem/x"],
         "only the first request reached the upstream"
     );
+    proxy.shutdown().await;
+}
+
+/// The test config with a route over a tree whose scope is its top segment, as the
+/// issue's WebDAV reproduction had it (a MOVE within one scope).
+fn tree_config(upstream: std::net::SocketAddr) -> String {
+    support::config_text(upstream, "10s", "0s", "10s")
+        + r#"
+[[route]]
+name = "tree"
+path = "/tree/{t}/{*rest}"
+scope = "tree/{t}"
+upstream = "u"
+idempotency = "optional"
+"#
+}
+
+/// The fingerprint covers the request's headers (SPEC §4): the same MOVE and key with
+/// another `Destination` is another request, answered 422 `key_reused`, not the first
+/// one's 200 `duplicate` (which told the client asking for /c that it had moved there,
+/// when the backend had moved to /b); so are a `Content-Type`, an `If-*` and an
+/// `x-amz-*` that differ. A retry that differs only in what a client changes between
+/// attempts of one request (its signature and date, an SDK's attempt counter, trace ids,
+/// the order of its headers) is still that request: `duplicate`.
+#[tokio::test]
+async fn a_retry_with_other_request_headers_is_key_reused() {
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start_text(&tree_config(double.addr), dir.path()).await;
+    let client = Client::new(proxy.proxy_addr);
+    let key = ("idempotency-key", "\"mv1\"");
+
+    let first = settled_as(
+        &client,
+        "MOVE",
+        "/tree/t/a",
+        &[
+            ("fencing-token", "1"),
+            key,
+            ("destination", "/tree/t/b"),
+            ("authorization", "AWS4-HMAC-SHA256 Signature=aa"),
+            ("x-amz-date", "20260101T000000Z"),
+            ("amz-sdk-request", "attempt=1; max=3"),
+            ("traceparent", "00-aa-01"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!((first.status, first.result()), (200, "accepted"));
+
+    let other = client
+        .send(
+            "MOVE",
+            "/tree/t/a",
+            &[("fencing-token", "1"), key, ("destination", "/tree/t/c")],
+            "",
+        )
+        .await;
+    assert_eq!((other.status, other.result()), (422, "key_reused"));
+
+    let retry = client
+        .send(
+            "MOVE",
+            "/tree/t/a",
+            &[
+                ("traceparent", "00-bb-01"),
+                ("amz-sdk-request", "attempt=2; max=3"),
+                ("x-amz-date", "20260101T000003Z"),
+                ("authorization", "AWS4-HMAC-SHA256 Signature=bb"),
+                ("Destination", "/tree/t/b"),
+                key,
+                ("fencing-token", "1"),
+                ("user-agent", "retrying/2"),
+                ("x-request-id", "attempt-2"),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!((retry.status, retry.result()), (200, "duplicate"));
+    assert_eq!(retry.body, "MOVE /tree/t/a token=1");
+
+    // A PUT's own headers, each changed on its own.
+    let put_key = ("idempotency-key", "\"put1\"");
+    let base = [
+        ("fencing-token", "1"),
+        put_key,
+        ("content-type", "text/csv"),
+        ("if-match", "\"e1\""),
+        ("x-amz-meta-owner", "a"),
+    ];
+    let first = settled(&client, "/tree/t/p", &base, "rows").await;
+    assert_eq!((first.status, first.result()), (200, "accepted"));
+    for (i, changed) in [
+        ("content-type", "text/plain"),
+        ("if-match", "\"e2\""),
+        ("x-amz-meta-owner", "b"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut headers = base.to_vec();
+        headers[i + 2] = changed;
+        let r = client.send("PUT", "/tree/t/p", &headers, "rows").await;
+        assert_eq!((r.status, r.result()), (422, "key_reused"), "{changed:?}");
+    }
+    // One left out, or one added, is another request too.
+    let r = client.send("PUT", "/tree/t/p", &base[..4], "rows").await;
+    assert_eq!((r.status, r.result()), (422, "key_reused"), "no x-amz-meta");
+    let mut added = base.to_vec();
+    added.push(("x-amz-tagging", "k=v"));
+    let r = client.send("PUT", "/tree/t/p", &added, "rows").await;
+    assert_eq!((r.status, r.result()), (422, "key_reused"), "x-amz-tagging");
+    let r = client.send("PUT", "/tree/t/p", &base, "rows").await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"));
+
+    let applied: Vec<(String, Option<String>)> = double
+        .seen()
+        .iter()
+        .map(|s| {
+            (
+                s.method.clone(),
+                s.header("destination").map(str::to_string),
+            )
+        })
+        .collect();
+    assert_eq!(
+        applied,
+        [
+            ("MOVE".to_string(), Some("/tree/t/b".to_string())),
+            ("PUT".to_string(), None)
+        ],
+        "each operation reached the upstream once"
+    );
+    proxy.shutdown().await;
+}
+
+/// `fingerprint_ignore` adds a deployment's own per-attempt headers to the list: a
+/// retry that differs only in one is a duplicate; without the setting it is another
+/// request.
+#[tokio::test]
+async fn configured_headers_are_left_out_of_the_fingerprint() {
+    let double = Double::start().await;
+    for (ignore, second) in [("[\"x-my-trace\"]", "duplicate"), ("[]", "key_reused")] {
+        let dir = tempfile::tempdir().unwrap();
+        let text =
+            tree_config(double.addr) + &format!("[idempotency]\nfingerprint_ignore = {ignore}\n");
+        let proxy = support::start_text(&text, dir.path()).await;
+        let client = Client::new(proxy.proxy_addr);
+        let headers = |trace| {
+            [
+                ("fencing-token", "1"),
+                ("idempotency-key", "\"k\""),
+                ("x-my-trace", trace),
+            ]
+        };
+        let first = settled(&client, "/tree/c/x", &headers("1"), "v").await;
+        assert_eq!(first.result(), "accepted", "{ignore}");
+        let r = client.send("PUT", "/tree/c/x", &headers("2"), "v").await;
+        assert_eq!(r.result(), second, "{ignore}");
+        proxy.shutdown().await;
+    }
+}
+
+/// A record that the version before header fingerprints stored (its fingerprint over the
+/// method, target, token and body only, no `fingerprint_version`) is answered 422
+/// `key_reused` after the upgrade, never `duplicate`: that fingerprint says nothing of the
+/// headers, so the retry may be another request (the issue's MOVE to another
+/// `Destination` matched it). The client is told, nothing is forwarded, and the key is
+/// free again once the record expires (`idempotency.ttl`). That version answered this
+/// very request `duplicate` from this record.
+#[tokio::test]
+async fn a_record_from_before_header_fingerprints_is_key_reused() {
+    use sha2::{Digest, Sha256};
+
+    let double = Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = MarkStore::open(&dir.path().join("marks.redb")).expect("store");
+    // The earlier version's fingerprint of `PUT /idem/old` with token 1 and body "v1".
+    let mut h = Sha256::new();
+    for part in ["PUT", "/idem/old", "", "1"] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    h.update(b"v1");
+    let fingerprint: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let meta = format!(
+        r#"{{"fingerprint":"{fingerprint}","state":{{"Completed":{{"status":201,"headers":[["x-upstream",[111,108,100]]],"body_stored":true}}}},"boot":1}}"#
+    );
+    let mut record = u64::MAX.to_be_bytes().to_vec();
+    record.extend_from_slice(&u32::try_from(meta.len()).unwrap().to_be_bytes());
+    record.extend_from_slice(meta.as_bytes());
+    record.extend_from_slice(b"stored by the old version");
+    let claimed = store
+        .claim("idem/old\0old-1".into(), record, None, 0)
+        .await
+        .expect("record");
+    assert!(claimed.is_none());
+    let proxy = fencegate::app::start(support::config(double.addr, dir.path()), Some(store))
+        .await
+        .expect("start");
+    let client = Client::new(proxy.proxy_addr);
+
+    let r = client
+        .send(
+            "PUT",
+            "/idem/old",
+            &[("fencing-token", "1"), ("idempotency-key", "\"old-1\"")],
+            "v1",
+        )
+        .await;
+    assert_eq!((r.status, r.result()), (422, "key_reused"), "{}", r.body);
+    assert!(double.seen().is_empty(), "nothing forwarded");
     proxy.shutdown().await;
 }
 
@@ -230,7 +453,12 @@ async fn shutdown_waits_for_an_exchange_whose_client_has_gone() {
         .expect("restart");
     let client = Client::new(proxy.proxy_addr);
     let retry = client
-        .send("PUT", "/idem/gone", &[("fencing-token", "1"), KEY], "pay 5")
+        .send(
+            "PUT",
+            "/idem/gone",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "gone")],
+            "pay 5",
+        )
         .await;
     assert_eq!((retry.status, retry.result()), (200, "duplicate"));
     assert_eq!(retry.body, "PUT /idem/gone token=1");
@@ -263,26 +491,34 @@ async fn concurrent_duplicates_are_in_progress_then_replayed() {
         .await
     });
     double.arrived("b").await;
+    // A retry repeats the request, its headers included (the double's hold too).
+    let hold = ("x-test-hold", "b");
     let dup = client
-        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY], "x")
+        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY, hold], "x")
         .await;
     assert_eq!((dup.status, dup.result()), (409, "in_progress"));
     assert!(dup.headers.contains_key("retry-after"));
     let reused = client
-        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY], "y")
+        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY, hold], "y")
         .await;
     assert_eq!((reused.status, reused.result()), (422, "key_reused"));
     double.release("b");
     let first = first.await.unwrap();
     assert_eq!((first.status, first.result()), (200, "accepted"));
-    let again = settled(&client, "/idem/b", &[("fencing-token", "3"), KEY], "x").await;
+    let again = settled(
+        &client,
+        "/idem/b",
+        &[("fencing-token", "3"), KEY, hold],
+        "x",
+    )
+    .await;
     assert_eq!(
         again.result(),
         "key_reused",
         "PUT is another request than POST"
     );
     let again = client
-        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY], "x")
+        .send("POST", "/idem/b", &[("fencing-token", "3"), KEY, hold], "x")
         .await;
     assert_eq!((again.status, again.result()), (200, "duplicate"));
     assert_eq!(
@@ -315,8 +551,14 @@ async fn unknown_outcomes_are_refused_or_forwarded_by_route() {
         )
         .await;
     assert_eq!((r.status, r.result()), (504, "upstream_timeout"));
+    // A retry repeats the request, its headers included.
     let retry = client
-        .send("PUT", "/idem/c", &[("fencing-token", "1"), KEY], "z")
+        .send(
+            "PUT",
+            "/idem/c",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "c")],
+            "z",
+        )
         .await;
     assert_eq!((retry.status, retry.result()), (409, "outcome_unknown"));
     assert_eq!(
@@ -338,8 +580,14 @@ async fn unknown_outcomes_are_refused_or_forwarded_by_route() {
         )
         .await;
     assert_eq!(r.result(), "upstream_timeout");
+    double.release("c2");
     let retry = client
-        .send("PUT", "/idemreq/c", &[("fencing-token", "1"), KEY], "z")
+        .send(
+            "PUT",
+            "/idemreq/c",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "c2")],
+            "z",
+        )
         .await;
     assert_eq!((retry.status, retry.result()), (200, "accepted"));
     assert_eq!(
@@ -368,7 +616,6 @@ async fn unknown_outcomes_are_refused_or_forwarded_by_route() {
         .await;
     assert_eq!((r.status, r.result()), (400, "invalid_request"));
     double.release("c");
-    double.release("c2");
     proxy.shutdown().await;
 }
 
@@ -558,7 +805,12 @@ async fn crash_between_record_and_answer_leaves_an_unknown_outcome() {
     let mut proc = spawn(&config, p, a);
     let client = Client::new(proc.proxy);
     let r = client
-        .send("PUT", "/idem/crash", &[("fencing-token", "1"), KEY], "q")
+        .send(
+            "PUT",
+            "/idem/crash",
+            &[("fencing-token", "1"), KEY, ("x-test-hold", "crash")],
+            "q",
+        )
         .await;
     assert_eq!((r.status, r.result()), (409, "outcome_unknown"));
     assert_eq!(

@@ -258,6 +258,53 @@ async fn boto3_cannot_reach_a_fenced_object_by_another_name() {
     drop(proxy);
 }
 
+/// boto3's own retry of a keyed PutObject whose answer a hop between it and fencegate
+/// lost (a 503 in its place): botocore signs the retry anew (another `X-Amz-Date`,
+/// `Authorization` and `amz-sdk-request`), and fencegate takes it for the same request,
+/// replaying the stored answer (`duplicate`); the backend sees one PutObject. The same key
+/// with another `x-amz-meta-*` or `Content-Type` is 422 `key_reused`
+/// (tests/it/s3_retry.py has the story).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_retry_of_a_lost_answer_is_a_duplicate() {
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let listen = support::free_port();
+    let text = config(double.addr, listen).replace(
+        "upstream = \"s3\"\n",
+        "upstream = \"s3\"\nidempotency = \"optional\"\n",
+    );
+    assert!(text.contains("idempotency = \"optional\""), "{text}");
+    let proxy = support::start_text(&text, dir.path()).await;
+    let (status, out, err) = boto3("s3_retry.py", &listen.to_string()).await;
+    println!("{out}");
+    assert!(
+        status.success(),
+        "boto3 script failed ({status}):\n{out}\n{err}"
+    );
+    for step in [
+        "retry after 503: ok attempts=2 fencegate=200 accepted,200 duplicate",
+        "retry re-signed: amz-sdk-request authorization x-amz-date changed",
+        "retry attempt header: attempt=2",
+        "other metadata, same key: refused status=422 result=key_reused",
+        "other content type, same key: refused status=422 result=key_reused",
+        "s3 retry: all ok",
+    ] {
+        assert!(out.contains(step), "no `{step}` in:\n{out}");
+    }
+    let puts: Vec<_> = double
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == "PUT")
+        .collect();
+    assert_eq!(
+        puts.len(),
+        1,
+        "the backend applied the PutObject once: {puts:?}"
+    );
+    assert_eq!(puts[0].target, "/bkt/reports/july.csv");
+    proxy.shutdown().await;
+}
+
 /// The same routes twice over the test double, one in each dialect: fencegate's refusals
 /// differ only in body and `Content-Type`; answers from the upstream, and a pass-through
 /// route's, are the same bytes in both.

@@ -73,6 +73,72 @@ pub struct IdempotencyConfig {
     /// Bytes of request and response bodies held in memory at once by requests with a
     /// key, over all connections; a request body that finds no room gets 503.
     pub max_buffered: u64,
+    /// Request headers left out of the fingerprint besides the built-in ones
+    /// (`fingerprint_ignore`): a deployment's own trace or transport headers, which vary
+    /// between retries of one request and would make them `key_reused`.
+    pub fingerprint_ignore: Ignored,
+}
+
+/// Header names (lowercase) and name prefixes (given as `prefix*`) left out of the
+/// fingerprint, sorted, without repeats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ignored {
+    pub names: Vec<String>,
+    pub prefixes: Vec<String>,
+}
+
+impl Ignored {
+    /// Whether `name` (lowercase, as `http` keeps names) is on the list.
+    pub fn covers(&self, name: &str) -> bool {
+        self.names
+            .binary_search_by(|n| n.as_str().cmp(name))
+            .is_ok()
+            || self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+
+    /// Parses `fingerprint_ignore`: each entry a lowercase header name, or a name prefix
+    /// ending in `*` (not `*` alone: a fingerprint blind to every header answers a
+    /// different request's retry `duplicate`).
+    fn parse(raw: Vec<String>, errors: &mut Errors) -> Ignored {
+        let mut ignored = Ignored::default();
+        for (i, entry) in raw.into_iter().enumerate() {
+            let path = format!("idempotency.fingerprint_ignore[{i}]");
+            let (name, prefix) = match entry.strip_suffix('*') {
+                Some(p) => (p, true),
+                None => (entry.as_str(), false),
+            };
+            let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'+-.^_`|~".contains(&b);
+            let problem = if name.is_empty() {
+                Some("a header name, or a prefix of one followed by `*`; `*` alone would leave every header out".to_string())
+            } else if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                Some(format!(
+                    "`{entry}`: header names here are lowercase (`{}`); they match whatever their case in a request",
+                    entry.to_ascii_lowercase()
+                ))
+            } else if !name.bytes().all(token) {
+                Some(format!(
+                    "`{entry}` is not a header name (letters, digits and !#$%&'+-.^_`|~), or a prefix of one followed by `*`"
+                ))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                errors.push(path, problem);
+                continue;
+            }
+            let list = if prefix {
+                &mut ignored.prefixes
+            } else {
+                &mut ignored.names
+            };
+            list.push(name.to_string());
+        }
+        ignored.names.sort();
+        ignored.names.dedup();
+        ignored.prefixes.sort();
+        ignored.prefixes.dedup();
+        ignored
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -82,6 +148,7 @@ pub(crate) struct RawIdempotency {
     max_request_body: Option<String>,
     max_response_body: Option<String>,
     max_buffered: Option<String>,
+    fingerprint_ignore: Option<Vec<String>>,
 }
 
 impl IdempotencyConfig {
@@ -112,6 +179,7 @@ impl IdempotencyConfig {
                 "idempotency.max_buffered",
                 errors,
             ),
+            fingerprint_ignore: Ignored::parse(raw.fingerprint_ignore.unwrap_or_default(), errors),
         };
         if idempotency.max_buffered < idempotency.max_request_body {
             errors.push(

@@ -56,7 +56,9 @@ struct Holds {
 
 /// An upstream test double. Requests with `x-test-hold: NAME` wait inside the upstream
 /// until [`Double::release`]; [`Double::arrived`] waits until such a request is inside.
-/// `x-test-reset: 1` makes the upstream drop the connection without answering.
+/// `x-test-reset: 1` makes the upstream drop the connection without answering;
+/// `x-test-status: NNN` makes it answer status NNN with an empty body (an S3 PutObject's
+/// 200, an asynchronous backend's 202).
 #[derive(Clone)]
 pub struct Double {
     pub addr: SocketAddr,
@@ -110,6 +112,10 @@ impl Double {
         };
         let hold = seen.header("x-test-hold").map(str::to_string);
         let reset = seen.header("x-test-reset").is_some();
+        let status = seen
+            .header("x-test-status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .and_then(|s| StatusCode::from_u16(s).ok());
         self.seen.lock().unwrap().push(seen.clone());
         if let Some(name) = hold {
             self.mark(&name, true, false);
@@ -131,13 +137,17 @@ impl Double {
         if reset {
             return Err(std::io::Error::other("reset by test"));
         }
-        let mut resp = Response::new(Full::new(Bytes::from(format!(
-            "{} {} token={}",
-            seen.method,
-            seen.target,
-            seen.header("fencing-token").unwrap_or("-")
-        ))));
-        *resp.status_mut() = StatusCode::OK;
+        let body = match status {
+            Some(_) => Bytes::new(),
+            None => Bytes::from(format!(
+                "{} {} token={}",
+                seen.method,
+                seen.target,
+                seen.header("fencing-token").unwrap_or("-")
+            )),
+        };
+        let mut resp = Response::new(Full::new(body));
+        *resp.status_mut() = status.unwrap_or(StatusCode::OK);
         resp.headers_mut()
             .insert("x-upstream", http::HeaderValue::from_static("double"));
         Ok(resp)
