@@ -12,8 +12,9 @@
 # The Kubernetes manifests in deploy/kubernetes are validated offline by
 # kubernetes-validate (pip, into a virtualenv under target/), and the fencegate configs
 # they embed are checked with `fencegate check-config` (openssl makes stand-ins for the
-# files they name on Secrets). The S3 dialect's test needs s3s-fs (cargo install, into
-# target/s3s-fs) and boto3 (pip, into another virtualenv under target/).
+# files they name on Secrets). The S3 dialect's tests need s3s-fs (cargo install, into
+# target/s3s-fs), boto3 and, for the S3 compatibility suite, pytest (pip, into another
+# virtualenv under target/).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -82,6 +83,13 @@ if ! "$s3venv/bin/python" -c 'import boto3' >/dev/null 2>&1; then
     mkdir -p target
     python3 -m venv "$s3venv"
     "$s3venv/bin/python" -m pip install --quiet --disable-pip-version-check 'boto3==1.43.11'
+fi
+# The S3 compatibility suite (tests/it/s3_compat.rs runs the s3-tests subset in
+# tests/s3-compat with pytest, in the same virtualenv).
+if ! "$s3venv/bin/python" -c 'import pytest, munch, isodate, pytz, requests' >/dev/null 2>&1; then
+    echo "==> installing pytest and what s3-tests imports (pip, into $s3venv)"
+    "$s3venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -r tests/s3-compat/requirements.txt
 fi
 
 echo "==> cargo test --all-targets --features etcd $*"

@@ -21,6 +21,7 @@ mod pool;
 mod responses;
 mod s3;
 mod s3_api;
+mod s3_compat;
 mod send_timeout;
 mod sequence;
 mod store;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::support;
 
-const ACCESS_KEY: &str = "AKFENCEGATETEST";
-const SECRET_KEY: &str = "SKFENCEGATETESTsecret";
+pub(super) const ACCESS_KEY: &str = "AKFENCEGATETEST";
+pub(super) const SECRET_KEY: &str = "SKFENCEGATETESTsecret";
 /// How long the boto3 script may take (it uploads about 5 MiB twice over loopback).
 const SCRIPT_BOUND: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(20);
@@ -25,7 +25,7 @@ fn in_target(rel: &str) -> PathBuf {
 }
 
 /// The installed tool at `rel` under target/, or a failure saying how to get it.
-fn tool(rel: &str, what: &str) -> PathBuf {
+pub(super) fn tool(rel: &str, what: &str) -> PathBuf {
     let path = in_target(rel);
     assert!(
         path.is_file(),
@@ -36,23 +36,23 @@ fn tool(rel: &str, what: &str) -> PathBuf {
 }
 
 /// An `s3s-fs` process on loopback, its data under a temporary root; killed on drop.
-struct S3sFs {
+pub(super) struct S3sFs {
     child: Child,
-    addr: SocketAddr,
+    pub(super) addr: SocketAddr,
     _root: tempfile::TempDir,
 }
 
 impl S3sFs {
-    /// On `port`; serving virtual-hosted requests too under `domain` (as the Host header
-    /// names it, port included) when given.
-    fn start(port: u16, domain: Option<&str>) -> S3sFs {
+    /// On `port`; serving virtual-hosted requests too under each of `domains` (as the
+    /// Host header names it, port included), if any.
+    pub(super) fn start(port: u16, domains: &[&str]) -> S3sFs {
         let bin = tool("s3s-fs/bin/s3s-fs", "s3s-fs");
         let root = tempfile::tempdir().expect("s3s-fs root");
         let mut command = Command::new(bin);
         command
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]);
-        if let Some(domain) = domain {
+        for domain in domains {
             command.args(["--domain", domain]);
         }
         let child = command
@@ -88,9 +88,9 @@ impl Drop for S3sFs {
 
 /// The S3 endpoint's host, served by an `api = "s3"` route path-style and virtual-hosted;
 /// the scripts resolve it (and its subdomains) to loopback.
-const ENDPOINT_HOST: &str = "s3.test";
+pub(super) const ENDPOINT_HOST: &str = "s3.test";
 
-fn config(upstream: SocketAddr, listen: u16) -> String {
+pub(super) fn config(upstream: SocketAddr, listen: u16) -> String {
     format!(
         r#"
 [server]
@@ -167,7 +167,7 @@ async fn boto3(script: &str, endpoint: &str) -> (std::process::ExitStatus, Strin
 /// keeps the token-6 content.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boto3_through_fencegate_to_a_sigv4_server() {
-    let s3 = S3sFs::start(support::free_port(), None);
+    let s3 = S3sFs::start(support::free_port(), &[]);
     let dir = tempfile::tempdir().expect("dir");
     let listen = support::free_port();
     let _proxy = support::start_text(&config(s3.addr, listen), dir.path()).await;
@@ -223,7 +223,7 @@ async fn boto3_cannot_reach_a_fenced_object_by_another_name() {
     let listen = support::free_port();
     let s3 = S3sFs::start(
         support::free_port(),
-        Some(&format!("{ENDPOINT_HOST}:{listen}")),
+        &[&format!("{ENDPOINT_HOST}:{listen}")],
     );
     let dir = tempfile::tempdir().expect("dir");
     let proxy = support::start_text(&config(s3.addr, listen), dir.path()).await;
@@ -425,7 +425,7 @@ upstream = "u"
 /// may have `keys = "opaque"`. Requests are signed (s3s-fs refuses a wrong secret).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_tells_which_keys_a_backend_needs() {
-    let s3 = S3sFs::start(support::free_port(), None);
+    let s3 = S3sFs::start(support::free_port(), &[]);
     let python = tool("s3-venv/bin/python", "the boto3 virtualenv");
     let created = Command::new(python)
         .arg("-c")
