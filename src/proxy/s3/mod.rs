@@ -4,7 +4,7 @@
 //! S3 names objects in three places besides the path: the Host (virtual-hosted
 //! addressing, `{bucket}.{domain}`), the XML body of DeleteObjects (`POST /{bucket}?delete`,
 //! [`delete`]) and the form of a browser upload (`POST /{bucket}`, [`form`]). The first is
-//! read before routing ([`virtual_host`]): the bucket taken from the Host is put in front
+//! read before routing ([`for_host`]): the bucket taken from the Host is put in front
 //! of the path, so both addressing styles route and render alike. The other two are read
 //! from the body by the fence before the gate, and the body is forwarded as it was read.
 //! Requests on the bucket itself are fenced on the route's `bucket_scope`, or refused.
