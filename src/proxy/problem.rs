@@ -221,7 +221,7 @@ impl Outcome {
                 format!("The request changes objects of more than one scope: {detail}").into()
             }
             Outcome::UnfencedOperation { detail } => {
-                format!("This request would change objects that no scope of this route fences: {detail}").into()
+                format!("No scope of this route fences this request: {detail}").into()
             }
             Outcome::UnknownUpload { detail, .. } => {
                 format!("No such multipart upload in this scope: {detail}").into()
