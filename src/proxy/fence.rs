@@ -480,7 +480,42 @@ impl<S> Fence<S, Typed> {
                         .refuse(&table, route, op, outcome, Some(asked), None);
                 }
             };
-            self.pass(req, table, plan, conn).await
+            if plan.record_upload {
+                return Box::pin(self.pass(req, table, plan, conn)).await;
+            }
+            // The common way in, inline rather than through `pass` (an async fn more per
+            // request: see docs/PERFORMANCE.md, W1 instructions).
+            if !shared.refusals.access.is_on() {
+                return self
+                    .inner
+                    .serve(Admitted {
+                        req,
+                        table,
+                        plan,
+                        conn,
+                    })
+                    .await;
+            }
+            let mut note = Note {
+                route: Some(table.config.routes[plan.route].name.clone()),
+                scope: plan.scope.clone(),
+                token: plan.token,
+                sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
+                ..Note::default()
+            };
+            let sent = Instant::now();
+            let mut resp = self
+                .inner
+                .serve(Admitted {
+                    req,
+                    table,
+                    plan,
+                    conn,
+                })
+                .await;
+            note.upstream = Some(sent.elapsed());
+            resp.extensions_mut().insert(note);
+            resp
         }
     }
 
