@@ -265,7 +265,7 @@ pub(crate) fn classify<B>(
                     let upload = s3::upload_of(req.method(), req.uri().query())
                         .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
                     let scope = route.scope.render(&caps);
-                    let mut decided = decide(
+                    let decided = decide(
                         config,
                         req.method(),
                         &head,
@@ -273,10 +273,7 @@ pub(crate) fn classify<B>(
                         scope,
                         &destination,
                     )?;
-                    if let Classified::Fenced(f) = &mut decided {
-                        f.upload = upload;
-                    }
-                    return Ok(decided);
+                    return Ok(decided.with_upload(upload));
                 }
                 Operation::Bucket => match &api.bucket_scope {
                     Some(t) if s3::deletes_bucket(req.method(), req.uri().query()) => {
@@ -286,7 +283,7 @@ pub(crate) fn classify<B>(
                             )
                         })?;
                         let scope = t.render(&caps);
-                        let mut decided = decide(
+                        let decided = decide(
                             config,
                             req.method(),
                             &head,
@@ -294,10 +291,7 @@ pub(crate) fn classify<B>(
                             scope,
                             &destination,
                         )?;
-                        if let Classified::Fenced(f) = &mut decided {
-                            f.upload = Some(deletes);
-                        }
-                        return Ok(decided);
+                        return Ok(decided.with_upload(Some(deletes)));
                     }
                     Some(t) => t.render(&caps),
                     None if read => return Ok(unfenced()),
@@ -489,6 +483,16 @@ pub(crate) enum Classified {
     Unfenced(Plan),
     Fenced(Fenced),
     Named(Named),
+}
+
+impl Classified {
+    /// A fenced request with what it does with S3 uploads (and buckets) for the check.
+    fn with_upload(mut self, upload: Option<s3::upload::Upload>) -> Classified {
+        if let Classified::Fenced(f) = &mut self {
+            f.upload = upload;
+        }
+        self
+    }
 }
 
 /// An S3 request that names its objects in its body (DeleteObjects, a form upload): its
