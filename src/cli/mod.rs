@@ -607,8 +607,11 @@ fn streamed_marks(last: Option<&[u8]>, lines: usize) -> Result<u64, String> {
     }
 }
 
+/// A backup line of exactly one kind: a line with the fields of two (a header that also
+/// carries a mark) matches none, and is refused rather than read as one and the rest
+/// dropped (a mark dropped from a restore is a mark lowered).
 #[derive(serde::Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, deny_unknown_fields)]
 enum BackupLine {
     Header {
         fencegate_backup: u64,
@@ -700,6 +703,16 @@ fn read_backup(mut input: impl BufRead, name: &str) -> Result<(u64, Vec<(String,
             Ok(BackupLine::End { .. }) => {
                 return Err(format!(
                     "{at}: an end line, but the header does not say format 2"
+                ));
+            }
+            // A scope no request could have produced (empty, or with a control character:
+            // a path segment with one is refused) is damage, not a mark; it would also
+            // forge lines in `marks list`.
+            Ok(BackupLine::Mark { scope, .. })
+                if scope.is_empty() || scope.chars().any(char::is_control) =>
+            {
+                return Err(format!(
+                    "{at}: the scope {scope:?} is empty or has a control character: no request has such a scope"
                 ));
             }
             Ok(BackupLine::Mark { scope, token }) => entries.push((scope, token)),
@@ -881,5 +894,42 @@ mod tests {
         assert!(streamed_marks(Some(mark), 4).is_err(), "cut after a mark");
         let header = b"{\"fencegate_backup\":2,\"epoch_floor\":0}".as_slice();
         assert!(streamed_marks(Some(header), 1).is_err(), "only a header");
+    }
+
+    /// `restore` takes no garbage: a line of two kinds (a header that also carries a mark)
+    /// and a scope no request could produce are refused, naming the line; a whole backup
+    /// reads as written.
+    #[test]
+    fn a_backup_line_of_two_kinds_or_an_impossible_scope_is_refused() {
+        let read = |text: &str| super::read_backup(text.as_bytes(), "b.jsonl");
+        let whole = "{\"fencegate_backup\":2,\"epoch_floor\":3}\n{\"scope\":\"s/h\",\"token\":\"7\"}\n{\"fencegate_backup_end\":1}\n";
+        let (floor, marks) = read(whole).expect("a whole backup");
+        assert_eq!(floor, 3);
+        assert_eq!(marks, vec![("s/h".to_string(), Token::new(0, 7))]);
+        for (what, text) in [
+            (
+                "a header with a mark",
+                "{\"fencegate_backup\":2,\"epoch_floor\":0,\"scope\":\"s/h\",\"token\":\"7\"}\n{\"fencegate_backup_end\":0}\n",
+            ),
+            (
+                "a mark with an extra field",
+                "{\"fencegate_backup\":2,\"epoch_floor\":0}\n{\"scope\":\"s\",\"token\":\"7\",\"x\":1}\n{\"fencegate_backup_end\":1}\n",
+            ),
+            (
+                "a NUL in a scope",
+                "{\"fencegate_backup\":2,\"epoch_floor\":0}\n{\"scope\":\"a\\u0000b\",\"token\":\"7\"}\n{\"fencegate_backup_end\":1}\n",
+            ),
+            (
+                "a newline in a scope",
+                "{\"fencegate_backup\":2,\"epoch_floor\":0}\n{\"scope\":\"a\\nb\",\"token\":\"7\"}\n{\"fencegate_backup_end\":1}\n",
+            ),
+            (
+                "an empty scope",
+                "{\"fencegate_backup\":2,\"epoch_floor\":0}\n{\"scope\":\"\",\"token\":\"7\"}\n{\"fencegate_backup_end\":1}\n",
+            ),
+        ] {
+            let err = read(text).expect_err(what);
+            assert!(err.contains("b.jsonl:"), "{what}: {err}");
+        }
     }
 }
