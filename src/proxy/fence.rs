@@ -130,6 +130,19 @@ pub(crate) struct Note {
     pub(crate) upstream: Option<Duration>,
 }
 
+impl Note {
+    /// What the access log notes of an admitted request before its exchange.
+    fn of(table: &Table, plan: &super::Plan) -> Note {
+        Note {
+            route: Some(table.config.routes[plan.route].name.clone()),
+            scope: plan.scope.clone(),
+            token: plan.token,
+            sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
+            ..Note::default()
+        }
+    }
+}
+
 impl Refusals {
     pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog) -> Refusals {
         Refusals {
@@ -496,13 +509,7 @@ impl<S> Fence<S, Typed> {
                     })
                     .await;
             }
-            let mut note = Note {
-                route: Some(table.config.routes[plan.route].name.clone()),
-                scope: plan.scope.clone(),
-                token: plan.token,
-                sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
-                ..Note::default()
-            };
+            let mut note = Note::of(&table, &plan);
             let sent = Instant::now();
             let mut resp = self
                 .inner
@@ -640,13 +647,7 @@ impl<S> Fence<S, Typed> {
                 })
                 .await;
         }
-        let mut note = Note {
-            route: Some(table.config.routes[plan.route].name.clone()),
-            scope: plan.scope.clone(),
-            token: plan.token,
-            sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
-            ..Note::default()
-        };
+        let mut note = Note::of(&table, &plan);
         let sent = Instant::now();
         let mut resp = self
             .inner

@@ -158,18 +158,7 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
             // write it.
             Event::CData(_) => return Err("CDATA (refused: readers differ on it)".into()),
             Event::GeneralRef(r) => {
-                let c = match r.resolve_char_ref() {
-                    Ok(Some(c)) => c,
-                    Ok(None) => match r.as_ref() {
-                        "amp" => '&',
-                        "lt" => '<',
-                        "gt" => '>',
-                        "quot" => '"',
-                        "apos" => '\'',
-                        other => return Err(format!("the undefined entity &{other};")),
-                    },
-                    Err(e) => return Err(format!("a character reference: {e}")),
-                };
+                let c = reference(&r)?;
                 match (at, key.as_mut()) {
                     (At::Key, Some(k)) => k.push(c),
                     (At::Quiet | At::Field, _) => {}
@@ -187,6 +176,23 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
         return Err("the document ends before its Delete does".into());
     }
     Ok(keys)
+}
+
+/// The character a reference in text stands for: a character reference, or one of
+/// XML's five predefined entities (no DOCTYPE is read, so no other is defined).
+pub(super) fn reference(r: &quick_xml::events::BytesRef<'_>) -> Result<char, String> {
+    match r.resolve_char_ref() {
+        Ok(Some(c)) => Ok(c),
+        Ok(None) => match r.as_ref() {
+            "amp" => Ok('&'),
+            "lt" => Ok('<'),
+            "gt" => Ok('>'),
+            "quot" => Ok('"'),
+            "apos" => Ok('\''),
+            other => Err(format!("the undefined entity &{other};")),
+        },
+        Err(e) => Err(format!("a character reference: {e}")),
+    }
 }
 
 fn unexpected(name: &str, at: At) -> String {

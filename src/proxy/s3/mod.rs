@@ -168,20 +168,11 @@ fn decode(text: &str) -> Result<Cow<'_, str>, String> {
 /// A name whose escapes do not decode to UTF-8 is an error: the backend would read
 /// something, and the fence could not say what.
 fn query_names(query: &str) -> Result<Vec<Cow<'_, str>>, String> {
-    let mut out = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let name = pair.split('=').next().unwrap_or_default();
-        if !name.contains(['%', '+']) {
-            out.push(Cow::Borrowed(name));
-            continue;
-        }
-        let spaced = name.replace('+', " ");
-        let decoded = percent_encoding::percent_decode_str(&spaced)
-            .decode_utf8()
-            .map_err(|_| format!("the query parameter `{name}` does not decode to UTF-8"))?;
-        out.push(Cow::Owned(decoded.into_owned()));
-    }
-    Ok(out)
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| decode(pair.split('=').next().unwrap_or_default()))
+        .collect()
 }
 
 /// A request to an S3 route's host: the route's endpoint (to route by), the bucket a

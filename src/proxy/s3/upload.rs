@@ -82,17 +82,7 @@ pub fn answered_id(body: &Bytes) -> Result<String, String> {
                 }
             }
             Event::GeneralRef(r) if inside => {
-                let c = match r.resolve_char_ref() {
-                    Ok(Some(c)) => c,
-                    _ => match r.as_ref() {
-                        "amp" => '&',
-                        "lt" => '<',
-                        "gt" => '>',
-                        "quot" => '"',
-                        "apos" => '\'',
-                        other => return Err(format!("the undefined entity &{other};")),
-                    },
-                };
+                let c = super::delete::reference(&r)?;
                 if let Some(id) = id.as_mut() {
                     id.push(c);
                 }
