@@ -359,6 +359,11 @@ async fn run(args: &Args) -> Result<bool, Error> {
         .tempdir()?;
     let secret = dir.path().join("peer.secret");
     std::fs::write(&secret, format!("{SECRET}\n"))?;
+    // fencegate refuses a secret other users may read.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600))?;
+    }
     let cluster = |name: &str| Mode::Cluster {
         cluster: name.into(),
         endpoints: etcd.endpoints.clone(),

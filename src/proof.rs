@@ -106,6 +106,9 @@ fn signed(key_id: &str, scope: &str, token: Token) -> Vec<u8> {
 /// The `key-id` line and the value line of a key file, after its header.
 fn read_key_file(path: &Path, header: &str, kind: &str) -> Result<(String, Vec<u8>), ProofError> {
     let bad = |why: String| ProofError::KeyFile(format!("{}: {why}", path.display()));
+    if header == KEY_HEADER {
+        crate::config::value::private_file(path).map_err(ProofError::KeyFile)?;
+    }
     let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
     let mut lines = text.lines();
     if lines.next() != Some(header) {

@@ -75,6 +75,11 @@ fn certificate(dir: &Path, name: &str, key: &[&str]) -> Result<(PathBuf, PathBuf
         )
         .into());
     }
+    // fencegate refuses a private key other users may read.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keyfile, std::fs::Permissions::from_mode(0o600))?;
+    }
     Ok((cert, keyfile))
 }
 

@@ -105,8 +105,13 @@ class Check:
             self.pki = ((d / "cert.pem").read_bytes(), (d / "key.pem").read_bytes())
         return self.pki
 
-    def stand_in(self, where, key_path, target):
+    def stand_in(self, where, key_path, target, mode):
+        """A stand-in with the mode the Secret volume gives its files (fencegate refuses a
+        secret or key other users may read; a root-owned one may be group-readable, as
+        Kubernetes mounts a Secret for the pod's fsGroup)."""
         name = last_key(key_path)
+        if mode & 0o007:
+            self.problem(where, f"{key_path}: the Secret volume's mode {mode:04o} lets other users read it; fencegate refuses that (use 0400 or 0440)")
         if name in CERT_KEYS:
             content = self.stand_in_pki()[0]
         elif name == "key":
@@ -118,6 +123,9 @@ class Check:
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
+        # As Kubernetes mounts it: owned by root, readable by the pod's fsGroup. Where the
+        # check does not run as root, the file is the user's own, so only it may read it.
+        target.chmod(mode if os.geteuid() == 0 else 0o600)
 
     def workload(self, where, pod, config_map, services):
         """Checks one ConfigMap's fencegate.toml with the pod template that mounts it."""
@@ -178,7 +186,7 @@ class Check:
                 items = volume["secret"].get("items")
                 if items is not None and inside not in [i["path"] for i in items]:
                     self.problem(where, f"{key_path} = {value!r}: the Secret volume {mount['name']} has no item at {inside}")
-                self.stand_in(where, key_path, target)
+                self.stand_in(where, key_path, target, volume["secret"].get("defaultMode", 0o644))
             if value.startswith("/"):
                 rewritten = rewritten.replace(f'"{value}"', f'"{target}"')
 

@@ -531,7 +531,7 @@ upstream = "objects"
     #[test]
     fn warns_of_listeners_beyond_loopback_without_tls() {
         let dir = tempfile::tempdir().expect("dir");
-        std::fs::write(dir.path().join("admin.token"), "t0ken-of-the-admin").expect("token");
+        crate::config::value::write_private(dir.path().join("admin.token"), "t0ken-of-the-admin");
         let text = "[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"admin.token\"\n[store]\npath = \"x.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n[[route]]\nname = \"r\"\npath = \"/r\"\nscope = \"r\"\nupstream = \"u\"\n";
         let c = Config::parse(text, dir.path()).expect("parses");
         assert!(
@@ -702,7 +702,7 @@ idempotency = "optional"
     fn a_cluster_table_loads_with_its_limits() {
         let dir = tempfile::tempdir().expect("dir");
         let secret = dir.path().join("peer.secret");
-        std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").expect("secret");
+        crate::config::value::write_private(&secret, "0123456789abcdef0123456789abcdef\n");
         let table = format!(
             "\n[cluster]\nname = \"fg-a\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
              peer_listen = \"127.0.0.1:7401\"\npeer_secret_file = \"{}\"\n",
@@ -727,9 +727,9 @@ idempotency = "optional"
                 !format!("{cluster:?}").contains(&cluster.peer_key.0),
                 "not in logs"
             );
-            std::fs::write(&secret, "short\n").expect("secret");
+            crate::config::value::write_private(&secret, "short\n");
             errors_at(&text, &["cluster.peer_secret_file"]);
-            std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").expect("secret");
+            crate::config::value::write_private(&secret, "0123456789abcdef0123456789abcdef\n");
             let idem = text.replace(
                 "upstream = \"objects\"",
                 "upstream = \"objects\"\nidempotency = \"optional\"",
@@ -895,10 +895,52 @@ colour = "red"
         let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
         assert!(errs.iter().any(|e| e.path == "admin.listen"), "{errs:?}");
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("t"), "secret").unwrap();
+        crate::config::value::write_private(dir.path().join("t"), "secret");
         let text = format!("{GOOD}\n[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"t\"\n");
         let c = Config::parse(&text, dir.path()).unwrap();
         assert_eq!(c.admin.token.as_deref(), Some("secret"));
+    }
+
+    /// A secret or private key other users could read is refused with its mode, as ssh
+    /// refuses such a key; a root-owned one may be group-readable (a Kubernetes Secret).
+    #[cfg(unix)]
+    #[test]
+    fn secrets_open_to_others_are_refused_with_their_mode() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t");
+        crate::config::value::write_private(&t, "secret");
+        let text = format!("{GOOD}\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken_file = \"t\"\n");
+        let root = std::fs::metadata(&t).unwrap().uid() == 0;
+        for (mode, refused) in [
+            (0o600, false),
+            (0o400, false),
+            (0o644, true),
+            (0o604, true),
+            (0o620, true),
+            (0o640, !root),
+            (0o440, !root),
+        ] {
+            std::fs::set_permissions(&t, std::fs::Permissions::from_mode(mode)).unwrap();
+            match Config::parse(&text, dir.path()) {
+                Ok(_) => assert!(!refused, "{mode:o} accepted"),
+                Err(e) => {
+                    assert!(refused, "{mode:o} refused: {e:?}");
+                    assert_eq!(e.0[0].path, "admin.token_file");
+                    assert!(
+                        e.0[0].message.contains(&format!("(mode {mode:04o})")),
+                        "{e:?}"
+                    );
+                }
+            }
+        }
+        // Through a symbolic link (a Secret's files are links), the file's own mode counts.
+        std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&t, dir.path().join("link")).unwrap();
+        let linked = text.replace("token_file = \"t\"", "token_file = \"link\"");
+        assert!(Config::parse(&linked, dir.path()).is_err());
+        std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(Config::parse(&linked, dir.path()).is_ok());
     }
 
     #[test]
@@ -906,7 +948,7 @@ colour = "red"
         for listen in ["127.0.0.1:8080", "0.0.0.0:8080"] {
             let text = format!("{GOOD}\n[admin]\nlisten = \"{listen}\"\ntoken_file = \"t\"\n");
             let dir = tempfile::tempdir().unwrap();
-            std::fs::write(dir.path().join("t"), "secret").unwrap();
+            crate::config::value::write_private(dir.path().join("t"), "secret");
             let errs = Config::parse(&text, dir.path()).unwrap_err().0;
             assert_eq!(errs.len(), 1, "{errs:?}");
             assert_eq!(errs[0].path, "admin.listen");
@@ -955,8 +997,8 @@ colour = "red"
     #[test]
     fn an_open_authority_needs_clients_and_their_files() {
         let dir = tempfile::tempdir().expect("dir");
-        std::fs::write(dir.path().join("a.token"), "s").expect("token");
-        std::fs::write(dir.path().join("empty.token"), " \n").expect("token");
+        crate::config::value::write_private(dir.path().join("a.token"), "s");
+        crate::config::value::write_private(dir.path().join("empty.token"), " \n");
         let parse = |extra: &str| {
             let text = format!("{GOOD}\n[authority]\nlisten = \"0.0.0.0:7070\"\n{extra}");
             Config::parse(&text, dir.path())
@@ -1499,8 +1541,9 @@ upstream = "u"
     #[test]
     fn sections_compare_by_value_secrets_included() {
         let dir = tempfile::tempdir().expect("dir");
-        let write =
-            |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        let write = |name: &str, text: &str| {
+            crate::config::value::write_private(dir.path().join(name), text)
+        };
         write("a.token", "first-secret");
         write("admin.token", "first-token");
         let text = format!(
@@ -1534,13 +1577,14 @@ upstream = "u"
     #[test]
     fn every_error_keeps_its_message_path_and_place() {
         let dir = tempfile::tempdir().expect("dir");
-        std::fs::write(dir.path().join("empty.token"), " \n").expect("token");
+        crate::config::value::write_private(dir.path().join("empty.token"), " \n");
         std::fs::write(
             dir.path().join("bad.pem"),
             "-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n",
         )
         .expect("pem");
-        std::fs::write(dir.path().join("nocert.pem"), "hello\n").expect("pem");
+        // Private: it is also named as a key, whose mode is checked first.
+        crate::config::value::write_private(dir.path().join("nocert.pem"), "hello\n");
         let texts = [
             "bogus = 1\n[fencing]\nsettle = \"soon\"\nproof_keys = [\"nocert.pem\", \"gone\"]\n[[upstream]]\nname = \"u\"\nurl = \"ftp://x\"\n[[upstream]]\nname = \"u\"\nurl = \"https://h:1/x\"\ntls = { ca = \"bad.pem\", cert = \"nocert.pem\" }\n[[upstream]]\nname = \"v\"\nurl = \"https://h:1\"\ntls = { key = \"k\", server_name = \"a b\" }\n[[upstream]]\nname = \"w\"\nurl = \"http://h:1\"\ntls = { ca = \"x\" }\n[[route]]\nname = \"a\"\npath = \"/a/{x}\"\nscope = \"a/{y}\"\nupstream = \"nope\"\nequal = \"maybe\"\nproof = \"required\"\n[[route]]\nname = \"b\"\npath = \"/b\"\nscope = \"b\"\nupstream = \"u\"\ncolour = \"red\"\n",
             "[server]\nlisten = \"0.0.0.0:8080\"\ntls = { cert = \"bad.pem\", key = \"nocert.pem\", client_ca = \"gone\" }\n[admin]\nlisten = \"0.0.0.0:8080\"\ntoken_file = \"empty.token\"\ntls = { cert = \"x\", key = \"y\", colour = 1 }\n[store]\npath = \"\"\n[authority]\nlisten = \"0.0.0.0:8080\"\nsigning_key = \"nocert.pem\"\ntls = { cert = \"bad.pem\", key = \"k\" }\n[[authority.client]]\nname = \"a\"\ntoken_file = \"empty.token\"\nscopes = []\n[[authority.client]]\nname = \"a\"\ntoken_file = \"gone\"\nscopes = [\"x**\", \"a*b\"]\n[log]\naccess = \"\"\n",

@@ -125,14 +125,75 @@ pub fn positive(v: Option<usize>, default: usize, path: &str, errors: &mut Error
     }
 }
 
-/// The trimmed contents of a secret file, not empty; its errors go at `at`, under `path`
-/// (its key).
+/// The trimmed contents of a secret file, not empty and kept from other users
+/// ([`private_file`]); its errors go at `at`, under `path` (its key).
 pub fn read_secret(file: &Path, path: &str, at: Place, errors: &mut Errors) -> Option<String> {
-    let message = match std::fs::read_to_string(file) {
+    let message = match private_file(file).and_then(|()| {
+        std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
+    }) {
         Ok(t) if !t.trim().is_empty() => return Some(t.trim().to_string()),
         Ok(_) => format!("{} is empty", file.display()),
-        Err(e) => format!("cannot read {}: {e}", file.display()),
+        Err(message) => message,
     };
     errors.push_at(at, path, message);
     None
+}
+
+/// Refuses a secret or private key that users other than its owner may read or change, as
+/// ssh refuses such a key, and says the mode. One allowance, PostgreSQL's for its server
+/// key: a file owned by root may also be read by its group, which is how Kubernetes mounts
+/// a Secret for a pod's `fsGroup` (root-owned, mode 0440). The mode is that of the file a
+/// symbolic link names (a Secret's files are links).
+#[cfg(unix)]
+pub fn private_file(file: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta =
+        std::fs::metadata(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let mode = meta.mode() & 0o777;
+    let open = if meta.uid() == 0 { 0o027 } else { 0o077 };
+    if mode & open == 0 {
+        return Ok(());
+    }
+    let who = if mode & 0o007 != 0 {
+        "other users"
+    } else {
+        "its group"
+    };
+    Err(format!(
+        "{} is open to {who} (mode {mode:04o}): a secret or private key must be readable by its \
+         owner only (chmod 600){}",
+        file.display(),
+        if meta.uid() == 0 {
+            ", or also by its group when root owns it (0640)"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// No modes to check where there are none.
+#[cfg(not(unix))]
+pub fn private_file(_file: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+/// Writes a file only its owner may read or write: the tests' secrets and keys.
+#[cfg(test)]
+pub fn write_private(file: impl AsRef<Path>, text: impl AsRef<[u8]>) {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut f = options.open(file.as_ref()).expect("create a private file");
+    f.write_all(text.as_ref()).expect("write a private file");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .expect("chmod 600");
+    }
 }

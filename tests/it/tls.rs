@@ -106,7 +106,7 @@ impl Leaf {
     /// Writes `NAME.pem` and `NAME.key` into `dir`.
     fn write(&self, dir: &Path, name: &str) {
         std::fs::write(dir.join(format!("{name}.pem")), &self.cert_pem).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), &self.key_pem).unwrap();
+        crate::support::write_secret(dir.join(format!("{name}.key")), &self.key_pem);
     }
 
     fn chain(&self) -> Vec<CertificateDer<'static>> {
@@ -824,7 +824,7 @@ url = "https://objects.example"
 
     // A key that is not the certificate's.
     let other = ca.server("other", &["localhost"]);
-    std::fs::write(dir.path().join("server.key"), other.key_pem).unwrap();
+    crate::support::write_secret(dir.path().join("server.key"), other.key_pem);
     std::fs::write(&path, &good).unwrap();
     let (ok, _, stderr) = check_config(&path);
     assert!(!ok);

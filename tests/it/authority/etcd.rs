@@ -546,8 +546,8 @@ async fn leader_failover_keeps_tokens_increasing_and_leases_exclusive() {
 async fn only_the_holder_renews_or_releases_an_etcd_lease() {
     let cluster = EtcdCluster::start(1).await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("a.token"), "secret-a").unwrap();
-    std::fs::write(dir.path().join("b.token"), "secret-b").unwrap();
+    crate::support::write_secret(dir.path().join("a.token"), "secret-a");
+    crate::support::write_secret(dir.path().join("b.token"), "secret-b");
     let clients = r#"
 [[authority.client]]
 name = "a"

@@ -228,7 +228,7 @@ async fn an_expiry_without_release_is_counted() {
 #[tokio::test]
 async fn refused_acquisitions_are_counted() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("a.token"), "secret-of-a").unwrap();
+    crate::support::write_secret(dir.path().join("a.token"), "secret-of-a");
     let clients = r#"
 [[authority.client]]
 name = "a"

@@ -15,8 +15,8 @@ const MAX: &str = "18446744073709551615:18446744073709551615";
 /// `signed` route (proof required) and a `plain` one (proof off), and an authority with
 /// clients `a` and `b` (both may use `signed/*` and `plain/*`; `a` also `a-only`).
 fn trust_config(dir: &Path, upstream: std::net::SocketAddr) -> String {
-    std::fs::write(dir.join("a.token"), "secret-of-a\n").expect("a.token");
-    std::fs::write(dir.join("b.token"), "secret-of-b").expect("b.token");
+    crate::support::write_secret(dir.join("a.token"), "secret-of-a\n");
+    crate::support::write_secret(dir.join("b.token"), "secret-of-b");
     fencegate::proof::keygen(&dir.join("fence")).expect("keygen");
     format!(
         r#"

@@ -349,7 +349,7 @@ async fn a_stale_answer_gives_the_lease_up() {
 async fn the_bearer_and_the_proof_travel_by_themselves() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("w.token"), "w-secret\n").unwrap();
+    crate::support::write_secret(dir.path().join("w.token"), "w-secret\n");
     fencegate::proof::keygen(&dir.path().join("fence")).unwrap();
     let text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace(

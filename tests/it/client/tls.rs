@@ -42,7 +42,7 @@ impl Ca {
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+        crate::support::write_secret(dir.join(format!("{name}.key")), key.serialize_pem());
     }
 }
 
@@ -138,7 +138,7 @@ async fn a_lease_is_taken_over_https_and_its_proof_travels_through_the_fence() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     write_pki(d);
-    std::fs::write(d.join("w.token"), "w-secret\n").unwrap();
+    crate::support::write_secret(d.join("w.token"), "w-secret\n");
     fencegate::proof::keygen(&d.join("fence")).unwrap();
     let tls = "tls = { cert = \"server.pem\", key = \"server.key\", client_ca = \"ca.pem\" }\n";
     let anchor = "trusted_proxies = [\"127.0.0.1\"]\n";

@@ -73,7 +73,7 @@ fn report_in(shards: &[u32]) -> String {
 /// The directory the instances run in, with the cluster's peer secret.
 fn cluster_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("dir");
-    std::fs::write(dir.path().join("peer.secret"), format!("{SECRET}\n")).expect("secret");
+    crate::support::write_secret(dir.path().join("peer.secret"), format!("{SECRET}\n"));
     dir
 }
 

@@ -53,7 +53,7 @@ async fn a_join_and_a_leave_under_load_refuse_only_in_their_windows_and_reorder_
     let etcd = EtcdCluster::start(3).await;
     let double = Double::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    std::fs::write(dir.path().join("peer.secret"), format!("{SECRET}\n")).expect("secret");
+    crate::support::write_secret(dir.path().join("peer.secret"), format!("{SECRET}\n"));
     let a = Instance::new(dir.path(), "a", double.addr, &etcd);
     let b = Instance::new(dir.path(), "b", double.addr, &etcd);
     let c = Instance::new(dir.path(), "c", double.addr, &etcd);

@@ -23,7 +23,7 @@ async fn lockset_through_a_cluster_loses_nothing_when_the_owner_and_the_etcd_lea
     let mut etcd = EtcdCluster::start(3).await;
     let nginx = Nginx::webdav().expect("nginx (run scripts/test.sh)");
     let dir = tempfile::tempdir().expect("dir");
-    std::fs::write(dir.path().join("peer.secret"), format!("{SECRET}\n")).expect("secret");
+    crate::support::write_secret(dir.path().join("peer.secret"), format!("{SECRET}\n"));
     let authority = support::start_text(
         &support::authority_text(&authority_table(&etcd.endpoints(), None)),
         dir.path(),

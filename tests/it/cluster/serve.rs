@@ -19,7 +19,7 @@ async fn two_instances_share_one_fence_hand_off_on_leave_and_take_over_from_the_
     let etcd = EtcdCluster::start(3).await;
     let nginx = Nginx::webdav().expect("nginx (run scripts/test.sh)");
     let dir = tempfile::tempdir().expect("dir");
-    std::fs::write(dir.path().join("peer.secret"), format!("{SECRET}\n")).expect("secret");
+    crate::support::write_secret(dir.path().join("peer.secret"), format!("{SECRET}\n"));
     let a = Instance::new(dir.path(), "a", nginx.addr(), &etcd);
     let b = Instance::new(dir.path(), "b", nginx.addr(), &etcd);
     let mut pa = a.spawn();

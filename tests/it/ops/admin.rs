@@ -222,7 +222,7 @@ async fn metrics_use_bounded_labels() {
 async fn bearer_token_guards_all_but_probes() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("admin.token"), "s3cret\n").unwrap();
+    crate::support::write_secret(dir.path().join("admin.token"), "s3cret\n");
     let text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
     let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
@@ -264,7 +264,7 @@ async fn bearer_token_guards_all_but_probes() {
 async fn the_bearer_scheme_is_case_insensitive() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("admin.token"), "s3cret\n").unwrap();
+    crate::support::write_secret(dir.path().join("admin.token"), "s3cret\n");
     let text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
     let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
@@ -300,7 +300,7 @@ async fn the_bearer_scheme_is_case_insensitive() {
 async fn probes_answer_head() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("admin.token"), "s3cret\n").unwrap();
+    crate::support::write_secret(dir.path().join("admin.token"), "s3cret\n");
     let plain = support::config_text(double.addr, "10s", "0s", "10s");
     let guarded = plain.replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
     for text in [plain, guarded] {

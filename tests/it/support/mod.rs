@@ -606,3 +606,12 @@ pub fn peak_rss(pid: u32) -> u64 {
         .expect("VmHWM")
         * 1024
 }
+
+/// Writes a secret or private key as its owner alone may read it (mode 0600): fencegate
+/// refuses one that other users could read, as ssh does.
+pub fn write_secret(path: impl AsRef<Path>, text: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = path.as_ref();
+    std::fs::write(path, text).expect("write a secret");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+}
