@@ -15,11 +15,22 @@ use crate::store::MarkStore;
 use crate::store::marks::MarkReader;
 use crate::token::Token;
 
+/// The command line. Each command's first doc line is its one-line `--help` summary; the
+/// rest shows under `fencegate COMMAND --help`.
 #[derive(Parser, Debug)]
 #[command(
     name = "fencegate",
     version,
-    about = "Enforces fencing tokens in front of backends that cannot"
+    about = "A proxy that refuses writes carrying a lock's stale fencing token",
+    long_about = "A proxy that refuses writes carrying a lock's stale fencing token.\n\n\
+        A lock holder that pauses past its lease can still write after another holder took \
+        over. fencegate stands in front of a backend that cannot compare tokens (an object \
+        store, an HTTP API, a file server): every write carries the token its lock gave, \
+        fencegate remembers the highest token each scope accepted, and refuses older ones, \
+        atomically with forwarding the write.\n\n\
+        Start with `fencegate demo`; then write a config (see config/ and docs/REFERENCE.md), \
+        check it with `fencegate check-config --config FILE` and run \
+        `fencegate serve --config FILE`."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -28,27 +39,46 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run the proxy; SIGTERM/SIGINT drain in-flight requests and exit.
+    /// Run the proxy (and the admin API, and the lease authority if configured).
+    ///
+    /// SIGHUP reloads routes, upstreams and certificates; SIGTERM or SIGINT stop taking
+    /// new requests, let those in flight finish (up to `server.shutdown_timeout`) and exit.
     Serve {
+        /// The config file (TOML).
         #[arg(long)]
         config: PathBuf,
     },
-    /// Validate a config file: exit 0 if good, 1 with every error if not.
+    /// Check a config file and print what it sets up.
+    ///
+    /// Reads the files it names too (keys, certificates, secrets). Exits 0 when the file
+    /// is good (warnings are printed but do not fail), 1 with every error and where it is.
     CheckConfig {
+        /// The config file (TOML).
         #[arg(long)]
         config: PathBuf,
     },
-    /// The paused-writer story, against a built-in legacy store.
+    /// Watch a paused writer get fenced, against a built-in legacy store.
+    ///
+    /// Starts fencegate, a lease authority and a store that cannot compare tokens, all on
+    /// loopback, and tells what happens as a writer pauses past its lease.
     Demo,
-    /// Read marks from the store file (works whether or not the server runs).
+    /// Read the marks (each scope's highest accepted token).
+    ///
+    /// Reads the store file when no server holds it, else asks the running server's admin
+    /// API.
     Marks {
         #[command(subcommand)]
         command: MarksCommand,
     },
-    /// Consistent export of every mark as JSON lines.
+    /// Export every mark, consistently, as JSON lines.
+    ///
+    /// Works whether or not the server runs; the file is written beside `--out` and renamed
+    /// into place once complete.
     Backup {
+        /// The config file of the server whose marks to export.
         #[arg(long)]
         config: PathBuf,
+        /// Where to write the backup.
         #[arg(long)]
         out: PathBuf,
     },
@@ -62,31 +92,47 @@ pub enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
-    /// Make an Ed25519 key pair for token proofs (SPEC §9): `<out>.key` (mode 0600, for
-    /// `[authority] signing_key`) and `<out>.pub` (for `[fencing] proof_keys`). Never
-    /// overwrites a file.
+    /// Make an Ed25519 key pair for token proofs.
+    ///
+    /// Writes `<out>.key` (mode 0600: name it in `[authority] signing_key`, so that every
+    /// lease comes with a proof) and `<out>.pub` (name it in `[fencing] proof_keys`, so
+    /// that routes with `proof = "required"` accept only tokens the authority signed).
+    /// Prints the key id. Never overwrites a file.
     Keygen {
+        /// The two files' path without extension.
         #[arg(long)]
         out: PathBuf,
     },
-    /// What a backend needs: `--keys http://host:port/bucket` tells whether an S3 store
-    /// keeps keys such as `a//b` apart (`keys = "opaque"`) or reads them as another key
-    /// (`keys = "strict"`). It writes, reads and deletes a few objects under a prefix of
-    /// its own. Credentials sign with SigV4 (or AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    /// Find out how an S3 store names keys, to choose a route's `keys` setting.
+    ///
+    /// `--keys http://host:port/bucket` tells whether the store keeps keys such as `a//b`
+    /// apart (choose `keys = "opaque"`) or reads them as another key (`keys = "strict"`).
+    /// It writes, reads and deletes a few objects under a prefix of its own. Requests are
+    /// signed with SigV4, with the keys given or AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY.
     Probe {
+        /// The bucket's URL, `http://host:port/bucket`.
         #[arg(long)]
         keys: String,
+        /// The access key id (else AWS_ACCESS_KEY_ID).
         #[arg(long)]
         access_key: Option<String>,
+        /// The secret access key (else AWS_SECRET_ACCESS_KEY).
         #[arg(long)]
         secret_key: Option<String>,
+        /// The region requests are signed for.
         #[arg(long, default_value = "us-east-1")]
         region: String,
     },
-    /// Merge a backup into the store by max: never lowers a mark. The server must be stopped.
+    /// Merge a backup into the store, never lowering a mark.
+    ///
+    /// Each scope keeps the higher of its mark and the backup's, and the epoch floor the
+    /// higher of the two. The server must be stopped (it holds the store file).
     Restore {
+        /// The config file naming the store.
         #[arg(long)]
         config: PathBuf,
+        /// The backup to merge (from `fencegate backup`).
         #[arg(long = "in")]
         input: PathBuf,
     },
@@ -94,9 +140,12 @@ pub enum Command {
 
 #[derive(Subcommand, Debug)]
 pub enum AuthorityCommand {
-    /// Start a new token epoch: every later token compares above every earlier one
-    /// (use after restoring an old copy of the store, or an etcd cluster from a snapshot).
+    /// Start a new token epoch: every later token compares above every earlier one.
+    ///
+    /// Use after restoring an old copy of the store, or an etcd cluster from a snapshot:
+    /// tokens issued since that copy was made would otherwise be issued again.
     BumpEpoch {
+        /// The config file naming the authority.
         #[arg(long)]
         config: PathBuf,
     },
@@ -104,10 +153,13 @@ pub enum AuthorityCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum StoreCommand {
-    /// The way out of a damaged mark journal: applies every record that checks out, raises
-    /// the epoch floor above every epoch seen (every earlier token becomes stale; owners
-    /// re-acquire), keeps the damaged journal beside the store. The server must be stopped.
+    /// Recover from a damaged mark journal.
+    ///
+    /// Applies every record that checks out, raises the epoch floor above every epoch seen
+    /// (every earlier token becomes stale; owners re-acquire) and keeps the damaged
+    /// journal beside the store. The server must be stopped.
     Recover {
+        /// The config file naming the store.
         #[arg(long)]
         config: PathBuf,
         /// Raise the floor to at least this epoch (an external lock service's next epoch).
@@ -118,16 +170,23 @@ pub enum StoreCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum MarksCommand {
+    /// List marks in scope order.
     List {
+        /// The config file naming the store (or the running server's admin API).
         #[arg(long)]
         config: PathBuf,
+        /// Only scopes that start with this.
         #[arg(long, default_value = "")]
         prefix: String,
+        /// At most this many marks.
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
+    /// Show one scope's mark.
     Get {
+        /// The scope, as the route's template renders it (e.g. `report/2024-07`).
         scope: String,
+        /// The config file naming the store (or the running server's admin API).
         #[arg(long)]
         config: PathBuf,
     },
