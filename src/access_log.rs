@@ -2,7 +2,6 @@
 //! thread through a bounded queue so the request path never waits on a disk; and the
 //! rate-limited warnings for refusals that prove an expiry race, logged with or without it.
 
-use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -306,106 +305,65 @@ pub struct Entry<'a> {
 }
 
 impl Entry<'_> {
-    /// The JSON line, with its newline.
+    /// The JSON line, with its newline. serde_json escapes what a client sent (request id,
+    /// method, scope); humantime writes the time.
     pub fn line(&self) -> String {
-        let mut s = String::with_capacity(320);
-        s.push_str("{\"time\":\"");
-        rfc3339_ms(&mut s, self.time);
-        s.push_str("\",\"request_id\":");
-        json_str(&mut s, &String::from_utf8_lossy(self.request_id));
-        let _ = write!(s, ",\"peer\":\"{}\",\"method\":", self.peer);
-        json_str(&mut s, self.method);
-        s.push_str(",\"route\":");
-        json_opt(&mut s, self.route);
-        s.push_str(",\"scope\":");
-        json_opt(&mut s, self.scope);
-        s.push_str(",\"token\":");
-        json_opt(&mut s, self.token.map(|t| t.to_string()).as_deref());
-        s.push_str(",\"highest\":");
-        json_opt(&mut s, self.highest.map(|t| t.to_string()).as_deref());
-        s.push_str(",\"sequence\":");
-        json_opt(&mut s, self.sequence.map(|n| n.to_string()).as_deref());
-        s.push_str(",\"highest_sequence\":");
-        json_opt(
-            &mut s,
-            self.highest_sequence.map(|n| n.to_string()).as_deref(),
-        );
-        s.push_str(",\"result\":");
-        json_str(&mut s, self.result);
-        let _ = write!(s, ",\"status\":{},\"bytes\":", self.status);
-        match self.bytes {
-            Some(b) => {
-                let _ = write!(s, "{b}");
-            }
-            None => s.push_str("null"),
-        }
-        let _ = write!(
-            s,
-            ",\"duration_ms\":{:.3},\"upstream_ms\":",
-            self.duration.as_secs_f64() * 1e3
-        );
-        match self.upstream {
-            Some(u) => {
-                let _ = write!(s, "{:.3}", u.as_secs_f64() * 1e3);
-            }
-            None => s.push_str("null"),
-        }
-        s.push_str("}\n");
+        let line = Line {
+            time: Shown(humantime::format_rfc3339_millis(self.time)),
+            request_id: &String::from_utf8_lossy(self.request_id),
+            peer: self.peer,
+            method: self.method,
+            route: self.route,
+            scope: self.scope,
+            token: self.token.map(Shown),
+            highest: self.highest.map(Shown),
+            sequence: self.sequence.map(Shown),
+            highest_sequence: self.highest_sequence.map(Shown),
+            result: self.result,
+            status: self.status,
+            bytes: self.bytes,
+            duration_ms: millis(self.duration),
+            upstream_ms: self.upstream.map(millis),
+        };
+        let mut s = serde_json::to_string(&line).unwrap_or_default();
+        s.push('\n');
         s
     }
 }
 
-fn json_opt(s: &mut String, v: Option<&str>) {
-    match v {
-        Some(v) => json_str(s, v),
-        None => s.push_str("null"),
+/// The line's fields, in the order they are written.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    time: Shown<humantime::Rfc3339Timestamp>,
+    request_id: &'a str,
+    peer: std::net::SocketAddr,
+    method: &'a str,
+    route: Option<&'a str>,
+    scope: Option<&'a str>,
+    token: Option<Shown<crate::token::Token>>,
+    highest: Option<Shown<crate::token::Token>>,
+    sequence: Option<Shown<u64>>,
+    highest_sequence: Option<Shown<u64>>,
+    result: &'a str,
+    status: u16,
+    bytes: Option<u64>,
+    duration_ms: f64,
+    upstream_ms: Option<f64>,
+}
+
+/// A value written as the string it displays as: tokens (`epoch:counter`) and sequences
+/// (a u64 is beyond what a JSON reader's number keeps exactly).
+struct Shown<T>(T);
+
+impl<T: std::fmt::Display> serde::Serialize for Shown<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
     }
 }
 
-fn json_str(s: &mut String, v: &str) {
-    s.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                let _ = write!(s, "\\u{:04x}", c as u32);
-            }
-            c => s.push(c),
-        }
-    }
-    s.push('"');
-}
-
-/// `2026-12-01T22:58:00.123Z`.
-fn rfc3339_ms(s: &mut String, t: SystemTime) {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(days as i64);
-    let _ = write!(
-        s,
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        d.subsec_millis()
-    );
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
-/// (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+/// Milliseconds to the microsecond.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// Warnings for refusals that prove an expiry race (`stale_fence`, `invalid_proof`): at
@@ -517,15 +475,48 @@ fn roll(w: &mut Window, now: Instant) -> u64 {
 mod tests {
     use super::*;
 
+    /// The line is JSON whatever a client put in its strings, the time RFC 3339 in UTC
+    /// to the millisecond, tokens and sequences strings.
     #[test]
-    fn dates() {
-        let t = UNIX_EPOCH + Duration::from_millis(1_796_165_880_123);
-        let mut s = String::new();
-        rfc3339_ms(&mut s, t);
-        assert_eq!(s, "2026-12-01T22:58:00.123Z");
-        let mut s = String::new();
-        rfc3339_ms(&mut s, UNIX_EPOCH + Duration::from_secs(951_782_400));
-        assert_eq!(s, "2000-02-29T00:00:00.000Z");
+    fn lines() {
+        let entry = Entry {
+            time: UNIX_EPOCH + Duration::from_millis(1_796_165_880_123),
+            request_id: b"id\"\\\x7f",
+            peer: "127.0.0.1:9".parse().expect("addr"),
+            method: "PUT",
+            route: Some("r"),
+            scope: Some("a\nb\u{0}c"),
+            token: Some(crate::token::Token {
+                epoch: 1,
+                counter: 2,
+            }),
+            highest: None,
+            sequence: Some(u64::MAX),
+            highest_sequence: None,
+            result: "accepted",
+            status: 200,
+            bytes: Some(5),
+            duration: Duration::from_micros(1_500),
+            upstream: None,
+        };
+        let line = entry.line();
+        assert!(line.ends_with("}\n") && !line[..line.len() - 1].contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        assert_eq!(v["time"], "2026-12-01T22:58:00.123Z");
+        assert_eq!(v["request_id"], "id\"\\\x7f");
+        assert_eq!(v["scope"], "a\nb\u{0}c");
+        assert_eq!(v["token"], "1:2");
+        assert_eq!(v["sequence"], u64::MAX.to_string());
+        assert!(v["highest"].is_null() && v["upstream_ms"].is_null());
+        assert_eq!(v["duration_ms"], 1.5);
+        let leap = Entry {
+            time: UNIX_EPOCH + Duration::from_secs(951_782_400),
+            ..entry
+        };
+        assert!(
+            leap.line()
+                .starts_with("{\"time\":\"2000-02-29T00:00:00.000Z\",")
+        );
     }
 
     #[test]
