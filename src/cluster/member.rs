@@ -8,9 +8,11 @@
 //!   lost admits nothing for the takeover wait ([`Claim::wait`]); the shard's marks are
 //!   loaded from etcd before anything is decided ([`OwnedShards::take`]);
 //! - owned and given to another instance: a planned hand-off. The shard stops admitting,
-//!   what it admitted drains (at most `drain_bound`, past the longest upstream timeout and
-//!   the settle, when nothing can be in flight any more), then it is released, which lets
-//!   the next owner admit at once;
+//!   what it admitted drains (its requests at the gates, and every exchange still reading
+//!   its response body from the upstream), then it is released, which lets the next owner
+//!   admit at once. A shard not drained by `drain_bound` has what is left cut (an exchange
+//!   waiting for its answer gives it up, a response body still streaming is cut short),
+//!   and is released without the marker: the next owner waits the full takeover wait;
 //! - owned here but the view shows another owner, or no owner at a revision after ours
 //!   (an operator deleted the key): the shard is dropped here at once.
 //!
@@ -51,7 +53,8 @@ pub struct MemberConfig {
     /// ttl is added by [`Claim::wait`]).
     pub upstream_timeout: Duration,
     pub settle: Duration,
-    /// The longest a hand-off waits for its shard to drain before releasing it.
+    /// The longest a hand-off waits for its shard to drain before it cuts what is left
+    /// and releases it (without the marker: the next owner waits).
     pub drain_bound: Duration,
     /// Run, and must exit 0, before a lost owner's shards are taken over (argv; the lost
     /// instance's name in `FENCEGATE_FENCED_INSTANCE`), bounded by `fence_timeout`.
@@ -70,7 +73,8 @@ pub struct MemberStats {
     pub takeovers: AtomicU64,
     /// Planned hand-offs: shards drained and released to their next owner.
     pub handoffs: AtomicU64,
-    /// Hand-offs whose drain reached `drain_bound` with requests still counted.
+    /// Hand-offs whose drain reached `drain_bound` with requests still counted or
+    /// exchanges in flight: those were cut, and the shard released without the marker.
     pub handoff_drain_timeouts: AtomicU64,
     /// Shards found owned elsewhere while held here.
     pub deposed: AtomicU64,
@@ -530,7 +534,12 @@ fn claim_wait_for_retry(shared: &Shared, c: &MemberConfig) -> Duration {
     super::ownership::takeover_wait(shared.ownership.lease_ttl(), c.upstream_timeout, c.settle)
 }
 
-/// A planned hand-off of `shard` (owned at `epoch`): stop admitting, drain, release.
+/// How long a hand-off waits, once it has cut its shard's exchanges, for each to let go
+/// (a matter of scheduling: the cut drops their upstream side at once).
+const CUT_BOUND: Duration = Duration::from_secs(1);
+
+/// A planned hand-off of `shard` (owned at `epoch`): stop admitting, drain (at most
+/// `drain_bound`, then cut what is left), release.
 async fn hand_off(shared: &Arc<Shared>, shard: u32, epoch: u64) -> Result<(), Error> {
     if !shared.leaving.lock().await.insert(shard) {
         return Ok(());
@@ -545,21 +554,50 @@ async fn hand_off(shared: &Arc<Shared>, shard: u32, epoch: u64) -> Result<(), Er
         if let Some(at) = shared.owned.admit_after(shard, epoch) {
             tokio::time::sleep_until(at).await;
         }
+        // Drained: nothing counted at the gates (in flight, settling, committing) and
+        // no exchange of the shard still at its upstream (one whose response body is
+        // still being read from it: a client that stopped reading lets go of the gate's
+        // count, not of the backend).
         let until = Instant::now() + shared.config.drain_bound;
         let mut pause = Duration::from_millis(2);
-        while (shared.busy)(shard) {
+        let mut drained = true;
+        while (shared.busy)(shard) || shared.owned.exchanges(shard, epoch) > 0 {
             if Instant::now() >= until {
-                shared
-                    .stats
-                    .handoff_drain_timeouts
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(shard, epoch, "hand-off: drain bound reached; releasing");
+                drained = false;
                 break;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(50));
         }
-        let released = shared.ownership.release(shard, epoch).await?;
+        if !drained {
+            // What is still in flight is cut here and now, before the release: an
+            // exchange waiting for its answer gives it up, a response body still
+            // streaming from the upstream is cut (its upstream connection closed).
+            shared
+                .stats
+                .handoff_drain_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                shard,
+                epoch,
+                in_flight = shared.owned.exchanges(shard, epoch),
+                "hand-off: drain bound reached; cutting what is in flight, then releasing with the full takeover wait"
+            );
+            shared.owned.cut(shard, epoch);
+            // Each cut exchange lets go of its stop once its upstream side is dropped.
+            let until = Instant::now() + CUT_BOUND;
+            while shared.owned.exchanges(shard, epoch) > 0 && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        // A release that drained leaves the marker that lets the next owner admit at
+        // once; one that had to cut does not (the backend may still be working on what
+        // was cut): the next owner waits the full takeover wait.
+        let released = if drained {
+            shared.ownership.release(shard, epoch).await?
+        } else {
+            shared.ownership.release_undrained(shard, epoch).await?
+        };
         if released {
             lock(&shared.released).insert(shard, epoch);
         }

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -87,8 +88,11 @@ impl Joining {
                 peer_addr: peer_addr.to_string(),
                 upstream_timeout,
                 settle,
-                // Past this nothing admitted can be at the backend any more: its wait
-                // for older generations, its exchange and a settle.
+                // How long a hand-off waits for what the shard admitted (its wait for
+                // older generations, its exchange, a settle); a response body still
+                // streaming from the upstream may outlast it, and is then cut before the
+                // release, which leaves no marker (the next owner waits the full
+                // takeover wait).
                 drain_bound: drain_timeout
                     .saturating_add(upstream_timeout)
                     .saturating_add(settle)
@@ -120,6 +124,7 @@ impl Joining {
                 owned: self.owned,
                 validity: self.ownership.validity(),
                 table,
+                cuts: Arc::default(),
             }),
             member: Arc::new(member),
             config: self.config,
@@ -155,6 +160,7 @@ impl Node {
     pub fn view(&self) -> Arc<dyn ClusterView> {
         Arc::new(NodeView {
             member: self.member.clone(),
+            cuts: self.placement.cuts.clone(),
             cluster: self.config.cluster_name.clone(),
             shards: self.config.shards,
         })
@@ -216,6 +222,7 @@ struct NodePlacement {
     owned: OwnedShards,
     validity: Validity,
     table: Arc<ArcSwap<Table>>,
+    cuts: Arc<Cuts>,
 }
 
 impl Placement for NodePlacement {
@@ -232,25 +239,49 @@ impl Placement for NodePlacement {
             .unwrap_or(Place::Unknown)
     }
 
-    fn stop(&self, _scope: &str) -> Option<Stop> {
+    fn stop(&self, scope: &str) -> Option<Stop> {
         let validity = self.validity.clone();
+        let cut = self.owned.exchange_stop(self.owned.shard_of(scope));
+        let cuts = self.cuts.clone();
         Some(Box::pin(async move {
-            loop {
-                let Some(deadline) = validity.deadline() else {
-                    return;
-                };
-                if Instant::now() >= deadline {
-                    return;
+            // Not owned here any more (forgotten between the admission and now): at once.
+            let Some(mut cut) = cut else {
+                cuts.handoff.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let deadline = async {
+                loop {
+                    let Some(deadline) = validity.deadline() else {
+                        return;
+                    };
+                    if Instant::now() >= deadline {
+                        return;
+                    }
+                    tokio::time::sleep_until(deadline).await;
                 }
-                tokio::time::sleep_until(deadline).await;
-            }
+            };
+            tokio::select! {
+                () = deadline => cuts.ownership.fetch_add(1, Ordering::Relaxed),
+                // Set by a hand-off that could not drain, or the ownership forgotten here
+                // (the sender dropped): released, deposed, or the lease gone.
+                _ = cut.wait_for(|c| *c) => cuts.handoff.fetch_add(1, Ordering::Relaxed),
+            };
         }))
     }
+}
+
+/// Exchanges given up by their stop (SPEC §10), by what ended them: the ownership's
+/// self-fencing deadline, or the shard's hand-off (or loss) here.
+#[derive(Default)]
+struct Cuts {
+    ownership: AtomicU64,
+    handoff: AtomicU64,
 }
 
 /// The admin API's view (`GET /v1/cluster`, the cluster's metrics).
 struct NodeView {
     member: Arc<Member>,
+    cuts: Arc<Cuts>,
     cluster: String,
     shards: u32,
 }
@@ -307,6 +338,10 @@ impl ClusterView for NodeView {
                 "takeovers": stats.takeovers.load(Relaxed),
                 "handoffs": stats.handoffs.load(Relaxed),
                 "handoff_drain_timeouts": stats.handoff_drain_timeouts.load(Relaxed),
+                "exchanges_cut": {
+                    "ownership": self.cuts.ownership.load(Relaxed),
+                    "handoff": self.cuts.handoff.load(Relaxed),
+                },
                 "deposed": stats.deposed.load(Relaxed),
                 "fence_runs": stats.fence_runs.load(Relaxed),
                 "fence_failures": stats.fence_failures.load(Relaxed),
@@ -362,9 +397,22 @@ impl ClusterView for NodeView {
         }
         let _ = writeln!(
             out,
-            "# HELP fencegate_cluster_handoff_drain_timeouts_total Hand-offs released at their drain bound with requests still counted.\n# TYPE fencegate_cluster_handoff_drain_timeouts_total counter\nfencegate_cluster_handoff_drain_timeouts_total {}",
+            "# HELP fencegate_cluster_handoff_drain_timeouts_total Hand-offs that reached their drain bound with exchanges in flight: cut, then released with the full takeover wait for the next owner.\n# TYPE fencegate_cluster_handoff_drain_timeouts_total counter\nfencegate_cluster_handoff_drain_timeouts_total {}",
             stats.handoff_drain_timeouts.load(Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP fencegate_cluster_exchanges_cut_total Upstream exchanges given up mid-flight (before their answer, or with their response body cut), by what ended the ownership they were admitted under.\n# TYPE fencegate_cluster_exchanges_cut_total counter"
+        );
+        for (reason, v) in [
+            ("ownership", self.cuts.ownership.load(Relaxed)),
+            ("handoff", self.cuts.handoff.load(Relaxed)),
+        ] {
+            let _ = writeln!(
+                out,
+                "fencegate_cluster_exchanges_cut_total{{reason=\"{reason}\"}} {v}"
+            );
+        }
         stats.takeover_wait_seconds.render(
             out,
             "fencegate_cluster_takeover_wait_seconds",

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -64,6 +64,11 @@ struct Owned {
     admit_after: Instant,
     state: State,
     marks: HashMap<Arc<str>, Mark>,
+    /// The stop of the exchanges admitted under this ownership: each holds a receiver
+    /// until it is over (its response body read from the upstream to its end), so the
+    /// count of receivers is the count of exchanges in flight. Set (or dropped, with the
+    /// ownership) to make them give up ([`OwnedShards::cut`]).
+    stop: watch::Sender<bool>,
 }
 
 /// The owned shards of one instance (cheap to clone).
@@ -164,6 +169,7 @@ impl OwnedShards {
             admit_after,
             state: State::Admitting,
             marks,
+            stop: watch::Sender::new(false),
         });
         Ok(count)
     }
@@ -184,13 +190,56 @@ impl OwnedShards {
         match write(slot).as_mut() {
             Some(o) if o.epoch == epoch && o.state == State::Draining => {
                 o.state = State::Admitting;
+                // A hand-off that cut its exchanges: the next ones have a stop not set.
+                if *o.stop.borrow() {
+                    o.stop = watch::Sender::new(false);
+                }
                 true
             }
             _ => false,
         }
     }
 
-    /// Stops owning `shard` (released, or found lost): its marks are forgotten here.
+    /// The stop of an exchange admitted now for a scope of `shard` (see `Owned::stop`):
+    /// it resolves once the ownership's exchanges are cut or the ownership is forgotten
+    /// here. None if the shard is not owned here (the exchange must give up at once).
+    pub fn exchange_stop(&self, shard: u32) -> Option<watch::Receiver<bool>> {
+        let slot = self.inner.table.get(shard as usize)?;
+        read(slot).as_ref().map(|o| o.stop.subscribe())
+    }
+
+    /// How many exchanges admitted under the ownership of `shard` at `epoch` are still in
+    /// flight: sent, or their response body still being read from the upstream (whatever
+    /// their in-flight count at the gate says: a body whose client stopped reading lets
+    /// go of that, not of the upstream).
+    pub fn exchanges(&self, shard: u32, epoch: u64) -> usize {
+        let Some(slot) = self.inner.table.get(shard as usize) else {
+            return 0;
+        };
+        read(slot)
+            .as_ref()
+            .filter(|o| o.epoch == epoch)
+            .map_or(0, |o| o.stop.receiver_count())
+    }
+
+    /// Makes every exchange admitted under the ownership of `shard` at `epoch` give up
+    /// (a hand-off that could not drain): one still waiting for its answer ends with 504,
+    /// one streaming its response body has it cut. False if not owned here at `epoch`.
+    pub fn cut(&self, shard: u32, epoch: u64) -> bool {
+        let Some(slot) = self.inner.table.get(shard as usize) else {
+            return false;
+        };
+        match read(slot).as_ref() {
+            Some(o) if o.epoch == epoch => {
+                o.stop.send_replace(true);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Stops owning `shard` (released, or found lost): its marks are forgotten here, and
+    /// its exchanges still in flight are cut (their stop resolves).
     pub fn forget(&self, shard: u32) {
         if let Some(slot) = self.inner.table.get(shard as usize) {
             *write(slot) = None;

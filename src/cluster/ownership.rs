@@ -17,7 +17,9 @@
 //! the new owner admits nothing for [`takeover_wait`] after its claim. A planned hand-off
 //! ([`Ownership::release`]) needs no wait: the old owner drains before it releases, and the
 //! release leaves a marker (`.../released`, the released epoch) that the next claim
-//! consumes in its own transaction. A second key, `.../claimed` (the last claimant's name,
+//! consumes in its own transaction. A hand-off that could not drain in its bound cuts
+//! what is left and leaves `.../undrained` instead ([`Ownership::release_undrained`]):
+//! the next claim waits the full takeover wait. A second key, `.../claimed` (the last claimant's name,
 //! no lease), tells a shard that had an owner from one that never had one.
 //!
 //! **The remaining timing assumption.** Clocks are not compared between machines, only
@@ -145,6 +147,10 @@ pub enum Previous {
     None,
     /// Released by its owner (a planned hand-off): no wait.
     Released { epoch: u64 },
+    /// Released by its owner after cutting what it could not drain (a hand-off that
+    /// reached its drain bound): the full takeover wait, but no `fence_command` (the
+    /// owner is alive, and gave its exchanges up before it released).
+    Undrained { epoch: u64 },
     /// Lost: its lease expired or was revoked; `owner` is the last claimant's name.
     Lost { owner: String, epoch: u64 },
     /// Already ours: the claim was made before (a retried claim).
@@ -161,7 +167,7 @@ impl Claim {
     ) -> Duration {
         match self {
             Claim::Owned {
-                previous: Previous::Lost { .. },
+                previous: Previous::Lost { .. } | Previous::Undrained { .. },
                 ..
             } => takeover_wait(ownership_ttl, upstream_timeout, settle),
             _ => Duration::ZERO,
@@ -322,10 +328,11 @@ impl Ownership {
         if self.validity.is_lost() {
             return Err(Error::Lost);
         }
-        let (owner, claimed, released) = (
+        let (owner, claimed, released, undrained) = (
             self.key(shard, "owner"),
             self.key(shard, "claimed"),
             self.key(shard, "released"),
+            self.key(shard, "undrained"),
         );
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -336,6 +343,7 @@ impl Ownership {
             .and_then([
                 TxnOp::get(claimed.as_str(), None),
                 TxnOp::get(released.as_str(), None),
+                TxnOp::get(undrained.as_str(), None),
                 TxnOp::put(
                     owner.as_str(),
                     self.instance.as_str(),
@@ -343,6 +351,7 @@ impl Ownership {
                 ),
                 TxnOp::put(claimed.as_str(), self.instance.as_str(), None),
                 TxnOp::delete(released.as_str(), None),
+                TxnOp::delete(undrained.as_str(), None),
             ])
             .or_else([TxnOp::get(owner.as_str(), None)]);
         let resp = self.txn(txn).await.map_err(|e| {
@@ -361,15 +370,21 @@ impl Ownership {
             // The owner key was created by this transaction: its create revision is the
             // transaction's revision.
             let epoch = epoch_of(resp.header().map_or(0, |h| h.revision()))?;
-            let previous = match (first(0), first(1)) {
-                (None, _) => Previous::None,
-                (Some(_), Some(r)) => Previous::Released {
-                    epoch: std::str::from_utf8(r.value())
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0),
+            let epoch_in = |kv: &etcd_client::KeyValue| {
+                std::str::from_utf8(kv.value())
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            let previous = match (first(0), first(1), first(2)) {
+                (None, _, _) => Previous::None,
+                (Some(_), Some(r), _) => Previous::Released {
+                    epoch: epoch_in(&r),
                 },
-                (Some(c), None) => Previous::Lost {
+                (Some(_), None, Some(u)) => Previous::Undrained {
+                    epoch: epoch_in(&u),
+                },
+                (Some(c), None, None) => Previous::Lost {
                     owner: String::from_utf8_lossy(c.value()).into_owned(),
                     // `claimed` was written by the claim that created the last owner key.
                     epoch: epoch_of(c.mod_revision())?,
@@ -406,7 +421,21 @@ impl Ownership {
     /// caller has stopped admitting for the shard and drained it first. Answers whether it
     /// released (false: the shard was not ours at `epoch` any more).
     pub async fn release(&self, shard: u32, epoch: u64) -> Result<bool, Error> {
-        let (owner, released) = (self.key(shard, "owner"), self.key(shard, "released"));
+        self.release_as(shard, epoch, true).await
+    }
+
+    /// A hand-off that could not drain (its exchanges were cut at the drain bound; the
+    /// backend may still be working on what was cut): deletes the owner key as
+    /// [`Ownership::release`] does, but leaves the `undrained` marker instead of the
+    /// release marker, so the next claim waits the full [`takeover_wait`] (and, the owner
+    /// being alive, runs no `fence_command`: [`Previous::Undrained`]).
+    pub async fn release_undrained(&self, shard: u32, epoch: u64) -> Result<bool, Error> {
+        self.release_as(shard, epoch, false).await
+    }
+
+    async fn release_as(&self, shard: u32, epoch: u64, drained: bool) -> Result<bool, Error> {
+        let owner = self.key(shard, "owner");
+        let marker = self.key(shard, if drained { "released" } else { "undrained" });
         let revision = i64::try_from(epoch).map_err(|_| Error::Etcd(format!("epoch {epoch}")))?;
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -416,7 +445,7 @@ impl Ownership {
             )])
             .and_then([
                 TxnOp::delete(owner.as_str(), None),
-                TxnOp::put(released.as_str(), epoch.to_string(), None),
+                TxnOp::put(marker.as_str(), epoch.to_string(), None),
             ]);
         let resp = self.txn(txn).await.map_err(etcd)?;
         Ok(resp.succeeded())
@@ -510,6 +539,12 @@ mod tests {
             },
         };
         assert_eq!(lost.wait(s(5), s(30), s(1)), s(36));
+        let undrained = Claim::Owned {
+            shard: 1,
+            epoch: 9,
+            previous: Previous::Undrained { epoch: 4 },
+        };
+        assert_eq!(undrained.wait(s(5), s(30), s(1)), s(36));
         for previous in [
             Previous::None,
             Previous::Released { epoch: 4 },

@@ -218,7 +218,7 @@ pub struct Owner {
 enum Entry {
     Instance(String),
     Owner(u32),
-    /// Not part of the view: `claimed`, `released`, a shard past the count.
+    /// Not part of the view: `claimed`, `released`, `undrained`, a shard past the count.
     Ignored,
 }
 
@@ -261,7 +261,7 @@ impl Keys {
         });
         match parsed {
             Some((n, "owner")) if n < self.count => Entry::Owner(n),
-            Some((_, "owner" | "claimed" | "released")) => Entry::Ignored,
+            Some((_, "owner" | "claimed" | "released" | "undrained")) => Entry::Ignored,
             _ => {
                 tracing::warn!(key = text, "cluster view: not a shard key; skipped");
                 Entry::Ignored
@@ -607,6 +607,7 @@ mod tests {
             "/fencegate/cluster/c/shards/16/owner",
             "/fencegate/cluster/c/shards/3/claimed",
             "/fencegate/cluster/c/shards/3/released",
+            "/fencegate/cluster/c/shards/3/undrained",
             "/fencegate/cluster/c/shards/03/owner",
             "/fencegate/cluster/c/shards/+3/owner",
             "/fencegate/cluster/c/shards/x/owner",

@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::hop::FENCEGATE_PEER;
+use super::hop::{FENCEGATE_PEER, Stop};
 use super::problem::{self, Outcome};
 use super::{FENCING_RESULT, Plan, Table};
 use crate::config::Upstream;
@@ -694,13 +694,16 @@ impl Confirms {
 
 /// Prepares an upstream response for the client; the guard (if any) stays counted
 /// until the body has been fully read or dropped, or has made no progress for `stall`,
-/// and is then completed if the answer `confirms` its request.
+/// and is then completed if the answer `confirms` its request. With a `stop` (an
+/// exchange admitted under a cluster's ownership), a body still being read from the
+/// upstream when the stop fires is cut: see [`Cuttable`].
 pub fn client_response(
     resp: Upstreamed,
     guard: Option<InflightGuard>,
     confirms: Confirms,
     stall: Duration,
     client: http::Version,
+    stop: Option<Stop>,
 ) -> Response<Body> {
     fn guarded<B>(
         resp: Response<B>,
@@ -708,6 +711,7 @@ pub fn client_response(
         confirms: Confirms,
         stall: Duration,
         client: http::Version,
+        stop: Option<Stop>,
     ) -> Response<Body>
     where
         B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
@@ -732,18 +736,162 @@ pub fn client_response(
             }
             None => None,
         };
+        let hold_back = holds_back(client, &parts.headers);
+        let cut = match (&held, stop) {
+            (Some((held, _, _)), Some(stop)) => Some((held.clone(), stop)),
+            // Nothing left to read from the upstream (or unfenced): nothing to cut.
+            _ => None,
+        };
         let body = GuardedBody {
             inner: body,
             held,
-            hold_back: holds_back(client, &parts.headers),
+            hold_back,
             failed: None,
         };
-        Response::from_parts(parts, body.boxed())
+        let body = match cut {
+            None => body.boxed(),
+            Some((held, stop)) => Cuttable::new(body, held, stop, hold_back).boxed(),
+        };
+        Response::from_parts(parts, body)
     }
     match resp {
-        Upstreamed::Pooled(r) => guarded(r, guard, confirms, stall, client),
-        Upstreamed::H1(r) => guarded(r, guard, confirms, stall, client),
-        Upstreamed::Tls(r) => guarded(r, guard, confirms, stall, client),
+        Upstreamed::Pooled(r) => guarded(r, guard, confirms, stall, client, stop),
+        Upstreamed::H1(r) => guarded(r, guard, confirms, stall, client, stop),
+        Upstreamed::Tls(r) => guarded(r, guard, confirms, stall, client, stop),
+    }
+}
+
+/// A response body admitted under a cluster's ownership (SPEC §10): the exchange is in
+/// flight until its body has been read from the upstream to its end, and it races the
+/// ownership's stop all that time, not only until the head. The race is the upstream's,
+/// not the client's: a watcher task awaits the stop, whether or not the client is reading
+/// (a client that stops reading stops the relay, not a backend that still has room in
+/// the sockets' buffers to go on sending). When the stop fires first, the upstream body is
+/// dropped there and then, which closes its connection (a backend still sending sees its
+/// writes fail), the generation's count is let go of uncompleted (its outcome is not
+/// known: the scope settles), and the client's body fails: an HTTP/1.1 client sees the
+/// connection close before the body's end (never a complete message: see
+/// [`holds_back`]), an HTTP/2 client its stream reset. A body read from the upstream to
+/// its end before the stop is the client's whole, however late the client reads it.
+struct Cuttable<B> {
+    shared: Arc<Mutex<CutState<B>>>,
+    watcher: tokio::task::JoinHandle<()>,
+    /// Whether the error is held back for one poll ([`holds_back`]).
+    hold_back: bool,
+}
+
+struct CutState<B> {
+    /// The body, until the stop cuts it.
+    body: Option<GuardedBody<B>>,
+    /// Read from the upstream to its end (or failed): the stop has nothing left to cut.
+    ended: bool,
+    cut: bool,
+    /// The client's task, when it last waited for the upstream.
+    waker: Option<std::task::Waker>,
+}
+
+impl<B> Cuttable<B>
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+{
+    fn new(body: GuardedBody<B>, held: Arc<Held>, stop: Stop, hold_back: bool) -> Cuttable<B> {
+        let shared = Arc::new(Mutex::new(CutState {
+            body: Some(body),
+            ended: false,
+            cut: false,
+            waker: None,
+        }));
+        let watcher = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                let mut stop = stop;
+                (&mut stop).await;
+                let (body, waker) = {
+                    let mut st = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    if st.ended {
+                        return;
+                    }
+                    st.cut = true;
+                    (st.body.take(), st.waker.take())
+                };
+                // Uncompleted first: the body's own release would complete it.
+                held.abandon();
+                drop(body);
+                // Held until the upstream side is gone: a hand-off counts the stops.
+                drop(stop);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+            }
+        });
+        Cuttable {
+            shared,
+            watcher,
+            hold_back,
+        }
+    }
+}
+
+impl<B> Drop for Cuttable<B> {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+impl<B> http_body::Body for Cuttable<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let mut st = this.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if st.cut {
+            if std::mem::take(&mut this.hold_back) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            st.cut = false;
+            st.ended = true;
+            return Poll::Ready(Some(Err(
+                "this instance's ownership of the scope's shard ended mid-body".into(),
+            )));
+        }
+        let Some(body) = st.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(&mut *body).poll_frame(cx);
+        let ended = match &polled {
+            Poll::Pending => false,
+            Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
+            Poll::Ready(None | Some(Err(_))) => true,
+        };
+        if ended {
+            st.ended = true;
+            this.watcher.abort();
+        } else if polled.is_pending() && !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            st.waker = Some(cx.waker().clone());
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let st = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        !st.cut && st.body.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let st = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        st.body
+            .as_ref()
+            .map_or_else(SizeHint::default, |b| b.size_hint())
     }
 }
 
@@ -803,6 +951,11 @@ struct Held {
 }
 
 impl Held {
+    /// Lets go of the count uncompleted: the exchange was given up mid-body.
+    fn abandon(&self) {
+        drop(self.guard.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
     fn release(&self) {
         let guard = self.guard.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(guard) = guard {
@@ -1129,15 +1282,19 @@ impl Forwarder {
             // deadline, SPEC §10) gives the exchange up there and then: the shard's next
             // owner may start admitting once that ownership could have expired. Boxed, so
             // that the race takes no room in a lone instance's request future.
-            let ((result, outgoing), stopped) = match stop {
-                None => (exchange!(), false),
-                Some(stop) => {
+            // The stop goes on with the response body, which races it too (see
+            // [`Cuttable`]); one that fired here is done with.
+            let (((result, outgoing), stopped), stop) = match stop {
+                None => ((exchange!(), false), None),
+                Some(mut stop) => {
                     Box::pin(async move {
-                        tokio::select! {
+                        let r = tokio::select! {
                             biased;
-                            () = stop => ((Err(()), None), true),
+                            () = &mut stop => ((Err(()), None), true),
                             r = async { exchange!() } => (r, false),
-                        }
+                        };
+                        let stop = (!r.1).then_some(stop);
+                        (r, stop)
                     })
                     .await
                 }
@@ -1158,8 +1315,14 @@ impl Forwarder {
                         },
                     );
                     // A body that stops moving for the upstream's timeout lets go of its generation.
-                    let mut resp =
-                        client_response(resp, guard, confirms, upstream.timeout, client_version);
+                    let mut resp = client_response(
+                        resp,
+                        guard,
+                        confirms,
+                        upstream.timeout,
+                        client_version,
+                        stop,
+                    );
                     if hop.is_some() {
                         // The owner decided: its Fencing-Result is the answer's.
                     } else if fenced {

@@ -46,12 +46,12 @@ use crate::support::nginx::Nginx;
 use crate::support::{self, Double};
 
 /// The shard a scope of the test's route (`report/<r>`) falls in.
-fn shard_of_report(report: &str) -> u32 {
+pub(super) fn shard_of_report(report: &str) -> u32 {
     fencegate::cluster::shard::shard_of(&format!("report/{report}"), SHARDS as u32)
 }
 
 /// The shards `instance` owns, as its `/v1/cluster` says.
-async fn owned_by(instance: &Instance) -> Vec<u32> {
+pub(super) async fn owned_by(instance: &Instance) -> Vec<u32> {
     instance.status().await["owned"]
         .as_array()
         .cloned()
@@ -63,7 +63,7 @@ async fn owned_by(instance: &Instance) -> Vec<u32> {
 }
 
 /// A report name whose scope falls in one of `shards`.
-fn report_in(shards: &[u32]) -> String {
+pub(super) fn report_in(shards: &[u32]) -> String {
     (0..1000)
         .map(|i| format!("r{i}"))
         .find(|r| shards.contains(&shard_of_report(r)))
@@ -71,14 +71,14 @@ fn report_in(shards: &[u32]) -> String {
 }
 
 /// The directory the instances run in, with the cluster's peer secret.
-fn cluster_dir() -> tempfile::TempDir {
+pub(super) fn cluster_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("dir");
     crate::support::write_secret(dir.path().join("peer.secret"), format!("{SECRET}\n"));
     dir
 }
 
 /// Waits (bounded) for the child to exit; None if it is still running at `bound`.
-async fn exit_within(child: &mut std::process::Child, bound: Duration) -> Option<i32> {
+pub(super) async fn exit_within(child: &mut std::process::Child, bound: Duration) -> Option<i32> {
     let until = Instant::now() + bound;
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
@@ -203,7 +203,7 @@ async fn an_owner_frozen_past_its_ownership_never_lets_its_admitted_request_reac
 /// A TCP relay to one etcd member: forwards bytes both ways until cut; once cut it
 /// forwards nothing more, in either direction, on any connection old or new, and keeps
 /// every socket open (what a partition looks like to the endpoints: silence).
-async fn relay(target: String, cut: watch::Receiver<bool>) -> String {
+pub(super) async fn relay(target: String, cut: watch::Receiver<bool>) -> String {
     let target: SocketAddr = target
         .trim_start_matches("http://")
         .parse()

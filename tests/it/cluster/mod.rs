@@ -13,3 +13,4 @@ mod ownership;
 mod procs;
 mod registry;
 mod serve;
+mod streamed;
