@@ -8,9 +8,14 @@
 //! owned by a live instance is a hop to that instance's registered `peer_listen`; any
 //! other is `Unknown` (no owner yet), answered `unavailable` with Retry-After.
 //!
+//! **Exchanges in flight.** Each exchange admitted here races a stop
+//! ([`Placement::stop`]) until its response body has been read from the upstream to its
+//! end: the validity's deadline, or the shard's own stop ([`OwnedShards::cut`], set by a
+//! hand-off that could not drain, and resolved too when the shard is forgotten here).
+//!
 //! **A lost lease** ends this instance's part: every shard stops admitting at the
-//! validity's deadline by itself, and [`Node::lost`] resolves once etcd says the lease is
-//! gone. `serve` then exits (status 3): a process that lost its lease owns nothing and
+//! validity's deadline by itself, its exchanges in flight are cut then, and [`Node::lost`]
+//! resolves once etcd says the lease is gone. `serve` then exits (status 3): a process that lost its lease owns nothing and
 //! must join again as a new member, which its supervisor's restart does.
 
 use std::collections::HashMap;

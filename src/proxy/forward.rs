@@ -1279,9 +1279,10 @@ impl Forwarder {
                 };
             }
             // In a cluster, an owner whose ownership ends mid-exchange (its self-fencing
-            // deadline, SPEC §10) gives the exchange up there and then: the shard's next
-            // owner may start admitting once that ownership could have expired. Boxed, so
-            // that the race takes no room in a lone instance's request future.
+            // deadline, or its shard's hand-off cutting what did not drain; SPEC §10)
+            // gives the exchange up there and then: the shard's next owner may start
+            // admitting once that ownership could have expired. Boxed, so that the race
+            // takes no room in a lone instance's request future.
             // The stop goes on with the response body, which races it too (see
             // [`Cuttable`]); one that fired here is done with.
             let (((result, outgoing), stopped), stop) = match stop {

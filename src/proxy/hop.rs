@@ -44,7 +44,9 @@ pub enum Place {
     Unknown,
 }
 
-/// Resolves when an owner must give up an upstream exchange it admitted.
+/// Resolves when an owner must give up an upstream exchange it admitted: the exchange
+/// races it until its response body has been read from the upstream to its end (the
+/// forwarder's `Cuttable`), and holds it that long.
 pub type Stop = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Which instance decides for a scope (see the module doc).
@@ -52,6 +54,7 @@ pub trait Placement: Send + Sync + 'static {
     fn place(&self, scope: &str) -> Place;
 
     /// For a request admitted here for `scope`: what ends its upstream exchange early
-    /// (the ownership's self-fencing deadline), if anything can.
+    /// (the ownership's self-fencing deadline, the shard's hand-off), response body
+    /// included, if anything can.
     fn stop(&self, scope: &str) -> Option<Stop>;
 }
