@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use fencegate::cluster::ownership::{Claim, Ownership, OwnershipConfig, Previous};
+use fencegate::cluster::ownership::{Claim, Ownership, OwnershipConfig, Previous, takeover_wait};
 use tokio::time::Instant;
 
 use crate::support::etcd::EtcdCluster;
@@ -251,6 +251,42 @@ async fn a_released_shard_is_claimed_at_once_and_a_deposed_release_deletes_nothi
         c.claim(1).await.expect("claim c"),
         Claim::Owned { previous: Previous::Released { epoch }, .. } if epoch == second
     ));
+}
+
+/// A release that could not drain leaves no release marker: the next claim waits the
+/// full takeover wait, and is told the owner was alive (no `fence_command`); the marker is
+/// consumed, so a drained release after it is again without a wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undrained_release_makes_the_next_claim_wait_in_full() {
+    let etcd = EtcdCluster::start(1).await;
+    let (a, b) = tokio::join!(instance(&etcd, "a"), instance(&etcd, "b"));
+    let Claim::Owned { epoch: first, .. } = a.claim(2).await.expect("claim a") else {
+        panic!("a owns the free shard");
+    };
+    assert!(a.release_undrained(2, first).await.expect("release"));
+    let claim = b.claim(2).await.expect("claim b");
+    let Claim::Owned {
+        epoch: second,
+        previous: Previous::Undrained { epoch },
+        ..
+    } = claim
+    else {
+        panic!("undrained: {claim:?}");
+    };
+    assert_eq!(epoch, first);
+    let (upstream, settle) = (Duration::from_secs(30), Duration::from_secs(1));
+    assert_eq!(
+        claim.wait(TTL, upstream, settle),
+        takeover_wait(TTL, upstream, settle)
+    );
+    // Consumed by b's claim: b's drained release lets a claim without a wait.
+    assert!(b.release(2, second).await.expect("release b"));
+    let claim = a.claim(2).await.expect("claim a again");
+    assert!(
+        matches!(claim, Claim::Owned { previous: Previous::Released { epoch }, .. } if epoch == second),
+        "{claim:?}"
+    );
+    assert_eq!(claim.wait(TTL, upstream, settle), Duration::ZERO);
 }
 
 /// Moves the etcd cluster's leadership to member `target` (bounded tries).

@@ -17,6 +17,9 @@
 //!
 //! Each older client sees its response cut: the head (200), then the connection closes
 //! before the chunked body's end.
+//!
+//! 4. **A body that ends in time** is the client's whole, and lets its shard go: a join
+//!    right after it hands the shard off drained, with no cut and no wait.
 #![cfg(feature = "etcd")]
 
 use std::net::SocketAddr;
@@ -203,13 +206,19 @@ impl Recorder {
 
 /// Sends a PUT with `token` whose response streams for [`STREAM`], and reads nothing.
 async fn streamed_put(port: u16, path: &str, token: &str) -> TcpStream {
+    put_streaming(port, path, token, STREAM).await
+}
+
+/// Sends a PUT with `token` whose response streams for `stream` (the connection closes
+/// after the response).
+async fn put_streaming(port: u16, path: &str, token: &str, stream: Duration) -> TcpStream {
     let mut raw = TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
     raw.write_all(
         format!(
-            "PUT {path} HTTP/1.1\r\nhost: fencegate\r\nfencing-token: {token}\r\nx-test-stream-ms: {}\r\ncontent-length: 1\r\n\r\nx",
-            STREAM.as_millis()
+            "PUT {path} HTTP/1.1\r\nhost: fencegate\r\nfencing-token: {token}\r\nx-test-stream-ms: {}\r\nconnection: close\r\ncontent-length: 1\r\n\r\nx",
+            stream.as_millis()
         )
         .as_bytes(),
     )
@@ -427,4 +436,48 @@ async fn a_lost_owner_cuts_its_streamed_response_at_its_deadline() {
         ended.saturating_duration_since(cut),
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_response_that_ends_in_time_is_whole_and_its_shard_moves_without_a_wait() {
+    let started = Instant::now();
+    let etcd = EtcdCluster::start(1).await;
+    let recorder = Recorder::start().await;
+    let dir = cluster_dir();
+    let a = Instance::new(dir.path(), "a", recorder.addr, &etcd);
+    let c = Instance::new(dir.path(), "c", recorder.addr, &etcd);
+    let _pa = a.spawn();
+    settled(&[&a]).await;
+    let given = fencegate::cluster::balance::assignment(&["a", "c"], SHARDS as u32);
+    let to_c: Vec<u32> = (0..SHARDS as u32)
+        .filter(|s| given[*s as usize] == 1)
+        .collect();
+    let report = report_in(&to_c);
+    let path = format!("/reports/{report}/obj");
+
+    // Read as it comes: the whole body, to its chunked end.
+    let raw = put_streaming(a.proxy, &path, "5", Duration::from_secs(1)).await;
+    let answer = answer_of(raw).await;
+    assert_eq!(support::status_of(&answer), 200, "{answer}");
+    assert!(answer.ends_with("0\r\n\r\n"), "whole: {answer:?}");
+    assert_eq!(recorder.ended("5").await.what, What::Completed);
+
+    // The exchange is over: the join's hand-off drains at once, without a cut.
+    let _pc = c.spawn();
+    accepted(&c, &path, "7").await;
+    let metrics = a.metrics().await;
+    for series in [
+        "fencegate_cluster_exchanges_cut_total{reason=\"handoff\"}",
+        "fencegate_cluster_exchanges_cut_total{reason=\"ownership\"}",
+        "fencegate_cluster_handoff_drain_timeouts_total",
+    ] {
+        assert_eq!(support::metric(&metrics, series), Some(0.0), "{series}");
+    }
+    let takeovers = c.status().await["stats"]["takeovers"].as_u64();
+    assert_eq!(
+        takeovers,
+        Some(0),
+        "no takeover wait after a drained hand-off"
+    );
+    println!("a body in time: whole; test took {:?}", started.elapsed());
 }
