@@ -16,7 +16,8 @@
 //!    cuts the body; `b` takes over after the lease expires and the takeover wait.
 //!
 //! Each older client sees its response cut: the head (200), then the connection closes
-//! before the chunked body's end.
+//! before the chunked body's end (HTTP/1.1), or its stream reset (HTTP/2, a client that
+//! reads along, in case 3).
 //!
 //! 4. **A body that ends in time** is the client's whole, and lets its shard go: a join
 //!    right after it hands the shard off drained, with no cut and no wait.
@@ -265,7 +266,7 @@ async fn accepted(via: &Instance, path: &str, token: &str) {
 
 /// The older generation's write ended, aborted, before the newer one arrived; its client
 /// saw the head and a body cut short. Answers how long before the newer arrival it ended.
-async fn check(recorder: &Recorder, older: &str, newer: &str, answer: &str) -> Duration {
+async fn check(recorder: &Recorder, older: &str, newer: &str, answer: Option<&str>) -> Duration {
     let newer_at = recorder.arrived(newer).await;
     let older_end = recorder.ended(older).await;
     let events = recorder.events();
@@ -287,18 +288,20 @@ async fn check(recorder: &Recorder, older: &str, newer: &str, answer: &str) -> D
             .all(|e| e.at < newer_at),
         "{events:?}"
     );
-    assert_eq!(
-        support::status_of(answer),
-        200,
-        "the head went out: {answer}"
-    );
-    assert!(
-        answer
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-            && !answer.ends_with("0\r\n\r\n"),
-        "the older client's body is cut short, never complete: {answer:?}"
-    );
+    if let Some(answer) = answer {
+        assert_eq!(
+            support::status_of(answer),
+            200,
+            "the head went out: {answer}"
+        );
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked")
+                && !answer.ends_with("0\r\n\r\n"),
+            "the older client's body is cut short, never complete: {answer:?}"
+        );
+    }
     newer_at - older_end.at
 }
 
@@ -325,7 +328,7 @@ async fn a_join_cuts_a_streamed_response_before_the_new_owner_admits() {
     let _pc = c.spawn();
     accepted(&c, &path, "7").await;
     let answer = answer_of(raw).await;
-    let margin = check(&recorder, "5", "7", &answer).await;
+    let margin = check(&recorder, "5", "7", Some(&answer)).await;
 
     let metrics = a.metrics().await;
     let cut = support::metric(
@@ -367,7 +370,7 @@ async fn a_leave_cuts_a_streamed_response_before_the_next_owner_admits() {
     support::signal(pa.child.id(), "TERM");
     accepted(&b, &path, "7").await;
     let answer = answer_of(raw).await;
-    let margin = check(&recorder, "5", "7", &answer).await;
+    let margin = check(&recorder, "5", "7", Some(&answer)).await;
     let exit = exit_within(&mut pa.child, support::BOUND).await;
     assert_eq!(exit, Some(0), "a left and exited");
     let takeovers = b.status().await["stats"]["takeovers"].as_u64();
@@ -379,8 +382,49 @@ async fn a_leave_cuts_a_streamed_response_before_the_next_owner_admits() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_owner_cuts_its_streamed_response_at_its_deadline() {
+/// How the older client of the lost-owner case speaks and reads.
+enum Older {
+    /// HTTP/1.1, reading nothing until the end.
+    Silent(TcpStream),
+    /// HTTP/2, reading along: how many body bytes came, and whether the body failed.
+    ReadingH2(tokio::task::JoinHandle<(usize, bool)>),
+}
+
+async fn h2_streamed_put(port: u16, path: &str, token: &str) -> Older {
+    let stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = Request::put(format!("http://127.0.0.1:{port}{path}"))
+        .header("fencing-token", token)
+        .header("x-test-stream-ms", STREAM.as_millis().to_string())
+        .body(http_body_util::Full::new(Bytes::from_static(b"x")))
+        .expect("request");
+    Older::ReadingH2(tokio::spawn(async move {
+        let resp = send.send_request(req).await.expect("head");
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut read = 0;
+        let until = Instant::now() + STREAM + support::BOUND;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, body.frame()).await {
+                Ok(Some(Ok(f))) => read += f.data_ref().map_or(0, |d| d.len()),
+                Ok(Some(Err(_))) => return (read, true),
+                Ok(None) => return (read, false),
+                Err(_) => panic!("the older body neither ended nor failed"),
+            }
+        }
+    }))
+}
+
+async fn lost_owner(h2: bool) {
     let started = Instant::now();
     let etcd = EtcdCluster::start(1).await;
     let recorder = Recorder::start().await;
@@ -400,7 +444,11 @@ async fn a_lost_owner_cuts_its_streamed_response_at_its_deadline() {
     let shard = shard_of_report(&report);
     let path = format!("/reports/{report}/obj");
 
-    let raw = streamed_put(a.proxy, &path, "5").await;
+    let older = if h2 {
+        h2_streamed_put(a.proxy, &path, "5").await
+    } else {
+        Older::Silent(streamed_put(a.proxy, &path, "5").await)
+    };
     let five = recorder.arrived("5").await;
     cut_tx.send_replace(true);
     let cut = Instant::now();
@@ -411,8 +459,20 @@ async fn a_lost_owner_cuts_its_streamed_response_at_its_deadline() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     accepted(&b, &path, "6").await;
-    let answer = answer_of(raw).await;
-    let margin = check(&recorder, "5", "6", &answer).await;
+    let margin = match older {
+        Older::Silent(raw) => {
+            let answer = answer_of(raw).await;
+            check(&recorder, "5", "6", Some(&answer)).await
+        }
+        Older::ReadingH2(reader) => {
+            let (read, failed) = reader.await.expect("reader");
+            assert!(
+                read > 0 && failed,
+                "the stream is reset mid-body: {read} bytes, failed {failed}"
+            );
+            check(&recorder, "5", "6", None).await
+        }
+    };
     let ended = recorder.ended("5").await.at;
     // By a's self-fencing deadline: at most one ttl after its last keep-alive before the
     // cut (with room for scheduling).
@@ -431,11 +491,22 @@ async fn a_lost_owner_cuts_its_streamed_response_at_its_deadline() {
         "{metrics}"
     );
     println!(
-        "lost owner: token 5 cut {:?} after it arrived ({:?} after etcd was cut off), {margin:?} before 6 arrived; test took {:?}",
+        "lost owner (h2 {h2}): token 5 cut {:?} after it arrived ({:?} after etcd was cut off), {margin:?} before 6 arrived; test took {:?}",
         ended - five,
         ended.saturating_duration_since(cut),
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_owner_cuts_its_streamed_response_at_its_deadline() {
+    lost_owner(false).await;
+}
+
+/// The same over HTTP/2, with a client that reads along: its stream is reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_owner_resets_an_http2_stream_mid_body_at_its_deadline() {
+    lost_owner(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
