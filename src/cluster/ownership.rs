@@ -28,6 +28,9 @@
 //! than `drift_margin / t` (e.g. 5% for 250 ms of a 5 s ttl; real clocks drift by parts per
 //! million), and while a process paused *between* reading its validity and admitting is
 //! paused for less than the margin too (an admission reads the validity, then forwards).
+//! An exchange still streaming its response body at the deadline is cut then, by the
+//! process: one paused across the deadline cannot cut it, and its backend may go on
+//! sending into the sockets' buffers (`fence_command` is the guard against that).
 //! Also assumed: nothing but fencegate deletes the ownership keys. An operator who deletes
 //! an owner key by hand while the owner's lease lives leaves that owner valid (its
 //! keep-alives still succeed) while another instance may claim the shard; a watch on the

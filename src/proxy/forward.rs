@@ -835,6 +835,15 @@ where
 impl<B> Drop for Cuttable<B> {
     fn drop(&mut self) {
         self.watcher.abort();
+        // The body goes now (its count released as a client that went away releases
+        // it), not when the aborted watcher is dropped.
+        let body = self
+            .shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .body
+            .take();
+        drop(body);
     }
 }
 
