@@ -560,9 +560,14 @@ async fn hand_off(shared: &Arc<Shared>, shard: u32, epoch: u64) -> Result<(), Er
         // count, not of the backend).
         let until = Instant::now() + shared.config.drain_bound;
         let mut pause = Duration::from_millis(2);
-        let mut drained = true;
+        // A hand-off tried again after its release failed, which had cut: undrained.
+        let mut drained = !shared.owned.was_cut(shard, epoch);
         while (shared.busy)(shard) || shared.owned.exchanges(shard, epoch) > 0 {
             if Instant::now() >= until {
+                shared
+                    .stats
+                    .handoff_drain_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
                 drained = false;
                 break;
             }
@@ -573,15 +578,11 @@ async fn hand_off(shared: &Arc<Shared>, shard: u32, epoch: u64) -> Result<(), Er
             // What is still in flight is cut here and now, before the release: an
             // exchange waiting for its answer gives it up, a response body still
             // streaming from the upstream is cut (its upstream connection closed).
-            shared
-                .stats
-                .handoff_drain_timeouts
-                .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 shard,
                 epoch,
                 in_flight = shared.owned.exchanges(shard, epoch),
-                "hand-off: drain bound reached; cutting what is in flight, then releasing with the full takeover wait"
+                "hand-off not drained (its drain bound reached, or cut before): cutting what is in flight, then releasing with the full takeover wait"
             );
             shared.owned.cut(shard, epoch);
             // Each cut exchange lets go of its stop once its upstream side is dropped.

@@ -238,6 +238,18 @@ impl OwnedShards {
         }
     }
 
+    /// Whether the exchanges of the ownership of `shard` at `epoch` were cut (and the
+    /// shard has not admitted again since): a hand-off tried again after a release that
+    /// failed is then undrained, whatever is in flight now.
+    pub fn was_cut(&self, shard: u32, epoch: u64) -> bool {
+        let Some(slot) = self.inner.table.get(shard as usize) else {
+            return false;
+        };
+        read(slot)
+            .as_ref()
+            .is_some_and(|o| o.epoch == epoch && *o.stop.borrow())
+    }
+
     /// Stops owning `shard` (released, or found lost): its marks are forgotten here, and
     /// its exchanges still in flight are cut (their stop resolves).
     pub fn forget(&self, shard: u32) {
