@@ -228,6 +228,15 @@ fn cluster_limits(
     e: &mut Errors,
 ) {
     for (i, r) in routes.iter().enumerate() {
+        if r.fences_trees() {
+            e.push(
+                format!("route[{i}].api"),
+                "api = \"webdav\" with one scope per object is not available in cluster \
+                 mode: a DELETE, MOVE or COPY of a collection is checked against every mark \
+                 beneath its scope, and in a cluster those marks are spread over the instances \
+                 (run one instance, or make the scope one per tree)",
+            );
+        }
         if r.idempotency != crate::proxy::idempotency::config::Mode::Off {
             e.push(
                 format!("route[{i}].idempotency"),
@@ -467,6 +476,12 @@ impl Config {
                 ));
             } else if r.api == crate::proxy::config::Api::Plain {
                 out.push_str("  api plain: the path names all a request changes\n");
+            } else if r.fences_trees() {
+                out.push_str(
+                    "  api webdav: a collection's DELETE, MOVE or COPY is refused while a scope beneath it holds a mark\n",
+                );
+            } else if r.api == crate::proxy::config::Api::Webdav {
+                out.push_str("  api webdav: one scope for a whole tree\n");
             }
         }
         out
@@ -560,6 +575,7 @@ upstream = "objects"
 fenced = false
 [[route]]
 name = "kv"
+api = "plain"
 path = "/kv/{bucket}/{*key}"
 scope = "kv/{bucket}:{key}"
 upstream = "objects"
@@ -570,6 +586,7 @@ scope = "report/{report}"
 upstream = "objects"
 [[route]]
 name = "files"
+api = "plain"
 path = "/files/{a}/{*rest}"
 scope = "f/{a}/{rest}"
 upstream = "objects"
@@ -1179,6 +1196,7 @@ upstream = "objects"
 [[route]]
 name = "s3"
 host = "s3.example.com"
+api = "plain"
 path = "/{bucket}/{*key}"
 scope = "object/{bucket}/{key}"
 upstream = "objects"
@@ -1381,6 +1399,7 @@ upstream = "objects"
 [[route]]
 name = "tenant-objects"
 host = "reports.tenant-a.example.com"
+api = "plain"
 path = "/{bucket}/{*key}"
 scope = "tenant-a/object/{bucket}/{key}"
 upstream = "objects"
@@ -1399,6 +1418,7 @@ fenced = false
 [[route]]
 name = "s3"
 host = "s3.example.com"
+api = "plain"
 path = "/{bucket}/{*key}"
 scope = "object/{bucket}/{key}"
 upstream = "objects"
@@ -1419,6 +1439,7 @@ errors = "s3"
 [[route]]
 name = "s3"
 host = "s3.example.com"
+api = "plain"
 path = "/{bucket}/{*key}"
 scope = "object/{bucket}/{key}"
 upstream = "objects"
@@ -1436,6 +1457,7 @@ upstream = "objects"
 [[route]]
 name = "s3"
 host = "s3.example.com"
+api = "plain"
 path = "/{bucket}/{*key}"
 scope = "object/{bucket}/{key}"
 upstream = "objects"

@@ -192,9 +192,17 @@ pub struct InflightGuard {
     advanced: bool,
     /// Nothing of this admission reached the upstream (see [`InflightGuard::not_forwarded`]).
     unused: bool,
+    /// A collection operation's hold on the tree beneath its scope (SPEC §16), released
+    /// with this guard: at once if the upstream answered, else once the scope has settled.
+    tree: Option<Box<TreeHold>>,
 }
 
 impl InflightGuard {
+    /// Keeps `hold` (the tree this request may change whole) until this guard drops.
+    pub fn hold_tree(&mut self, hold: TreeHold) {
+        self.tree = Some(Box::new(hold));
+    }
+
     /// The upstream answered (or provably never received the request).
     pub fn complete(&mut self) {
         self.completed = true;
@@ -240,12 +248,16 @@ impl InflightGuard {
             completed: false,
             advanced: false,
             unused: false,
+            tree: None,
         }
     }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
+        if let Some(tree) = self.tree.take() {
+            tree.release(self.completed, self.settle);
+        }
         let mut st = self.gate.lock();
         st.inflight.remove(self.token);
         if let Some(n) = self.sequence
@@ -286,6 +298,108 @@ impl Drop for InflightGuard {
         }
         drop(st);
         self.gate.notify.notify_waiters();
+    }
+}
+
+/// Collection operations in flight: the scopes beneath which each may change objects
+/// whole, and until when a hold stays after its request was abandoned (the backend may
+/// still apply it). A handful at most; looked at by every admission, so the common case
+/// (none) is one atomic load.
+#[derive(Debug, Default)]
+struct Trees {
+    /// Holds in the list, expired or not: 0 spares admissions the lock.
+    count: AtomicUsize,
+    holds: Mutex<Vec<Held>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+struct Held {
+    id: u64,
+    /// The scope with a `/` appended: what every scope beneath it starts with.
+    beneath: Box<str>,
+    /// `Some`: released by a request that did not complete; held until then.
+    until: Option<Instant>,
+}
+
+impl Trees {
+    fn lock(&self) -> MutexGuard<'_, Vec<Held>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hold(self: &Arc<Self>, scope: &str) -> TreeHold {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut holds = self.lock();
+        let now = Instant::now();
+        holds.retain(|h| h.until.is_none_or(|u| now < u));
+        holds.push(Held {
+            id,
+            beneath: format!("{scope}/").into_boxed_str(),
+            until: None,
+        });
+        self.count.store(holds.len(), Ordering::SeqCst);
+        drop(holds);
+        // Pairs with the fence in `covers`: the caller's read of the marks comes after
+        // this hold is visible to every admission that follows (store-load order).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        TreeHold {
+            trees: self.clone(),
+            id,
+            until: None,
+        }
+    }
+
+    /// Is `scope` beneath a hold in force?
+    fn covers(&self, scope: &str) -> bool {
+        // Pairs with the fence in `hold`: this request's mark (durable, written before)
+        // is visible to a hold's read of the marks, or the hold is visible here.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let now = Instant::now();
+        let mut holds = self.lock();
+        holds.retain(|h| h.until.is_none_or(|u| now < u));
+        self.count.store(holds.len(), Ordering::SeqCst);
+        holds.iter().any(|h| scope.starts_with(&*h.beneath))
+    }
+
+    fn release(&self, id: u64, until: Option<Instant>) {
+        let mut holds = self.lock();
+        match until {
+            None => holds.retain(|h| h.id != id),
+            Some(u) => {
+                if let Some(h) = holds.iter_mut().find(|h| h.id == id) {
+                    h.until = Some(u);
+                }
+            }
+        }
+        self.count.store(holds.len(), Ordering::SeqCst);
+    }
+}
+
+/// A collection operation's hold on the scopes beneath its own ([`Gates::hold_tree`]).
+/// Dropped on its own (the request was refused before it was forwarded), it is released
+/// at once; handed to the request's guard ([`InflightGuard::hold_tree`]), with it.
+#[derive(Debug)]
+pub struct TreeHold {
+    trees: Arc<Trees>,
+    id: u64,
+    /// Kept until then once dropped (`None`: released at once).
+    until: Option<Instant>,
+}
+
+impl TreeHold {
+    /// Released by the request's guard: at once if the upstream answered, else held
+    /// until the scope has settled.
+    fn release(mut self: Box<Self>, completed: bool, settle: Duration) {
+        self.until = (!completed).then(|| Instant::now() + settle);
+    }
+}
+
+impl Drop for TreeHold {
+    fn drop(&mut self) {
+        self.trees.release(self.id, self.until);
     }
 }
 
@@ -633,6 +747,8 @@ pub struct Gates {
     shard_capacity: usize,
     /// Bytes of scope names per shard before idle gates are evicted regardless of age.
     shard_bytes: usize,
+    /// Collection operations in flight (SPEC §16).
+    trees: Arc<Trees>,
 }
 
 /// Counts one waiting request, in the gate and in total, while it lives.
@@ -670,6 +786,7 @@ impl Gates {
             max_waiters: usize::MAX,
             shard_capacity: DEFAULT_HOT_CAPACITY / SHARDS,
             shard_bytes: DEFAULT_HOT_BYTES / SHARDS,
+            trees: Arc::default(),
         }
     }
 
@@ -703,6 +820,17 @@ impl Gates {
 
     pub fn store(&self) -> &MarkStore {
         &self.store
+    }
+
+    /// Holds the tree of scopes beneath `scope` (those that extend it with `/`) for a
+    /// collection operation (SPEC §16): from now until the hold is released, a request
+    /// admitted to a scope beneath it is refused `Draining`. The caller then reads the
+    /// marks beneath `scope` ([`MarkStore::marked_beneath`]) and refuses if there is
+    /// one. Either that read sees a mark that lands concurrently, or that mark's request
+    /// sees this hold: a request is checked against the holds only once its mark is
+    /// durable.
+    pub fn hold_tree(&self, scope: &str) -> TreeHold {
+        self.trees.hold(scope)
     }
 
     /// The scope's mark, from the source if there is one, else from the store.
@@ -879,9 +1007,19 @@ impl Gates {
             );
             let (wake_at, give_up, for_commit) = match step {
                 Step::Refuse(r) => return Err(r),
-                Step::Admit(a) => {
+                Step::Admit(mut a) => {
                     if let Some(claim) = claim.take() {
                         claim.used();
+                    }
+                    // A collection operation in flight may change this scope's object
+                    // whole (SPEC §16): it was checked against the marks there were, and
+                    // this request's mark may have landed since. Looked at only now that
+                    // the mark is durable: one of the two always sees the other.
+                    if self.trees.covers(scope) {
+                        a.guard.not_forwarded();
+                        return Err(Refusal::Draining {
+                            highest: Some(token),
+                        });
                     }
                     // Only requests that really waited for an older generation count.
                     if waiting.is_some() {
@@ -1065,6 +1203,7 @@ impl Gates {
                         completed: false,
                         advanced: *advanced,
                         unused: false,
+                        tree: None,
                     },
                     advanced: *advanced,
                     waited,
@@ -1278,6 +1417,74 @@ fn commit_deadline(arrived: Instant, drain_timeout: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A collection operation holds the tree beneath its scope (SPEC §16): while it is in
+    /// flight, a request to a scope beneath is refused (its new mark stays, so the
+    /// collection's check would see it), others pass; an operation whose upstream
+    /// exchange was abandoned holds the tree until the scope has settled.
+    #[tokio::test(start_paused = true)]
+    async fn a_collection_in_flight_holds_the_scopes_beneath_it() {
+        let store = MarkStore::open_inline_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("store");
+        let metrics = Arc::new(Metrics::new(Vec::new()));
+        let settle = Duration::from_secs(10);
+        let g = Gates::new(store, metrics, Duration::from_secs(30), settle);
+        // Past the start-up settle.
+        tokio::time::advance(settle).await;
+        let t5 = Token::new(0, 5);
+        let mut collection = g
+            .admit("file/q4", t5, EqualPolicy::Accept)
+            .await
+            .expect("the collection's own scope");
+        collection.guard.hold_tree(g.hold_tree("file/q4"));
+        assert_eq!(
+            g.admit("file/q4/final", t5, EqualPolicy::Accept)
+                .await
+                .map(|_| ()),
+            Err(Refusal::Draining { highest: Some(t5) })
+        );
+        // The refused request's mark is durable: the collection's check would see it.
+        assert!(
+            g.store()
+                .marked_beneath("file/q4/", false, "")
+                .expect("read")
+                .is_some()
+        );
+        for other in ["file/q4x", "file/q", "file/q5/final"] {
+            let mut a = g
+                .admit(other, t5, EqualPolicy::Accept)
+                .await
+                .unwrap_or_else(|r| panic!("{other}: {r:?}"));
+            a.guard.complete();
+        }
+        // Answered: released at once.
+        collection.guard.complete();
+        drop(collection);
+        let mut a = g
+            .admit("file/q4/final", t5, EqualPolicy::Accept)
+            .await
+            .expect("after the collection's answer");
+        a.guard.complete();
+        drop(a);
+        // Abandoned: held until the scope has settled.
+        let mut abandoned = g
+            .admit("file/q6", t5, EqualPolicy::Accept)
+            .await
+            .expect("q6");
+        abandoned.guard.hold_tree(g.hold_tree("file/q6"));
+        drop(abandoned);
+        tokio::time::advance(settle / 2).await;
+        assert!(g.admit("file/q6/a", t5, EqualPolicy::Accept).await.is_err());
+        tokio::time::advance(settle).await;
+        let mut a = g
+            .admit("file/q6/a", t5, EqualPolicy::Accept)
+            .await
+            .expect("settled");
+        a.guard.complete();
+        // A hold refused before it was forwarded (dropped on its own) holds nothing.
+        drop(g.hold_tree("file/q7"));
+        assert!(g.admit("file/q7/a", t5, EqualPolicy::Accept).await.is_ok());
+    }
 
     /// Scopes that differ only in their last characters spread over every shard (a shard
     /// at its capacity evicts early, so crowding shows up as lost hot gates).

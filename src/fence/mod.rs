@@ -8,6 +8,6 @@ pub mod gate;
 pub mod policy;
 pub mod source;
 
-pub use gate::{Admission, Gates, InflightGuard, Proof, Refusal};
+pub use gate::{Admission, Gates, InflightGuard, Proof, Refusal, TreeHold};
 pub use policy::{Decision, EqualPolicy, decide};
 pub use source::MarkSource;

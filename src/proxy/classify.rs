@@ -460,7 +460,33 @@ fn decide(
         sequence,
         proof,
         upload: None,
+        tree: route.fences_trees() && !changes_one(method),
     }))
+}
+
+/// Methods that change at most the one resource their path names on a WebDAV server
+/// (RFC 4918, 3253, 5323, 5789), matched without regard to case (some servers upper-case
+/// methods). Every other method (DELETE, MOVE, COPY, and any this list does not know) may
+/// change a collection's members whole (SPEC §16). A LOCK of depth infinity locks the
+/// members, which refuses writes without its lock token, but changes none of them.
+fn changes_one(method: &Method) -> bool {
+    const ONE: [&str; 14] = [
+        "GET",
+        "HEAD",
+        "OPTIONS",
+        "TRACE",
+        "PUT",
+        "POST",
+        "PATCH",
+        "MKCOL",
+        "PROPFIND",
+        "PROPPATCH",
+        "LOCK",
+        "UNLOCK",
+        "REPORT",
+        "SEARCH",
+    ];
+    ONE.iter().any(|m| m.eq_ignore_ascii_case(method.as_str()))
 }
 
 /// A request forwarded as it is, on route `idx`.
@@ -518,6 +544,9 @@ pub(crate) struct Fenced {
     pub(super) proof: Option<HeaderValue>,
     /// On an S3 route: the multipart upload the request creates or names (SPEC §15).
     pub(super) upload: Option<s3::upload::Upload>,
+    /// On an `api = "webdav"` route with one scope per object: a method that may change
+    /// a collection's members, checked against the marks beneath its scope (SPEC §16).
+    pub(super) tree: bool,
 }
 
 fn content_length<B>(req: &Request<B>) -> Option<u64> {

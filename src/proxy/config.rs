@@ -70,6 +70,9 @@ pub enum Api {
     /// S3's REST API: objects named in the Host, a DeleteObjects body or an upload form
     /// are fenced too (SPEC §15).
     S3(S3Api),
+    /// WebDAV: a DELETE, MOVE or COPY of a collection changes every object beneath it, so
+    /// it is refused while any of them is fenced under a scope of its own (SPEC §16).
+    Webdav,
 }
 
 /// Whether a fenced route asks for a `Fencing-Proof` beside the token.
@@ -125,6 +128,13 @@ impl Route {
             Api::S3(s3) => Some(s3),
             _ => None,
         }
+    }
+
+    /// On an `api = "webdav"` route whose scope ends with its `{*name}` capture (one scope
+    /// per object of a tree): a DELETE, MOVE or COPY is checked against the marks beneath
+    /// its scope (SPEC §16).
+    pub fn fences_trees(&self) -> bool {
+        self.api == Api::Webdav && ends_with_rest(&self.path, &self.scope)
     }
 
     /// Does this method need a token on this route (SPEC §2)? A listed method is matched
@@ -209,6 +219,50 @@ impl UpstreamDraft {
             tls: self.tls.and_then(|t| t.load(errors)),
             distinct_hosts: self.distinct_hosts,
         }
+    }
+}
+
+/// What an `api = "webdav"` route needs (SPEC §16), each refusal pushed: fenced, DELETE,
+/// MOVE and COPY among its fenced methods (a collection's must carry a token), and a
+/// scope whose tree's marks can be found by prefix.
+fn webdav_api(
+    raw: &RawRoute,
+    template: Option<&PathTemplate>,
+    scope: Option<&ScopeTemplate>,
+    fenced: bool,
+    path: &str,
+    errors: &mut Errors,
+) {
+    if !fenced {
+        errors.push(
+            format!("{path}.fenced"),
+            "an api = \"webdav\" route is fenced: a pass-through route needs no api",
+        );
+    }
+    if let Some(list) = &raw.methods
+        && let Some(m) = ["DELETE", "MOVE", "COPY"]
+            .into_iter()
+            .find(|m| !list.iter().any(|l| l == m))
+    {
+        errors.push(
+            format!("{path}.methods"),
+            format!(
+                "leaves out {m}: on an api = \"webdav\" route a DELETE, MOVE or COPY may change \
+                 a whole collection, and one without a token would pass unchecked"
+            ),
+        );
+    }
+    if let (Some(t), Some(s)) = (template, scope)
+        && let Some(i) = rest_capture(t)
+        && s.uses_capture(i)
+        && !s.ends_with_capture(i)
+    {
+        errors.push(
+            format!("{path}.scope"),
+            "an api = \"webdav\" route's scope ends with the `{*name}` capture when it uses \
+             it: the scopes of a collection's members must extend the collection's, to be \
+             found by prefix",
+        );
     }
 }
 
@@ -580,6 +634,19 @@ fn host_chosen_scopes(routes: &[Route], upstreams: &[UpstreamDraft]) -> Vec<Host
     out
 }
 
+/// The index of the path template's `{*name}` capture among its captures, if it has one.
+fn rest_capture(path: &PathTemplate) -> Option<usize> {
+    path.segments
+        .iter()
+        .filter(|s| !matches!(s, crate::route::Segment::Literal(_)))
+        .position(|s| matches!(s, crate::route::Segment::CatchAll(_)))
+}
+
+/// Does `scope` end with `path`'s `{*name}` capture (one scope per object of a tree)?
+fn ends_with_rest(path: &PathTemplate, scope: &ScopeTemplate) -> bool {
+    rest_capture(path).is_some_and(|i| scope.ends_with_capture(i))
+}
+
 /// Do two routes fence every path they share alike? Both pass-through, or both fenced
 /// with one path template and one scope template (captures may be named differently).
 fn fenced_alike(a: &Route, b: &Route) -> bool {
@@ -596,7 +663,7 @@ fn fenced_alike(a: &Route, b: &Route) -> bool {
         }
         // An S3 route reads what names objects outside the path; another route does not.
         _ => false,
-    };
+    } && (a.api == Api::Webdav) == (b.api == Api::Webdav);
     match (a.fenced, b.fenced) {
         (false, false) => true,
         (true, true) => same_api && a.path.same_shape(&b.path) && a.scope.renders_like(&b.scope),
@@ -794,14 +861,41 @@ fn parse_route(
         None => Api::Unspecified,
         Some("plain") => Api::Plain,
         Some("s3") => Api::S3(s3_api(&raw, template.as_ref(), fenced, path, errors)),
+        Some("webdav") => {
+            webdav_api(
+                &raw,
+                template.as_ref(),
+                scope.as_ref(),
+                fenced,
+                path,
+                errors,
+            );
+            Api::Webdav
+        }
         Some(other) => {
             errors.push(
                 format!("{path}.api"),
-                format!("`{other}`: expected \"s3\" or \"plain\""),
+                format!("`{other}`: expected \"s3\", \"webdav\" or \"plain\""),
             );
             Api::Unspecified
         }
     };
+    // One scope per object of a tree: what a request changes beyond its path depends on
+    // the backend's API (SPEC §16), so the route says which.
+    if fenced
+        && api == Api::Unspecified
+        && raw.api.is_none()
+        && let (Some(t), Some(s)) = (&template, &scope)
+        && ends_with_rest(t, s)
+    {
+        errors.push(
+            format!("{path}.api"),
+            "missing: the scope ends with the path's `{*name}` capture (one scope per \
+             object of a tree), so say what the backend's API is: \"webdav\" (a DELETE, \
+             MOVE or COPY of a collection changes every object beneath it, and is checked), \
+             \"s3\", or \"plain\" (every request changes only the resource its path names)",
+        );
+    }
     if !matches!(api, Api::S3(_)) {
         for (key, set) in [
             ("virtual_host_domain", raw.virtual_host_domain.is_some()),
@@ -972,6 +1066,7 @@ scope = "plain"
 upstream = "objects"
 [[route]]
 name = "s3"
+api = "plain"
 path = "/{bucket}/{*key}"
 scope = "object/{bucket}/{key}"
 upstream = "objects"
@@ -1050,6 +1145,75 @@ path = "/{bucket}/{*key}"
 scope = "object/{bucket}/{key}"
 upstream = "objects"
 "#;
+
+    /// A route whose scope ends with its `{*name}` capture says what its backend's API is,
+    /// and an `api = "webdav"` route is one whose collections can be checked (SPEC §16).
+    #[test]
+    fn webdav_routes_and_trees_that_say_their_api() {
+        let base = |route: &str| {
+            format!(
+                "[server]\nlisten = \"127.0.0.1:8080\"\n[store]\npath = \"m.redb\"\n\
+                 [[upstream]]\nname = \"dav\"\nurl = \"http://127.0.0.1:9000\"\n\
+                 [[route]]\nname = \"files\"\nupstream = \"dav\"\n{route}"
+            )
+        };
+        let parse = |route: &str| Config::parse(&base(route), Path::new("."));
+        let refused = |route: &str, path: &str, says: &str| {
+            let errs = parse(route).unwrap_err().0;
+            assert!(
+                errs.iter()
+                    .any(|e| e.path == path && e.message.contains(says)),
+                "{route}: {says}: {errs:?}"
+            );
+        };
+        let per_file = "path = \"/files/{*p}\"\nscope = \"file/{p}\"\n";
+        refused(per_file, "route[0].api", "say what the backend's API is");
+        for api in ["plain", "s3\"\nhost = \"s3.test"] {
+            let route = format!("{per_file}api = \"{api}\"\n");
+            if api == "plain" {
+                let c = parse(&route).expect("plain");
+                assert!(!c.routes[0].fences_trees());
+            } else {
+                // Says its API; what S3 needs besides is checked by `s3_routes`.
+                assert!(parse(&route).is_err_and(|e| e.0.iter().all(|e| e.path != "route[0].api")));
+            }
+        }
+        let dav = format!("{per_file}api = \"webdav\"\n");
+        let c = parse(&dav).expect("webdav");
+        assert!(c.routes[0].fences_trees());
+        assert!(c.describe().contains("api webdav"), "{}", c.describe());
+        // One scope for a whole tree: no API needed, and a WebDAV route has nothing to check.
+        let tree = "path = \"/t/{top}/{*p}\"\nscope = \"tree/{top}\"\n";
+        parse(tree).expect("one scope per tree");
+        let c = parse(&format!("{tree}api = \"webdav\"\n")).expect("webdav tree");
+        assert!(!c.routes[0].fences_trees());
+        refused(
+            &format!("{dav}fenced = false\n"),
+            "route[0].fenced",
+            "is fenced",
+        );
+        refused(
+            &format!("{dav}methods = [\"PUT\", \"DELETE\", \"COPY\"]\n"),
+            "route[0].methods",
+            "leaves out MOVE",
+        );
+        parse(&format!(
+            "{dav}methods = [\"PUT\", \"DELETE\", \"COPY\", \"MOVE\"]\n"
+        ))
+        .expect("a list with the collection methods");
+        refused(
+            "path = \"/files/{*p}\"\nscope = \"file/{p}/v\"\napi = \"webdav\"\n",
+            "route[0].scope",
+            "ends with the `{*name}` capture",
+        );
+        // A pass-through route needs no API.
+        parse("path = \"/files/{*p}\"\nfenced = false\n").expect("pass-through");
+        // A WebDAV route and another route that share paths do not fence them alike.
+        let twin = base(&format!(
+            "{dav}host = \"a.test\"\n[[route]]\nname = \"twin\"\nupstream = \"dav\"\nhost = \"b.test\"\n{per_file}api = \"plain\"\n"
+        ));
+        assert!(Config::parse(&twin, Path::new(".")).is_err(), "{twin}");
+    }
 
     /// What an `api = "s3"` route needs (SPEC §15), each refusal at its key.
     #[test]
@@ -1142,7 +1306,7 @@ upstream = "objects"
             Some("s3.example.com:9000")
         );
         refused(
-            S3.replace("api = \"s3\"", "api = \"webdav\""),
+            S3.replace("api = \"s3\"", "api = \"ftp\""),
             "route[0].api",
             "expected",
         );

@@ -361,6 +361,7 @@ pub(crate) async fn check(
         sequence,
         proof,
         upload,
+        tree,
     } = match classified? {
         Classified::Unfenced(plan) => return Ok(plan),
         Classified::Fenced(fenced) => fenced,
@@ -436,6 +437,14 @@ pub(crate) async fn check(
         }
         _ => {}
     }
+    // A DELETE, MOVE or COPY that may change a collection's members (SPEC §16): refused
+    // while a scope beneath its own holds a mark, and holding that tree (against new
+    // marks there) until its upstream exchange is over.
+    let tree = if tree {
+        Some(check_tree(gates, idx, &scope, token, placement.is_some())?)
+    } else {
+        None
+    };
     let proof = proof.as_ref().map(|v| Proof {
         keys: &config.fencing.proof_keys,
         bytes: v.as_bytes(),
@@ -448,16 +457,63 @@ pub(crate) async fn check(
         Err(refusal) => return Err((Some(idx), refused(refusal, scope, token, sequence))),
     };
     let stop = placement.and_then(|p| p.stop(&scope));
+    let mut guard = admission.guard;
+    if let Some(hold) = tree {
+        guard.hold_tree(hold);
+    }
     Ok(Plan {
         route: idx,
         op,
-        guard: Some(admission.guard),
+        guard: Some(guard),
         scope: Some(scope),
         token: Some(token),
         hop: None,
         stop,
         record_upload: upload == Some(s3::upload::Upload::Creates),
     })
+}
+
+/// Holds the tree beneath `scope` for a request that may change a collection's members,
+/// then refuses it `multi_scope` if any scope beneath holds a mark: those objects are
+/// fenced by tokens of their own, which this request does not carry. In a cluster the
+/// marks are spread over the instances (and `check-config` refuses such a route there).
+fn check_tree(
+    gates: &Gates,
+    idx: usize,
+    scope: &str,
+    token: Token,
+    clustered: bool,
+) -> Result<crate::fence::TreeHold, (Option<usize>, Outcome)> {
+    let hold = gates.hold_tree(scope);
+    let beneath = if clustered {
+        Some("(marks held by other instances)".to_string())
+    } else {
+        gates
+            .store()
+            .marked_beneath(&format!("{scope}/"), false, "")
+            .map_err(|_| {
+                (
+                    Some(idx),
+                    Outcome::Unavailable {
+                        scope: scope.to_string(),
+                        token,
+                    },
+                )
+            })?
+    };
+    match beneath {
+        None => Ok(hold),
+        Some(other) => Err((
+            Some(idx),
+            Outcome::FencedBeneath {
+                scope: scope.to_string(),
+                token,
+                detail: format!(
+                    "this request may change the members of the collection {scope}, and one is fenced under a scope of its own ({other})"
+                ),
+            },
+        )),
+    }
 }
 
 /// Refuses a request that names an upload id not recorded for its scope: one created for

@@ -125,6 +125,14 @@ pub enum Outcome {
     MultiScope {
         detail: String,
     },
+    /// A DELETE, MOVE or COPY that may change a collection's members while one of them is
+    /// fenced under a scope of its own (SPEC §16): answered 409, as the collection's
+    /// state (members fenced by other locks) is what conflicts.
+    FencedBeneath {
+        scope: String,
+        token: Token,
+        detail: String,
+    },
     /// A change the route has no scope to fence (SPEC §15: a request on an S3 bucket
     /// without `bucket_scope`): refused, never passed unfenced.
     UnfencedOperation {
@@ -164,7 +172,7 @@ impl Outcome {
             Outcome::InProgress { .. } => "in_progress",
             Outcome::KeyReused { .. } => "key_reused",
             Outcome::OutcomeUnknown { .. } => "outcome_unknown",
-            Outcome::MultiScope { .. } => "multi_scope",
+            Outcome::MultiScope { .. } | Outcome::FencedBeneath { .. } => "multi_scope",
             Outcome::UnfencedOperation { .. } => "unfenced_operation",
             Outcome::MalformedBody { .. } => "invalid_request",
             Outcome::UnknownUpload { .. } => "unknown_upload",
@@ -175,7 +183,8 @@ impl Outcome {
         match self {
             Outcome::Stale { .. }
             | Outcome::StaleSequence { .. }
-            | Outcome::ScopeMismatch { .. } => StatusCode::CONFLICT,
+            | Outcome::ScopeMismatch { .. }
+            | Outcome::FencedBeneath { .. } => StatusCode::CONFLICT,
             Outcome::MissingToken { .. } => StatusCode::PRECONDITION_REQUIRED,
             Outcome::InvalidToken { .. }
             | Outcome::InvalidPath { .. }
@@ -222,6 +231,9 @@ impl Outcome {
             }
             Outcome::UnfencedOperation { detail } => {
                 format!("No scope of this route fences this request: {detail}").into()
+            }
+            Outcome::FencedBeneath { detail, .. } => {
+                format!("The request changes objects of more than one scope: {detail}").into()
             }
             Outcome::UnknownUpload { detail, .. } => {
                 format!("No such multipart upload in this scope: {detail}").into()
@@ -289,7 +301,8 @@ impl Outcome {
             | Outcome::InProgress { scope, token }
             | Outcome::KeyReused { scope, token }
             | Outcome::OutcomeUnknown { scope, token }
-            | Outcome::InvalidProof { scope, token, .. } => (Some(scope), Some(token), None),
+            | Outcome::InvalidProof { scope, token, .. }
+            | Outcome::FencedBeneath { scope, token, .. } => (Some(scope), Some(token), None),
             Outcome::MissingToken { scope }
             | Outcome::InvalidToken { scope, .. }
             | Outcome::UnknownUpload { scope, .. } => (Some(scope), None, None),
@@ -339,6 +352,7 @@ impl Outcome {
             Outcome::KeyReused { .. } => "IdempotencyKeyReused",
             Outcome::OutcomeUnknown { .. } => "IdempotencyOutcomeUnknown",
             Outcome::MultiScope { .. } => "MultiScope",
+            Outcome::FencedBeneath { .. } => "MembersFencedBeneath",
             Outcome::UnfencedOperation { .. } => "UnfencedOperation",
             Outcome::MalformedBody { code, .. } => code,
             // S3's own: the SDKs know it.
@@ -645,6 +659,11 @@ mod s3_tests {
                 scope: scope(),
                 detail: "x".into(),
             },
+            Outcome::FencedBeneath {
+                scope: scope(),
+                token,
+                detail: "x".into(),
+            },
         ]
     }
 
@@ -672,6 +691,7 @@ mod s3_tests {
             Outcome::UnfencedOperation { .. } => 19,
             Outcome::MalformedBody { .. } => 20,
             Outcome::UnknownUpload { .. } => 21,
+            Outcome::FencedBeneath { .. } => 22,
         }
     }
 
@@ -699,7 +719,7 @@ mod s3_tests {
     #[test]
     fn every_outcome_is_listed_once() {
         let seen: std::collections::BTreeSet<usize> = every_outcome().iter().map(variant).collect();
-        assert_eq!(seen, (0..22).collect());
+        assert_eq!(seen, (0..23).collect());
     }
 
     #[tokio::test]

@@ -240,6 +240,7 @@ distinct_hosts = true
 [[route]]
 name = "files"
 host = "files.internal"
+api = "plain"
 path = "/{{*k}}"
 scope = "f/{{k}}"
 upstream = "u"

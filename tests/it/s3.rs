@@ -327,6 +327,7 @@ name = "u"
 url = "http://{}"
 [[route]]
 name = "xml"
+api = "plain"
 path = "/xml/{{bucket}}/{{*key}}"
 scope = "xml/{{key}}"
 upstream = "u"
@@ -339,6 +340,7 @@ fenced = false
 errors = "s3"
 [[route]]
 name = "json"
+api = "plain"
 path = "/json/{{bucket}}/{{*key}}"
 scope = "json/{{key}}"
 upstream = "u"
