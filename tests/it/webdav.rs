@@ -93,3 +93,179 @@ upstream = "dav"
     // (nginx answers a copy onto itself 500; what matters is that it was forwarded.)
     assert_eq!(ok.result(), "accepted", "{ok:?}");
 }
+
+/// The routes of the collection tests: one scope per file (`files`), and one scope per
+/// top-level tree (`trees`), both `api = "webdav"`, to `url`.
+fn collection_routes(url: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+settle = "0s"
+[[upstream]]
+name = "dav"
+url = "{url}"
+[[route]]
+name = "files"
+api = "webdav"
+path = "/files/{{*path}}"
+scope = "file/{{path}}"
+upstream = "dav"
+[[route]]
+name = "trees"
+api = "webdav"
+path = "/trees/{{top}}/{{*rest}}"
+scope = "tree/{{top}}"
+upstream = "dav"
+"#
+    )
+}
+
+/// What each WebDAV server under test must show (SPEC §16): with one scope per file, a
+/// DELETE, MOVE or COPY of a collection whose member is fenced under its own scope is
+/// refused 409 `multi_scope` whatever its token or spelling, and the member stays; a
+/// collection with no fenced member, and every collection operation within one scope
+/// (one scope per tree), passes with the current token. `on_disk(path)` reads a file of
+/// the server's root; the root holds the directories `files` and `trees/a`.
+async fn collections_are_fenced_with_their_members(
+    c: &Client,
+    on_disk: &dyn Fn(&str) -> Option<Vec<u8>>,
+) {
+    let send = |method: &'static str, path: &'static str, headers: &'static [(&str, &str)]| {
+        c.send(method, path, headers, "")
+    };
+    // B holds q4/final at token 6.
+    let made = send("MKCOL", "/files/q4/", &[("fencing-token", "1")]).await;
+    assert_eq!(made.status, 201, "{made:?}");
+    let put = c
+        .send("PUT", "/files/q4/final", &[("fencing-token", "6")], "six")
+        .await;
+    assert!(matches!(put.status, 201 | 204), "{put:?}");
+    // A, with token 5: its DELETE of the file is stale, and the collection is a new scope.
+    let stale = send("DELETE", "/files/q4/final", &[("fencing-token", "5")]).await;
+    assert_eq!(
+        (stale.status, stale.result()),
+        (409, "stale_fence"),
+        "{stale:?}"
+    );
+    for (method, path, headers) in [
+        ("DELETE", "/files/q4/", &[("fencing-token", "5")][..]),
+        ("DELETE", "/files/q4", &[("fencing-token", "5")]),
+        ("DELETE", "/files/q4/", &[("fencing-token", "6")]),
+        ("DELETE", "/files/q%34/", &[("fencing-token", "5")]),
+        ("delete", "/files/q4/", &[("fencing-token", "5")]),
+        ("BDELETE", "/files/q4/", &[("fencing-token", "5")]),
+        (
+            "DELETE",
+            "/files/q4/",
+            &[("fencing-token", "5"), ("depth", "0")],
+        ),
+        (
+            "MOVE",
+            "/files/q4/",
+            &[("fencing-token", "5"), ("destination", "/files/q4")],
+        ),
+        (
+            "COPY",
+            "/files/q4",
+            &[
+                ("fencing-token", "5"),
+                ("destination", "/files/q4/"),
+                ("overwrite", "T"),
+            ],
+        ),
+        (
+            "COPY",
+            "/files/q4",
+            &[
+                ("fencing-token", "5"),
+                ("destination", "/files/q4/"),
+                ("overwrite", "F"),
+            ],
+        ),
+    ] {
+        let resp = c.send(method, path, headers, "").await;
+        assert_eq!(
+            (resp.status, resp.result()),
+            (409, "multi_scope"),
+            "{method} {path} {headers:?}: {resp:?}"
+        );
+        assert!(resp.body.contains("file/q4/final"), "{}", resp.body);
+    }
+    // Onto the collection from another scope: refused by the one-scope rule.
+    let made = send("MKCOL", "/files/q3/", &[("fencing-token", "1")]).await;
+    assert_eq!(made.status, 201, "{made:?}");
+    for method in ["MOVE", "COPY"] {
+        let resp = c
+            .send(
+                method,
+                "/files/q3/",
+                &[
+                    ("fencing-token", "1"),
+                    ("destination", "/files/q4/"),
+                    ("overwrite", "T"),
+                ],
+                "",
+            )
+            .await;
+        assert_eq!(resp.status, 400, "{method}: {resp:?}");
+        assert_eq!(resp.result(), "invalid_request", "{method}");
+    }
+    assert_eq!(
+        on_disk("files/q4/final").as_deref(),
+        Some(&b"six"[..]),
+        "the fenced file is intact"
+    );
+    // A collection none of whose members is fenced apart is one scope's: it goes.
+    let gone = send("DELETE", "/files/q3/", &[("fencing-token", "1")]).await;
+    assert_eq!(gone.result(), "accepted", "{gone:?}");
+    assert!(matches!(gone.status, 200 | 204), "{gone:?}");
+    // One scope per tree: the same operations pass with the current token.
+    let made = send("MKCOL", "/trees/a/x/", &[("fencing-token", "3")]).await;
+    assert_eq!(made.status, 201, "{made:?}");
+    let put = c
+        .send("PUT", "/trees/a/x/y", &[("fencing-token", "3")], "why")
+        .await;
+    assert!(matches!(put.status, 201 | 204), "{put:?}");
+    for (method, path, dest) in [
+        ("COPY", "/trees/a/x/", "/trees/a/z/"),
+        ("MOVE", "/trees/a/z/", "/trees/a/w/"),
+    ] {
+        let resp = c
+            .send(
+                method,
+                path,
+                &[("fencing-token", "3"), ("destination", dest)],
+                "",
+            )
+            .await;
+        assert_eq!(resp.result(), "accepted", "{method}: {resp:?}");
+        assert!(matches!(resp.status, 201 | 204), "{method}: {resp:?}");
+    }
+    assert_eq!(on_disk("trees/a/w/y").as_deref(), Some(&b"why"[..]));
+    let gone = send("DELETE", "/trees/a/x/", &[("fencing-token", "3")]).await;
+    assert!(matches!(gone.status, 200 | 204), "{gone:?}");
+    assert_eq!(on_disk("trees/a/x/y"), None, "deleted with its collection");
+    let stale = send("DELETE", "/trees/a/w/", &[("fencing-token", "2")]).await;
+    assert_eq!(stale.result(), "stale_fence", "{stale:?}");
+    assert_eq!(on_disk("trees/a/w/y").as_deref(), Some(&b"why"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_collections_are_fenced_with_their_members() {
+    let dav = Nginx::webdav().expect("nginx with WebDAV");
+    let dir = tempfile::tempdir().expect("dir");
+    let text = collection_routes(&format!("http://{}", dav.addr()));
+    let proxy = support::start_text(&text, dir.path()).await;
+    let c = Client::new(proxy.proxy_addr);
+    let root = dav.root().to_path_buf();
+    for d in ["files", "trees/a"] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    collections_are_fenced_with_their_members(&c, &|p| std::fs::read(root.join(p)).ok()).await;
+}
