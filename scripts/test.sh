@@ -14,7 +14,8 @@
 # they embed are checked with `fencegate check-config` (openssl makes stand-ins for the
 # files they name on Secrets). The S3 dialect's tests need s3s-fs (cargo install, into
 # target/s3s-fs), boto3 and, for the S3 compatibility suite, pytest (pip, into another
-# virtualenv under target/).
+# virtualenv under target/). The WebDAV tests run wsgidav (pip, into target/dav-venv)
+# beside nginx, and the litmus suite and rclone (apt) through an api = "webdav" route.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+command -v litmus >/dev/null 2>&1 || missing+=(litmus)
+command -v rclone >/dev/null 2>&1 || missing+=(rclone)
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then
@@ -90,6 +93,16 @@ if ! "$s3venv/bin/python" -c 'import pytest, munch, isodate, pytz, requests' >/d
     echo "==> installing pytest and what s3-tests imports (pip, into $s3venv)"
     "$s3venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         -r tests/s3-compat/requirements.txt
+fi
+
+# The WebDAV tests' second server (tests/it/webdav.rs), beside nginx's WebDAV module.
+davvenv=target/dav-venv
+if ! "$davvenv/bin/wsgidav" --version >/dev/null 2>&1; then
+    echo "==> installing wsgidav (pip, into $davvenv)"
+    mkdir -p target
+    python3 -m venv "$davvenv"
+    "$davvenv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        'wsgidav==4.4.0' 'cheroot==11.1.2'
 fi
 
 echo "==> cargo test --all-targets --features etcd $*"

@@ -3,7 +3,60 @@
 //! the fence routed (a raw `#`, which `http::Uri` drops and nginx keeps; a query; an
 //! escaped `#`, `?` or `;`) is refused, and the fenced file it named stays as it was.
 
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::s3::tool;
 use crate::support::{self, Client, nginx::Nginx};
+
+/// A wsgidav process (pip, in the virtualenv `target/dav-venv` that `scripts/test.sh`
+/// makes) serving a temporary root on loopback, anonymous, with its default filesystem
+/// provider and lock manager; killed on drop.
+pub(super) struct WsgiDav {
+    child: Child,
+    pub(super) addr: SocketAddr,
+    pub(super) root: tempfile::TempDir,
+}
+
+impl WsgiDav {
+    pub(super) fn start() -> WsgiDav {
+        let bin = tool("dav-venv/bin/wsgidav", "wsgidav");
+        let root = tempfile::tempdir().expect("wsgidav root");
+        let port = support::free_port();
+        let child = Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--auth", "anonymous", "--no-config", "-q"])
+            .arg("--root")
+            .arg(root.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn wsgidav");
+        let mut server = WsgiDav {
+            child,
+            addr: ([127, 0, 0, 1], port).into(),
+            root,
+        };
+        let deadline = Instant::now() + support::BOUND;
+        while std::net::TcpStream::connect(server.addr).is_err() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("wsgidav exited before listening: {status}");
+            }
+            assert!(Instant::now() < deadline, "wsgidav did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+}
+
+impl Drop for WsgiDav {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_that_nginx_reads_another_way_is_refused() {
@@ -264,6 +317,20 @@ async fn nginx_collections_are_fenced_with_their_members() {
     let proxy = support::start_text(&text, dir.path()).await;
     let c = Client::new(proxy.proxy_addr);
     let root = dav.root().to_path_buf();
+    for d in ["files", "trees/a"] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    collections_are_fenced_with_their_members(&c, &|p| std::fs::read(root.join(p)).ok()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wsgidav_collections_are_fenced_with_their_members() {
+    let dav = WsgiDav::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let text = collection_routes(&format!("http://{}", dav.addr));
+    let proxy = support::start_text(&text, dir.path()).await;
+    let c = Client::new(proxy.proxy_addr);
+    let root = dav.root.path().to_path_buf();
     for d in ["files", "trees/a"] {
         std::fs::create_dir_all(root.join(d)).expect("mkdir");
     }
