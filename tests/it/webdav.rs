@@ -307,6 +307,13 @@ async fn collections_are_fenced_with_their_members(
     let stale = send("DELETE", "/trees/a/w/", &[("fencing-token", "2")]).await;
     assert_eq!(stale.result(), "stale_fence", "{stale:?}");
     assert_eq!(on_disk("trees/a/w/y").as_deref(), Some(&b"why"[..]));
+    // Scopes are case-sensitive: so must the server be (it is, on a Linux filesystem).
+    for (path, body) in [("/files/Case", "upper"), ("/files/case", "lower")] {
+        let put = c.send("PUT", path, &[("fencing-token", "1")], body).await;
+        assert!(matches!(put.status, 201 | 204), "{path}: {put:?}");
+    }
+    assert_eq!(on_disk("files/Case").as_deref(), Some(&b"upper"[..]));
+    assert_eq!(on_disk("files/case").as_deref(), Some(&b"lower"[..]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
