@@ -713,8 +713,8 @@ idempotency = "optional"
 
     /// A good `[cluster]` loads in a build with etcd (its secret read, only its digest
     /// kept), and is refused where a cluster would break its promises: idempotency records
-    /// are one instance's, a local authority's epochs one instance's file, and the peer
-    /// listener must be its own. A build without etcd refuses the table by name.
+    /// are one instance's, so is a WebDAV collection's view of the marks beneath it, a
+    /// local authority's epochs one instance's file, and the peer listener must be its own. A build without etcd refuses the table by name.
     #[test]
     fn a_cluster_table_loads_with_its_limits() {
         let dir = tempfile::tempdir().expect("dir");
@@ -752,6 +752,18 @@ idempotency = "optional"
                 "upstream = \"objects\"\nidempotency = \"optional\"",
             );
             errors_at(&idem, &["route[0].idempotency"]);
+            // A WebDAV route with one scope per object: its collections' check reads the
+            // marks beneath a scope, spread over the instances. One scope per tree is fine.
+            let dav = text.replace(
+                "scope = \"report/{report}\"",
+                "scope = \"report/{report}/{rest}\"\napi = \"webdav\"",
+            );
+            errors_at(&dav, &["route[0].api"]);
+            let tree = text.replace(
+                "scope = \"report/{report}\"",
+                "scope = \"report/{report}\"\napi = \"webdav\"",
+            );
+            Config::parse(&tree, Path::new(".")).expect("one scope per tree in a cluster");
             let shared = text.replace("127.0.0.1:7401", "127.0.0.1:8080");
             errors_at(&shared, &["cluster.peer_listen"]);
             let anywhere = text.replace("127.0.0.1:7401", "0.0.0.0:7401");
