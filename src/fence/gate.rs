@@ -255,7 +255,7 @@ impl InflightGuard {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        if let Some(tree) = self.tree.take() {
+        if let Some(mut tree) = self.tree.take() {
             tree.release(self.completed, self.settle);
         }
         let mut st = self.gate.lock();
@@ -392,7 +392,7 @@ pub struct TreeHold {
 impl TreeHold {
     /// Released by the request's guard: at once if the upstream answered, else held
     /// until the scope has settled.
-    fn release(mut self: Box<Self>, completed: bool, settle: Duration) {
+    fn release(&mut self, completed: bool, settle: Duration) {
         self.until = (!completed).then(|| Instant::now() + settle);
     }
 }
