@@ -14,6 +14,10 @@
 //! - `marks`: one group commit of N concurrent advances (N = 1, 64, 512) through the
 //!   writer thread to a redb file on disk, opened as fencegate opens it: the
 //!   fsync-bound cost of W2, and how it grows with the batch.
+//! - `beneath`: `MarkStore::marked_beneath`, the check of a WebDAV collection's DELETE,
+//!   MOVE or COPY (SPEC §16), over 100,000 marks in redb, with the journal's pending
+//!   advances empty and full (16,384 scopes, as W2's churn leaves it just before a
+//!   checkpoint), for a collection with a marked member and one without.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -299,5 +303,71 @@ fn marks(c: &mut Criterion) {
     rt.block_on(store.close());
 }
 
-criterion_group!(benches, token, routing, policy, gate, marks);
+/// `marked_beneath` over 100,000 marks in redb (`file/d{i % 1000}/f{i}`), the journal's
+/// pending advances empty, then full.
+fn beneath(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = MarkStore::open(&dir.path().join("marks.redb")).expect("store");
+    let advance_all = |names: Vec<Arc<str>>| {
+        rt.block_on(async {
+            for chunk in names.chunks(512) {
+                let tasks: Vec<_> = chunk
+                    .iter()
+                    .map(|s| {
+                        let (store, s) = (store.clone(), s.clone());
+                        tokio::spawn(async move { store.advance(s, Token::new(0, 1)).await })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.expect("task").expect("advance");
+                }
+            }
+        })
+    };
+    advance_all(
+        (0..100_000)
+            .map(|i| Arc::from(format!("file/d{}/f{i}", i % 1000)))
+            .collect(),
+    );
+    rt.block_on(store.checkpoint()).expect("checkpoint");
+    let mut g = c.benchmark_group("beneath");
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
+    let run = |g: &mut criterion::BenchmarkGroup<'_, _>, pending: &str| {
+        g.bench_function(format!("marked_member/pending_{pending}"), |b| {
+            b.iter(|| {
+                store
+                    .marked_beneath(black_box("file/d42/"), false, "")
+                    .expect("read")
+                    .expect("a member")
+            })
+        });
+        g.bench_function(format!("no_member/pending_{pending}"), |b| {
+            b.iter(|| {
+                assert!(
+                    store
+                        .marked_beneath(black_box("file/e42/"), false, "")
+                        .expect("read")
+                        .is_none()
+                )
+            })
+        });
+    };
+    run(&mut g, "empty");
+    // Just under the checkpoint's threshold: every one stays pending.
+    advance_all(
+        (0..16_000)
+            .map(|i| Arc::from(format!("other/p{i}")))
+            .collect(),
+    );
+    run(&mut g, "full");
+    g.finish();
+    rt.block_on(store.close());
+}
+
+criterion_group!(benches, token, routing, policy, gate, marks, beneath);
 criterion_main!(benches);

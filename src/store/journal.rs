@@ -22,7 +22,7 @@
 //! after each checkpoint, cut back to [`JOURNAL_BYTES`] only when a batch made it longer).
 //! The check is the first 8 bytes of SHA-256.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use redb::StorageBackend;
@@ -107,8 +107,9 @@ pub struct Journal {
     buf: Vec<u8>,
 }
 
-/// Advances read back from a journal: the highest mark per scope.
-pub type Pending = HashMap<Arc<str>, Mark>;
+/// Advances read back from a journal: the highest mark per scope, ordered (the scopes
+/// beneath a WebDAV collection's are one range of it).
+pub type Pending = BTreeMap<Arc<str>, Mark>;
 
 impl Journal {
     /// Reads every whole record of the current generation. The journal is then ready for

@@ -427,12 +427,18 @@ impl MarkStore {
                     s.starts_with(prefix)
                 }
         };
+        // Ordered: the scopes that start with `prefix` are one range of the map.
         let pending = self
             .inner
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .keys()
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .map(|(s, _)| s)
+            .take_while(|s| s.starts_with(prefix))
             .find(|s| matches(s))
             .map(|s| s.to_string());
         if pending.is_some() {

@@ -343,3 +343,237 @@ async fn wsgidav_collections_are_fenced_with_their_members() {
     }
     collections_are_fenced_with_their_members(&c, &|p| std::fs::read(root.join(p)).ok()).await;
 }
+
+/// litmus's suites, each run against a fresh base collection of its own (a suite ends by
+/// deleting its `litmus/` collection, which a route with one scope per file refuses once
+/// a member was fenced, and the next suite begins by creating it).
+const LITMUS_SUITES: [&str; 5] = ["basic", "copymove", "props", "locks", "http"];
+
+/// Where litmus through an `api = "webdav"` route with one scope per file (each request
+/// with token 1) differs from litmus straight to the server: (server, suite, test, why).
+/// A test that fails through the fence and passes directly, or the other way round, must
+/// be here, and everything here must differ.
+const LITMUS_DIFFERENCES: [(&str, &str, &str, &str); 10] = [
+    ("wsgidav", "copymove", "copy_simple", CROSS_SCOPE),
+    ("wsgidav", "copymove", "copy_overwrite", CROSS_SCOPE),
+    ("wsgidav", "copymove", "copy_coll", CROSS_SCOPE),
+    ("wsgidav", "copymove", "copy_shallow", COLLECTION_KEPT),
+    ("wsgidav", "copymove", "move", CROSS_SCOPE),
+    ("wsgidav", "copymove", "move_coll", CROSS_SCOPE),
+    ("wsgidav", "locks", "copy", CROSS_SCOPE),
+    ("nginx", "copymove", "copy_simple", CROSS_SCOPE),
+    ("nginx", "copymove", "copy_coll", CROSS_SCOPE),
+    ("nginx", "copymove", "copy_shallow", COLLECTION_KEPT),
+];
+const CROSS_SCOPE: &str =
+    "a COPY or MOVE to another name is another scope with one scope per file: 400 invalid_request";
+const COLLECTION_KEPT: &str = "its MKCOL finds the collection copy_coll left: that test's DELETE of it was refused 409 multi_scope (a member was fenced apart)";
+
+/// The names of the tests litmus reports as failed in `out`. A test's line is
+/// `  7. copy_coll.............  7. copy_coll............. FAIL (...)`; after a warning its
+/// FAIL may come on a line of its own (`    ...... FAIL (...)`), which is the last
+/// named test's.
+fn litmus_failures(out: &str) -> std::collections::BTreeSet<String> {
+    let mut failed = std::collections::BTreeSet::new();
+    let mut current: Option<String> = None;
+    for line in out.lines() {
+        let at = line.find(" FAIL");
+        let words: Vec<&str> = line[..at.unwrap_or(line.len())]
+            .split_whitespace()
+            .collect();
+        let numbered = |w: &&str| {
+            w.len() > 1 && w.ends_with('.') && w[..w.len() - 1].bytes().all(|b| b.is_ascii_digit())
+        };
+        if let Some(i) = words.iter().rposition(numbered)
+            && let Some(name) = words.get(i + 1)
+        {
+            current = Some(name.trim_end_matches('.').to_string());
+        }
+        if at.is_some()
+            && let Some(name) = &current
+        {
+            failed.insert(name.clone());
+        }
+    }
+    failed
+}
+
+/// Runs litmus's `suite` against `url` (bounded by coreutils `timeout`); what it printed.
+/// litmus writes `debug.log` and `child.log` where it runs: in a directory of its own.
+async fn litmus(url: String, suite: &'static str) -> String {
+    tokio::task::spawn_blocking(move || {
+        let here = tempfile::tempdir().expect("litmus's directory");
+        let out = Command::new("timeout")
+            .args(["120", "litmus", &url])
+            .current_dir(here.path())
+            .env("TESTS", suite)
+            .stdin(Stdio::null())
+            .output()
+            .expect("litmus (apt-get install litmus; scripts/test.sh installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            text.contains(&format!("summary for `{suite}'")),
+            "litmus {suite} at {url} did not finish: {text}"
+        );
+        text
+    })
+    .await
+    .expect("litmus task")
+}
+
+/// litmus straight to `server` at `backend`, and through fencegate's `api = "webdav"`
+/// route with one scope per file (token 1 on every request, added by an nginx in front,
+/// as litmus cannot add a header): every difference is listed, with its reason, in
+/// [`LITMUS_DIFFERENCES`]. `root` is the server's document root.
+async fn litmus_differs_only_where_listed(
+    server: &str,
+    backend: SocketAddr,
+    root: &std::path::Path,
+) {
+    let dir = tempfile::tempdir().expect("dir");
+    let text = collection_routes(&format!("http://{backend}"));
+    let proxy = support::start_text(&text, dir.path()).await;
+    let front = Nginx::token_front(proxy.proxy_addr.port(), 1).expect("nginx in front");
+    let mut found = Vec::new();
+    for suite in LITMUS_SUITES {
+        let (direct, fenced) = (format!("{suite}-direct"), format!("{suite}-fenced"));
+        for d in [&direct, &fenced] {
+            std::fs::create_dir_all(root.join("files").join(d)).expect("base collection");
+        }
+        let direct = litmus(format!("http://{backend}/files/{direct}/"), suite).await;
+        let fenced = litmus(format!("http://{}/files/{fenced}/", front.addr()), suite).await;
+        let (direct, fenced) = (litmus_failures(&direct), litmus_failures(&fenced));
+        for test in direct.symmetric_difference(&fenced) {
+            found.push((suite.to_string(), test.clone()));
+        }
+    }
+    let mut want: Vec<(String, String)> = LITMUS_DIFFERENCES
+        .iter()
+        .filter(|(s, ..)| *s == server)
+        .map(|(_, suite, test, _)| (suite.to_string(), test.to_string()))
+        .collect();
+    found.sort();
+    want.sort();
+    assert_eq!(
+        found, want,
+        "{server}: litmus through the fence vs directly"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn litmus_through_a_webdav_route_to_wsgidav() {
+    let dav = WsgiDav::start();
+    let root = dav.root.path().to_path_buf();
+    litmus_differs_only_where_listed("wsgidav", dav.addr, &root).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn litmus_through_a_webdav_route_to_nginx() {
+    let dav = Nginx::webdav().expect("nginx with WebDAV");
+    let root = dav.root().to_path_buf();
+    litmus_differs_only_where_listed("nginx", dav.addr(), &root).await;
+}
+
+/// rclone through an `api = "webdav"` route with one scope per file, token 1 on every
+/// request (`--header`), to wsgidav: sync, check and a move from local files are correct;
+/// what would cross scopes is refused and changes nothing: a server-side move to another
+/// name (400 `invalid_request`), a purge of a directory (409 `multi_scope`), and the
+/// removal of a directory whose files a sync deleted (409 `multi_scope`, which rclone logs
+/// at debug level: the empty directory stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rclone_through_a_webdav_route() {
+    let dav = WsgiDav::start();
+    let root = dav.root.path().to_path_buf();
+    std::fs::create_dir_all(root.join("files")).expect("files");
+    let dir = tempfile::tempdir().expect("dir");
+    let text = collection_routes(&format!("http://{}", dav.addr));
+    let proxy = support::start_text(&text, dir.path()).await;
+    let url = format!("http://{}", proxy.proxy_addr);
+    let local = tempfile::tempdir().expect("local");
+    let src = local.path().join("src");
+    for (path, body) in [("a.txt", "a"), ("sub/b.txt", "b"), ("gone/c.txt", "c")] {
+        let p = src.join(path);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, body).expect("write");
+    }
+    let rclone = move |args: Vec<String>| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new("timeout")
+                .args(["60", "rclone", "--config", "/dev/null", "--retries", "1"])
+                .args(["--webdav-url", &url, "--header", "Fencing-Token: 1"])
+                .args(&args)
+                .stdin(Stdio::null())
+                .output()
+                .expect("rclone (apt-get install rclone; scripts/test.sh installs it)");
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let s = |p: &std::path::Path| p.display().to_string();
+    let remote = ":webdav:/files/r".to_string();
+    let (ok, err) = rclone(vec!["sync".into(), s(&src), remote.clone()])
+        .await
+        .expect("run");
+    assert!(ok, "sync: {err}");
+    assert_eq!(
+        std::fs::read(root.join("files/r/sub/b.txt"))
+            .ok()
+            .as_deref(),
+        Some(&b"b"[..])
+    );
+    let (ok, err) = rclone(vec!["check".into(), s(&src), remote.clone()])
+        .await
+        .expect("run");
+    assert!(ok, "check: {err}");
+    // A directory gone from the source: its file is deleted (its own scope), the
+    // directory's DELETE is refused (a member was fenced apart), and the sync succeeds.
+    std::fs::remove_dir_all(src.join("gone")).expect("rm");
+    let (ok, err) = rclone(vec!["sync".into(), s(&src), remote.clone(), "-vv".into()])
+        .await
+        .expect("run");
+    assert!(ok, "sync: {err}");
+    assert!(err.contains("multi_scope"), "{err}");
+    assert!(!root.join("files/r/gone/c.txt").exists());
+    assert!(root.join("files/r/gone").is_dir(), "the directory stays");
+    let (ok, err) = rclone(vec!["check".into(), s(&src), remote.clone()])
+        .await
+        .expect("run");
+    assert!(ok, "check: {err}");
+    // A server-side move to another name: another scope.
+    let (ok, err) = rclone(vec![
+        "moveto".into(),
+        format!("{remote}/a.txt"),
+        format!("{remote}/a2.txt"),
+    ])
+    .await
+    .expect("run");
+    assert!(!ok && err.contains("invalid_request"), "moveto: {err}");
+    assert!(root.join("files/r/a.txt").is_file() && !root.join("files/r/a2.txt").exists());
+    // A purge: one DELETE of the directory, whose file is fenced apart.
+    let (ok, err) = rclone(vec!["purge".into(), format!("{remote}/sub")])
+        .await
+        .expect("run");
+    assert!(!ok && err.contains("multi_scope"), "purge: {err}");
+    assert_eq!(
+        std::fs::read(root.join("files/r/sub/b.txt"))
+            .ok()
+            .as_deref(),
+        Some(&b"b"[..])
+    );
+    // A move from local files: uploads (each its own scope), then local deletes.
+    let up = local.path().join("up");
+    std::fs::create_dir_all(&up).expect("mkdir");
+    std::fs::write(up.join("m.txt"), "m").expect("write");
+    let (ok, err) = rclone(vec!["move".into(), s(&up), format!("{remote}/up")])
+        .await
+        .expect("run");
+    assert!(ok, "move: {err}");
+    assert_eq!(
+        std::fs::read(root.join("files/r/up/m.txt")).ok().as_deref(),
+        Some(&b"m"[..])
+    );
+    assert!(!up.join("m.txt").exists());
+}

@@ -66,6 +66,12 @@ enum Kind {
     ProxyPass {
         upstream_port: u16,
     },
+    /// A client's stand-in for clients that cannot add a header (litmus): every request
+    /// passed on to `upstream_port` with `Fencing-Token: {token}` and its own Host.
+    TokenFront {
+        upstream_port: u16,
+        token: u64,
+    },
     /// [`Kind::ProxyPass`] behind TLS (and HTTP/2 by ALPN) with this certificate.
     TlsProxyPass {
         upstream_port: u16,
@@ -94,6 +100,19 @@ impl Nginx {
     /// rejects them. Files PUT through it land under [`Nginx::root`].
     pub fn webdav() -> io::Result<Nginx> {
         Self::start(&Kind::WebDav, DEFAULT_WORKERS)
+    }
+
+    /// nginx in front of `upstream_port` adding `Fencing-Token: {token}` to every request
+    /// and passing the client's Host on (so that a WebDAV `Destination` names the host
+    /// the backend sees): for clients that cannot send a header of their own.
+    pub fn token_front(upstream_port: u16, token: u64) -> io::Result<Nginx> {
+        Self::start(
+            &Kind::TokenFront {
+                upstream_port,
+                token,
+            },
+            1,
+        )
     }
 
     /// nginx answering `return 204;` to every request (a null backend to expose proxy overhead).
@@ -476,6 +495,23 @@ fn render_config(
         }
 "
             .to_owned(),
+        ),
+        Kind::TokenFront {
+            upstream_port,
+            token,
+        } => (
+            String::new(),
+            format!(
+                "        location / {{
+            proxy_pass http://127.0.0.1:{upstream_port};
+            proxy_http_version 1.1;
+            proxy_set_header Host $http_host;
+            proxy_set_header Fencing-Token {token};
+            proxy_request_buffering off;
+            client_max_body_size 0;
+        }}
+"
+            ),
         ),
         Kind::ProxyPass { upstream_port } | Kind::TlsProxyPass { upstream_port, .. } => (
             format!(
