@@ -577,3 +577,57 @@ async fn rclone_through_a_webdav_route() {
     );
     assert!(!up.join("m.txt").exists());
 }
+
+/// A collection's DELETE and a new member's PUT at once (SPEC §16): while the DELETE is
+/// at the backend, the PUT is refused 503 `draining` and not forwarded (the DELETE could
+/// remove what it writes); its mark stays, so the collection's next DELETE is refused.
+/// Another collection's member passes meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_member_waits_for_its_collections_delete() {
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let text = collection_routes(&format!("http://{}", double.addr));
+    let proxy = support::start_text(&text, dir.path()).await;
+    let c = Client::new(proxy.proxy_addr);
+    let deleting = {
+        let c = Client::new(proxy.proxy_addr);
+        tokio::spawn(async move {
+            c.send(
+                "DELETE",
+                "/files/q4/",
+                &[("fencing-token", "1"), ("x-test-hold", "delete")],
+                "",
+            )
+            .await
+        })
+    };
+    double.arrived("delete").await;
+    let put = c
+        .send("PUT", "/files/q4/new", &[("fencing-token", "1")], "new")
+        .await;
+    assert_eq!((put.status, put.result()), (503, "draining"), "{put:?}");
+    assert!(put.headers.contains_key("retry-after"), "{put:?}");
+    let other = c
+        .send("PUT", "/files/q5/new", &[("fencing-token", "1")], "new")
+        .await;
+    assert_eq!(other.result(), "accepted", "{other:?}");
+    assert!(
+        !double.seen().iter().any(|s| s.target == "/files/q4/new"),
+        "the refused PUT was not forwarded"
+    );
+    double.release("delete");
+    let deleted = deleting.await.expect("delete task");
+    assert_eq!((deleted.status, deleted.result()), (200, "accepted"));
+    let again = c
+        .send("DELETE", "/files/q4/", &[("fencing-token", "1")], "")
+        .await;
+    assert_eq!(
+        (again.status, again.result()),
+        (409, "multi_scope"),
+        "the refused PUT's mark stays: {again:?}"
+    );
+    let put = c
+        .send("PUT", "/files/q4/new", &[("fencing-token", "1")], "new")
+        .await;
+    assert_eq!(put.result(), "accepted", "{put:?}");
+}
