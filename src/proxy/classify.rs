@@ -210,21 +210,13 @@ pub(crate) fn classify<B>(
     } else {
         Destination::None
     };
-    let into_other = |theirs: &str, ours: Option<&str>| {
-        at(Outcome::InvalidRequest {
-            detail: match ours {
-                Some(ours) => {
-                    format!("Destination is in scope {theirs}, another than the request's ({ours})")
-                }
-                None => format!(
-                    "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
-                ),
-            },
-        })
-    };
     if !route.fenced {
         if let Destination::Scope(theirs) = &destination {
-            return Err(into_other(theirs, None));
+            return Err(at(Outcome::InvalidRequest {
+                detail: format!(
+                    "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
+                ),
+            }));
         }
         return Ok(unfenced());
     }
@@ -374,13 +366,17 @@ fn decide(
     destination: &Destination,
 ) -> Result<Classified, (Option<usize>, Outcome)> {
     let at = |o: Outcome| (Some(idx), o);
+    // Source and destination in two scopes: one request, objects of two locks (SPEC §16,
+    // the one-scope rule of §15). An unfenced request naming a fenced target is malformed.
     let into_other = |theirs: &str, ours: Option<&str>| {
-        at(Outcome::InvalidRequest {
-            detail: match ours {
-                Some(ours) => {
-                    format!("Destination is in scope {theirs}, another than the request's ({ours})")
-                }
-                None => format!(
+        at(match ours {
+            Some(ours) => Outcome::MultiScope {
+                detail: format!(
+                    "Destination is in scope {theirs}, another than the request's ({ours})"
+                ),
+            },
+            None => Outcome::InvalidRequest {
+                detail: format!(
                     "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
                 ),
             },

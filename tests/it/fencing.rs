@@ -79,7 +79,7 @@ async fn a_webdav_copy_cannot_write_another_scope() {
         ("overwrite", "T"),
     ];
     let r = via.send("COPY", "/reports/june/draft", &copy, "").await;
-    assert_eq!((r.status, r.result()), (400, "invalid_request"), "{r:?}");
+    assert_eq!((r.status, r.result()), (400, "multi_scope"), "{r:?}");
     let moved = [("destination", "/reports/jul%79/final"), ("overwrite", "T")];
     let r = via.send("MOVE", "/public/loose", &moved, "").await;
     assert_eq!((r.status, r.result()), (400, "invalid_request"), "{r:?}");

@@ -1372,7 +1372,7 @@ async fn a_destination_stays_in_the_requests_scope() {
                 "/reports/a/x",
                 &[("fencing-token", "1"), ("destination", dest)],
                 400,
-                "invalid_request",
+                "multi_scope",
             )
             .await;
         let title = body["title"].as_str().unwrap_or_default();

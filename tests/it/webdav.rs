@@ -267,7 +267,7 @@ async fn collections_are_fenced_with_their_members(
             )
             .await;
         assert_eq!(resp.status, 400, "{method}: {resp:?}");
-        assert_eq!(resp.result(), "invalid_request", "{method}");
+        assert_eq!(resp.result(), "multi_scope", "{method}");
     }
     assert_eq!(
         on_disk("files/q4/final").as_deref(),
@@ -366,7 +366,7 @@ const LITMUS_DIFFERENCES: [(&str, &str, &str, &str); 10] = [
     ("nginx", "copymove", "copy_shallow", COLLECTION_KEPT),
 ];
 const CROSS_SCOPE: &str =
-    "a COPY or MOVE to another name is another scope with one scope per file: 400 invalid_request";
+    "a COPY or MOVE to another name is another scope with one scope per file: 400 multi_scope";
 const COLLECTION_KEPT: &str = "its MKCOL finds the collection copy_coll left: that test's DELETE of it was refused 409 multi_scope (a member was fenced apart)";
 
 /// The names of the tests litmus reports as failed in `out`. A test's line is
@@ -477,7 +477,7 @@ async fn litmus_through_a_webdav_route_to_nginx() {
 /// rclone through an `api = "webdav"` route with one scope per file, token 1 on every
 /// request (`--header`), to wsgidav: sync, check and a move from local files are correct;
 /// what would cross scopes is refused and changes nothing: a server-side move to another
-/// name (400 `invalid_request`), a purge of a directory (409 `multi_scope`), and the
+/// name (400 `multi_scope`), a purge of a directory (409 `multi_scope`), and the
 /// removal of a directory whose files a sync deleted (409 `multi_scope`, which rclone logs
 /// at debug level: the empty directory stays).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,7 +550,7 @@ async fn rclone_through_a_webdav_route() {
     ])
     .await
     .expect("run");
-    assert!(!ok && err.contains("invalid_request"), "moveto: {err}");
+    assert!(!ok && err.contains("multi_scope"), "moveto: {err}");
     assert!(root.join("files/r/a.txt").is_file() && !root.join("files/r/a2.txt").exists());
     // A purge: one DELETE of the directory, whose file is fenced apart.
     let (ok, err) = rclone(vec!["purge".into(), format!("{remote}/sub")])
