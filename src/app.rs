@@ -533,7 +533,7 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     let fixed = [
         ("server", old.server != new.server),
         ("admin", old.admin != new.admin),
-        ("store", old.store.path != new.store.path),
+        ("store", old.store != new.store),
         (
             "idempotency.max_buffered",
             old.idempotency.max_buffered != new.idempotency.max_buffered,

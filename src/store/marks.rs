@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use super::Mark;
 use super::journal::{self, Journal, OpenError, Pending};
+use super::quota::{self, Changes, Delta, RecordQuota, Rejected, Tally, Volume};
 use crate::metrics::histogram::Histogram;
 use crate::token::Token;
 
@@ -37,6 +38,13 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 /// (expiry, record key), so expired records are found without a scan.
 const RECORD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("idempotency_expiry");
+/// Record key → (client, bytes counted for it): who a record counts against in the
+/// quotas, and how much (a record in flight counts as its largest completion). A record
+/// without a row (made before quotas, or an S3 upload's) counts against the client ""
+/// with its own size.
+const RECORD_OWNER: TableDefinition<&str, (&str, u64)> = TableDefinition::new("idempotency_owner");
+/// Expired records a refused claim deletes first, in its own transaction.
+const RECLAIM_BATCH: usize = 256;
 const FORMAT_VERSION: u64 = 1;
 /// The journal generation whose records a checkpoint last committed to redb. The journal's
 /// header is then that generation (a crash before its reset) or the next: anything else
@@ -105,7 +113,10 @@ enum Op {
         value: Vec<u8>,
         replace_if: Option<Vec<u8>>,
         now: u64,
-        reply: oneshot::Sender<Result<Option<Vec<u8>>, StoreError>>,
+        /// The client it counts against and the bounds it must stay within; none: it
+        /// is counted (against the client "") but never refused.
+        quota: Option<(String, RecordQuota)>,
+        reply: oneshot::Sender<Result<Claimed, StoreError>>,
     },
     /// Idempotency: overwrite a claimed record (completion), keeping its expiry.
     Put {
@@ -124,8 +135,19 @@ enum Op {
 /// What one op of a committed batch answers.
 enum Answer {
     None,
-    Claim(Option<Vec<u8>>),
+    Claim(Claimed),
     Collected(usize),
+}
+
+/// What a claim of an idempotency record answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key is this attempt's.
+    Claimed,
+    /// A live record holds the key.
+    Held(Vec<u8>),
+    /// A bound of the quota refused a new record.
+    Rejected(Rejected),
 }
 
 struct Inner {
@@ -136,6 +158,8 @@ struct Inner {
     floor: Arc<AtomicU64>,
     /// Advances in the journal and not yet in redb: the highest token per scope.
     pending: Arc<Mutex<Pending>>,
+    /// What the idempotency records take (changed by the writer once committed).
+    tally: Arc<Mutex<Tally>>,
 }
 
 /// Where commits happen.
@@ -228,6 +252,7 @@ impl MarkStore {
             Some(journal),
             false,
             &journal_path(path).display().to_string(),
+            Some(Volume::of(path)),
         )
     }
 
@@ -246,7 +271,7 @@ impl MarkStore {
                 path: "<backend>".into(),
                 reason: e.to_string(),
             })?;
-        MarkStore::start(db, Some(journal), false, "<journal backend>")
+        MarkStore::start(db, Some(journal), false, "<journal backend>", None)
     }
 
     /// Opens a store on any redb backend, without a journal: every batch is a redb commit
@@ -271,7 +296,7 @@ impl MarkStore {
         let db = b
             .create_with_backend(backend)
             .map_err(|e| open_err(e.to_string()))?;
-        MarkStore::start(db, None::<JournalFile>, inline, "<backend>")
+        MarkStore::start(db, None::<JournalFile>, inline, "<backend>", None)
     }
 
     /// `name`: the journal's, for errors.
@@ -280,12 +305,14 @@ impl MarkStore {
         journal: Option<impl StorageBackend>,
         inline: bool,
         name: &str,
+        volume: Option<Volume>,
     ) -> Result<MarkStore, StoreError> {
         let open_err = |e: redb::Error| StoreError::Open {
             path: name.to_string(),
             reason: e.to_string(),
         };
         let floor = initialize(&db).map_err(open_err)?;
+        let tally = Arc::new(Mutex::new(tally_records(&db).map_err(open_err)?));
         let stats = Arc::new(StoreStats::default());
         let db = Arc::new(db);
         let failed = Arc::new(AtomicBool::new(false));
@@ -302,6 +329,8 @@ impl MarkStore {
             stats: stats.clone(),
             journal,
             pending: pending.clone(),
+            tally: tally.clone(),
+            volume,
         };
         let commits = if inline {
             Commits::Inline(Mutex::new(writer))
@@ -321,6 +350,7 @@ impl MarkStore {
                 failed,
                 floor,
                 pending,
+                tally,
             }),
         })
     }
@@ -383,16 +413,56 @@ impl MarkStore {
         replace_if: Option<Vec<u8>>,
         now: u64,
     ) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.claim_within(key, value, replace_if, now, None).await? {
+            Claimed::Claimed => Ok(None),
+            Claimed::Held(v) => Ok(Some(v)),
+            Claimed::Rejected(r) => Err(StoreError::Failed(r.describe().into())),
+        }
+    }
+
+    /// [`claim`](MarkStore::claim) of a record that counts against `client` and must stay
+    /// within `quota`: past a bound (after the expired records are deleted), the claim is
+    /// refused and nothing is written. Each key, in bytes, counts as `quota.reserve`
+    /// until its completion is written ([`put_record`](MarkStore::put_record)).
+    pub async fn claim_within(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        replace_if: Option<Vec<u8>>,
+        now: u64,
+        quota: Option<(String, RecordQuota)>,
+    ) -> Result<Claimed, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.send(Op::Claim {
             key,
             value,
             replace_if,
             now,
+            quota,
             reply,
         })?;
         rx.await
             .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+    }
+
+    /// What the idempotency records take: in total, and for `scope` and `client`.
+    pub fn record_usage(
+        &self,
+        scope: &str,
+        client: &str,
+    ) -> (quota::Usage, quota::Usage, quota::Usage) {
+        let tally = self.inner.tally.lock().unwrap_or_else(|p| p.into_inner());
+        let (s, c) = tally.of(scope, client);
+        (tally.total, s, c)
+    }
+
+    /// Scopes and clients that hold records (the tally's size).
+    pub fn record_owners(&self) -> (usize, usize) {
+        self.inner
+            .tally
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .owners()
     }
 
     /// Idempotency: durably overwrites a claimed record (its expiry is kept).
@@ -570,9 +640,42 @@ fn initialize(db: &Database) -> Result<u64, redb::Error> {
         txn.open_table(SEQUENCES)?;
         txn.open_table(RECORDS)?;
         txn.open_table(RECORD_EXPIRY)?;
+        txn.open_table(RECORD_OWNER)?;
     }
     txn.commit()?;
     Ok(floor)
+}
+
+/// The records' usage as the file holds it (once, at open; bounded by the records).
+fn tally_records(db: &Database) -> Result<Tally, redb::Error> {
+    let txn = db.begin_read()?;
+    let records = txn.open_table(RECORDS)?;
+    let owners = txn.open_table(RECORD_OWNER)?;
+    let mut changes = Changes::default();
+    for item in records.iter()? {
+        let (k, v) = item?;
+        let key = k.value();
+        let (client, bytes) = owner_of(&owners, key, v.value().len())?;
+        changes.add(quota::scope_of(key), &client, Delta::of(1, bytes));
+    }
+    let mut tally = Tally::default();
+    tally.apply(&changes);
+    Ok(tally)
+}
+
+/// Who a record counts against and its bytes (see [`RECORD_OWNER`]).
+fn owner_of(
+    owners: &impl ReadableTable<&'static str, (&'static str, u64)>,
+    key: &str,
+    value_len: usize,
+) -> Result<(String, u64), redb::StorageError> {
+    Ok(match owners.get(key)? {
+        Some(g) => {
+            let (client, bytes) = g.value();
+            (client.to_string(), bytes)
+        }
+        None => (String::new(), quota::size_of(key, value_len)),
+    })
 }
 
 /// Makes a new store file whole under another name and renames it into place, so that a
@@ -1125,6 +1228,10 @@ struct Writer {
     journal: Option<Journal>,
     /// The journal's advances not yet in redb; shared with readers.
     pending: Arc<Mutex<Pending>>,
+    /// What the idempotency records take; changed here only, once committed.
+    tally: Arc<Mutex<Tally>>,
+    /// Where the store file is, for its free space (none on a test backend).
+    volume: Option<Volume>,
 }
 
 impl Writer {
@@ -1368,8 +1475,8 @@ impl Writer {
                     match op {
                         Op::Claim { reply, .. } => {
                             let _ = reply.send(Ok(match answer {
-                                Answer::Claim(existing) => existing,
-                                _ => None,
+                                Answer::Claim(claimed) => claimed,
+                                _ => Claimed::Claimed,
                             }));
                         }
                         Op::Put { reply, .. } => {
@@ -1444,12 +1551,21 @@ impl Writer {
             }
         }
         let mut answers = Vec::with_capacity(batch.len());
+        let mut usage = Changes::default();
         if batch
             .iter()
             .any(|op| matches!(op, Op::Claim { .. } | Op::Put { .. } | Op::Collect { .. }))
         {
+            let tally = self.tally.lock().unwrap_or_else(|p| p.into_inner());
             let mut records = txn.open_table(RECORDS)?;
             let mut expiry = txn.open_table(RECORD_EXPIRY)?;
+            let mut owners = txn.open_table(RECORD_OWNER)?;
+            let mut t = RecordTables {
+                records: &mut records,
+                expiry: &mut expiry,
+                owners: &mut owners,
+                usage: &mut usage,
+            };
             for op in batch {
                 answers.push(match op {
                     Op::Claim {
@@ -1457,54 +1573,74 @@ impl Writer {
                         value,
                         replace_if,
                         now,
+                        quota,
                         ..
                     } => {
-                        let existing = records.get(key.as_str())?.map(|g| g.value().to_vec());
+                        let existing = t.records.get(key.as_str())?.map(|g| g.value().to_vec());
                         let live = existing
                             .as_ref()
                             .filter(|v| record_expiry(v) > *now && Some(*v) != replace_if.as_ref());
                         match live {
-                            Some(v) => Answer::Claim(Some(v.clone())),
+                            Some(v) => Answer::Claim(Claimed::Held(v.clone())),
                             None => {
-                                if let Some(old) = &existing {
-                                    expiry.remove((record_expiry(old), key.as_str()))?;
+                                let (client, bytes) = match quota {
+                                    Some((client, q)) => (
+                                        client.as_str(),
+                                        q.reserve.max(quota::size_of(key, value.len())),
+                                    ),
+                                    None => ("", quota::size_of(key, value.len())),
+                                };
+                                if existing.is_some() {
+                                    t.remove(key)?;
                                 }
-                                records.insert(key.as_str(), value.as_slice())?;
-                                expiry.insert((record_expiry(value), key.as_str()), ())?;
-                                changed = true;
-                                Answer::Claim(None)
+                                let refused = match quota {
+                                    Some((_, q)) => {
+                                        let refused =
+                                            t.refuses(&tally, key, client, bytes, q, &self.volume);
+                                        if refused.is_some() {
+                                            // Expired records first: what they free may be enough.
+                                            changed |= t.collect(*now, RECLAIM_BATCH)? > 0;
+                                            t.refuses(&tally, key, client, bytes, q, &self.volume)
+                                        } else {
+                                            None
+                                        }
+                                    }
+                                    None => None,
+                                };
+                                match refused {
+                                    Some(r) => {
+                                        // An expired record taken out above stays out.
+                                        changed |= existing.is_some();
+                                        Answer::Claim(Claimed::Rejected(r))
+                                    }
+                                    None => {
+                                        t.insert(key, value, client, bytes)?;
+                                        changed = true;
+                                        Answer::Claim(Claimed::Claimed)
+                                    }
+                                }
                             }
                         }
                     }
                     Op::Put { key, value, .. } => {
-                        let present = records.get(key.as_str())?.map(|g| record_expiry(g.value()));
+                        let present = t
+                            .records
+                            .get(key.as_str())?
+                            .map(|g| record_expiry(g.value()));
                         if let Some(old) = present {
                             let mut v = value.clone();
                             if let Some(head) = v.get_mut(..8) {
                                 head.copy_from_slice(&old.to_be_bytes());
                             }
-                            records.insert(key.as_str(), v.as_slice())?;
+                            t.replace(key, &v)?;
                             changed = true;
                         }
                         Answer::None
                     }
                     Op::Collect { now, limit, .. } => {
-                        let due: Vec<(u64, String)> = expiry
-                            .range(..(*now + 1, ""))?
-                            .take(*limit)
-                            .map(|item| {
-                                item.map(|(k, _)| {
-                                    let (at, key) = k.value();
-                                    (at, key.to_string())
-                                })
-                            })
-                            .collect::<Result<_, _>>()?;
-                        for (at, key) in &due {
-                            expiry.remove((*at, key.as_str()))?;
-                            records.remove(key.as_str())?;
-                        }
-                        changed |= !due.is_empty();
-                        Answer::Collected(due.len())
+                        let n = t.collect(*now, *limit)?;
+                        changed |= n > 0;
+                        Answer::Collected(n)
                     }
                     _ => Answer::None,
                 });
@@ -1514,11 +1650,100 @@ impl Writer {
         }
         if changed {
             txn.commit()?;
+            self.tally
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .apply(&usage);
         } else {
             // Everything asked for is already durable; no fsync needed.
             txn.abort()?;
         }
         Ok((wanted, floor, answers, changed))
+    }
+}
+
+/// The idempotency tables of one write transaction, and the usage it changes.
+struct RecordTables<'a, 't> {
+    records: &'a mut redb::Table<'t, &'static str, &'static [u8]>,
+    expiry: &'a mut redb::Table<'t, (u64, &'static str), ()>,
+    owners: &'a mut redb::Table<'t, &'static str, (&'static str, u64)>,
+    usage: &'a mut Changes,
+}
+
+impl RecordTables<'_, '_> {
+    /// Deletes the record under `key` (if any), with its expiry entry and owner row.
+    fn remove(&mut self, key: &str) -> Result<(), redb::Error> {
+        let Some(old) = self.records.remove(key)?.map(|g| g.value().to_vec()) else {
+            return Ok(());
+        };
+        let (client, bytes) = owner_of(&*self.owners, key, old.len())?;
+        self.expiry.remove((record_expiry(&old), key))?;
+        self.owners.remove(key)?;
+        self.usage
+            .add(quota::scope_of(key), &client, Delta::of(1, bytes).neg());
+        Ok(())
+    }
+
+    /// Inserts a new record counted as `bytes` against `client`.
+    fn insert(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        client: &str,
+        bytes: u64,
+    ) -> Result<(), redb::Error> {
+        self.records.insert(key, value)?;
+        self.expiry.insert((record_expiry(value), key), ())?;
+        self.owners.insert(key, (client, bytes))?;
+        self.usage
+            .add(quota::scope_of(key), client, Delta::of(1, bytes));
+        Ok(())
+    }
+
+    /// Overwrites a record (its expiry unchanged); it now counts as its own size.
+    fn replace(&mut self, key: &str, value: &[u8]) -> Result<(), redb::Error> {
+        let old_len = self.records.get(key)?.map_or(0, |g| g.value().len());
+        let (client, old) = owner_of(&*self.owners, key, old_len)?;
+        let new = quota::size_of(key, value.len());
+        self.records.insert(key, value)?;
+        self.owners.insert(key, (client.as_str(), new))?;
+        let scope = quota::scope_of(key);
+        self.usage.add(scope, &client, Delta::of(1, new));
+        self.usage.add(scope, &client, Delta::of(1, old).neg());
+        Ok(())
+    }
+
+    /// Deletes up to `limit` records expired by `now`; answers how many.
+    fn collect(&mut self, now: u64, limit: usize) -> Result<usize, redb::Error> {
+        let due: Vec<String> = self
+            .expiry
+            .range(..(now + 1, ""))?
+            .take(limit)
+            .map(|item| item.map(|(k, _)| k.value().1.to_string()))
+            .collect::<Result<_, _>>()?;
+        for key in &due {
+            self.remove(key)?;
+        }
+        Ok(due.len())
+    }
+
+    /// Which bound one more record would pass, if any: the quota's, then the volume's
+    /// free space (asked only when the counts allow the record).
+    fn refuses(
+        &self,
+        tally: &Tally,
+        key: &str,
+        client: &str,
+        bytes: u64,
+        q: &RecordQuota,
+        volume: &Option<Volume>,
+    ) -> Option<Rejected> {
+        self.usage
+            .refuses(tally, quota::scope_of(key), client, bytes, q)
+            .or_else(|| {
+                let free = volume.as_ref().and_then(Volume::free)?;
+                (free < q.min_free.saturating_add(bytes)).then_some(Rejected::Disk)
+            })
     }
 }
 

@@ -1,0 +1,357 @@
+//! One client must not fill the disk, hold the memory or take the sockets: idempotency
+//! records within their quotas and the volume's reserve, reads with a token not recorded,
+//! and the open-file limit.
+
+use crate::support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use support::{BOUND, Client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The size of every answer of [`big_upstream`].
+const BIG: usize = 1_000_000;
+
+/// An upstream that answers every request 200 with [`BIG`] bytes.
+async fn big_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let body = Bytes::from(vec![b'x'; BIG]);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let body = body.clone();
+            let svc = service_fn(move |_req| {
+                let body = body.clone();
+                async move { Ok::<_, std::io::Error>(hyper::Response::new(Full::new(body))) }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    /// A tmpfs of `size` (as mount(8) takes it), or `None` (and why, on stderr) where this
+    /// process may not mount one.
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("vol");
+        std::fs::create_dir(&path).expect("mount point");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs { _dir: dir, path }),
+            Ok(o) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a tmpfs here (needs root): {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run mount(8): {e}");
+                None
+            }
+        }
+    }
+
+    fn free(&self) -> u64 {
+        let st = rustix::fs::statvfs(&self.path).expect("statvfs");
+        st.f_bavail * st.f_frsize
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .args(["-l"])
+            .arg(&self.path)
+            .status();
+    }
+}
+
+/// A proxy in front of `upstream` with its store at `store`, two keyed routes and
+/// `extra` lines in `[idempotency]`.
+fn config(upstream: SocketAddr, store: &Path, store_extra: &str, idempotency: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+shutdown_timeout = "10s"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "{store}"
+{store_extra}
+[fencing]
+drain_timeout = "10s"
+settle = "0s"
+[idempotency]
+{idempotency}
+[[upstream]]
+name = "u"
+url = "http://{upstream}"
+timeout = "10s"
+
+[[route]]
+name = "big"
+path = "/big/{{o}}"
+scope = "big/{{o}}"
+upstream = "u"
+idempotency = "optional"
+
+[[route]]
+name = "other"
+path = "/other/{{o}}"
+scope = "other/{{o}}"
+upstream = "u"
+idempotency = "optional"
+"#,
+        store = store.join("marks.redb").display(),
+    )
+}
+
+fn key(i: usize) -> String {
+    format!("\"k-{i}\"")
+}
+
+/// The issue's reproduction, on a 48 MB volume: reads with a token and a new key each
+/// time (1 MB answers) record nothing; writes with new keys stop being recorded (429
+/// `key_rejected`) while the volume still has its reserve; the store never fails,
+/// /readyz stays 200, and every other scope is still served.
+#[tokio::test]
+async fn new_keys_never_fill_the_store_volume() {
+    let Some(vol) = Tmpfs::mount("48m") else {
+        return;
+    };
+    let upstream = big_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start_text(
+        &config(upstream, &vol.path, "min_free = \"16MiB\"", ""),
+        dir.path(),
+    )
+    .await;
+    let client = Client::new(proxy.proxy_addr);
+    let admin = Client::new(proxy.admin_addr);
+
+    // More reads than would have filled the volume: answered, none recorded.
+    for i in 0..60 {
+        let k = key(i);
+        let r = client
+            .send(
+                "GET",
+                "/big/o",
+                &[("fencing-token", "1"), ("idempotency-key", &k)],
+                "",
+            )
+            .await;
+        assert_eq!((r.status, r.result()), (200, "accepted"), "read {i}");
+        assert_eq!(r.body.len(), BIG);
+    }
+    assert_eq!(
+        proxy.app.store.record_count().unwrap(),
+        0,
+        "reads are not recorded"
+    );
+
+    // Writes with a new key each: recorded until the reserve, then refused.
+    let mut recorded = Vec::new();
+    let mut rejected = None;
+    for i in 100..160 {
+        let k = key(i);
+        let r = client
+            .send(
+                "PUT",
+                "/big/o",
+                &[("fencing-token", "1"), ("idempotency-key", &k)],
+                "w",
+            )
+            .await;
+        match (r.status, r.result()) {
+            (200, "accepted") => recorded.push(k),
+            (429, "key_rejected") => {
+                assert_eq!(
+                    r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
+                    Some("60")
+                );
+                rejected = Some(r);
+                break;
+            }
+            other => panic!("write {i}: {other:?} {}", r.body),
+        }
+    }
+    let rejected = rejected.expect("a new key is refused before the volume fills");
+    assert!(
+        rejected.json()["title"]
+            .as_str()
+            .unwrap_or("")
+            .contains("free space"),
+        "{}",
+        rejected.body
+    );
+    assert!(
+        !recorded.is_empty(),
+        "keys are recorded while there is room"
+    );
+    assert!(
+        vol.free() >= 8 << 20,
+        "the volume keeps its reserve: {} bytes free",
+        vol.free()
+    );
+    assert!(!proxy.app.store.is_failed(), "the store never failed");
+    assert_eq!(admin.get("/readyz").await.status, 200);
+
+    // Every other scope is served: unkeyed writes advance and forward; a recorded key
+    // still replays.
+    for i in 0..20 {
+        let r = client
+            .send(
+                "PUT",
+                &format!("/other/s{i}"),
+                &[("fencing-token", "5")],
+                "w",
+            )
+            .await;
+        assert_eq!(
+            (r.status, r.result()),
+            (200, "accepted"),
+            "scope other/s{i}"
+        );
+    }
+    let replay = client
+        .send(
+            "PUT",
+            "/big/o",
+            &[("fencing-token", "1"), ("idempotency-key", &recorded[0])],
+            "w",
+        )
+        .await;
+    assert_eq!((replay.status, replay.result()), (200, "duplicate"));
+    assert_eq!(replay.body.len(), BIG);
+    proxy.shutdown().await;
+}
+
+/// A client past its count of records gets 429 `key_rejected` (nothing forwarded), while
+/// another client's new keys are recorded; once its records expire, the next claim
+/// reclaims them and its new keys are recorded again.
+#[tokio::test]
+async fn a_client_past_its_records_is_refused_until_they_expire() {
+    let upstream = big_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::start_text(
+        &config(
+            upstream,
+            dir.path(),
+            "",
+            "ttl = \"2s\"\nmax_records_per_client = 3\nmax_records_per_scope = 5",
+        ),
+        dir.path(),
+    )
+    .await;
+    let client = Client::new(proxy.proxy_addr);
+    for i in 0..3 {
+        let k = key(i);
+        let r = client
+            .send(
+                "PUT",
+                &format!("/big/a{i}"),
+                &[("fencing-token", "1"), ("idempotency-key", &k)],
+                "w",
+            )
+            .await;
+        assert_eq!((r.status, r.result()), (200, "accepted"));
+    }
+    let k = key(3);
+    let past = client
+        .send(
+            "PUT",
+            "/big/a3",
+            &[("fencing-token", "1"), ("idempotency-key", &k)],
+            "w",
+        )
+        .await;
+    assert_eq!((past.status, past.result()), (429, "key_rejected"));
+    assert!(
+        past.json()["title"]
+            .as_str()
+            .unwrap_or("")
+            .contains("client")
+    );
+    assert_eq!(proxy.app.store.record_count().unwrap(), 3);
+
+    // Another address is another client.
+    let other = raw_put(proxy.proxy_addr, "127.0.0.2", "/big/b0", "\"b-0\"").await;
+    assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+    assert_eq!(proxy.app.store.record_count().unwrap(), 4);
+
+    // The first client's records expire (ttl 2 s); its next new key reclaims them.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let mut n = 10;
+    loop {
+        let k = key(n);
+        let r = client
+            .send(
+                "PUT",
+                "/big/a9",
+                &[("fencing-token", "1"), ("idempotency-key", &k)],
+                "w",
+            )
+            .await;
+        if r.result() == "accepted" {
+            break;
+        }
+        assert_eq!(r.result(), "key_rejected");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "records never expired"
+        );
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (total, _, mine) = proxy.app.store.record_usage("big/a9", "127.0.0.1");
+    assert!(
+        total.records <= 2,
+        "the expired records were reclaimed: {total:?}"
+    );
+    assert_eq!(mine.records, 1);
+    proxy.shutdown().await;
+}
+
+/// A keyed PUT from the local address `from`; answers the response head and body as text.
+async fn raw_put(to: SocketAddr, from: &str, path: &str, key: &str) -> String {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut s = tokio::time::timeout(BOUND, sock.connect(to))
+        .await
+        .unwrap()
+        .unwrap();
+    let req = format!(
+        "PUT {path} HTTP/1.1\r\nhost: x\r\nfencing-token: 1\r\nidempotency-key: {key}\r\ncontent-length: 1\r\nconnection: close\r\n\r\nw"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(BOUND, s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&out[..out.len().min(200)]).into_owned()
+}
