@@ -375,8 +375,9 @@ struct Handed {
     open: OpenCount,
 }
 
-/// Counts a connection as open on its worker while it lives.
-struct OpenCount(Arc<AtomicUsize>);
+/// Counts a connection as open on its worker, and its descriptor against the process's
+/// budget ([`crate::rt::fds`]), while it lives.
+struct OpenCount(Arc<AtomicUsize>, #[allow(dead_code)] crate::rt::fds::Fd);
 
 impl Drop for OpenCount {
     fn drop(&mut self) {
@@ -534,6 +535,12 @@ where
             else {
                 break;
             };
+            // Past the budget of descriptors the connection is closed here, so that the
+            // reserve stays for the listeners, the store and the log.
+            let Some(fd) = crate::rt::fds::take() else {
+                tracing::debug!(%peer, "no file descriptor to spare; closing");
+                continue;
+            };
             let Ok(stream) = stream.into_std() else {
                 continue;
             };
@@ -553,7 +560,7 @@ where
                 stream,
                 peer,
                 slot,
-                open: OpenCount(open.clone()),
+                open: OpenCount(open.clone(), fd),
             };
             if tx.send(handed).is_err() {
                 tracing::warn!(worker = lane, "worker gone; connection dropped");

@@ -355,3 +355,163 @@ async fn raw_put(to: SocketAddr, from: &str, path: &str, key: &str) -> String {
         .unwrap();
     String::from_utf8_lossy(&out[..out.len().min(200)]).into_owned()
 }
+
+/// Starts the binary under `ulimits` (sh's `ulimit` arguments, run first) and keeps all
+/// it says on stderr; waits (bounded) for its "listening" line.
+fn spawn_limited(config: &Path, proxy: u16, admin: u16, ulimits: &str) -> (support::Proc, Said) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{ulimits} && exec \"$0\" serve --config \"$1\""))
+        .arg(env!("CARGO_BIN_EXE_fencegate"))
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn fencegate");
+    let stderr = child.stderr.take().unwrap();
+    let said = Said::default();
+    let log = said.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("fencegate listening") {
+                let _ = tx.send(());
+            }
+            log.0.lock().unwrap().push(line);
+        }
+    });
+    let proc = support::Proc {
+        child,
+        proxy: ([127, 0, 0, 1], proxy).into(),
+        admin: ([127, 0, 0, 1], admin).into(),
+    };
+    if rx.recv_timeout(BOUND).is_err() {
+        panic!("fencegate did not start: {:#?}", said.lines());
+    }
+    (proc, said)
+}
+
+/// What a child said on stderr.
+#[derive(Clone, Default)]
+struct Said(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Said {
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// The soft and hard "Max open files" of a process.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    let nums: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (nums[0], nums[1])
+}
+
+/// At start the soft open-file limit is raised to the hard one.
+#[test]
+fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = support::write_config(dir.path(), "127.0.0.1:9".parse().unwrap());
+    let (proc, said) = spawn_limited(&config, p, a, "ulimit -Sn 128 && ulimit -Hn 1024");
+    assert_eq!(open_file_limits(proc.child.id()), (1024, 1024));
+    assert!(
+        said.lines()
+            .iter()
+            .any(|l| l.contains("open-file limit raised")),
+        "{:#?}",
+        said.lines()
+    );
+}
+
+/// The reproduction with `ulimit -n 256`: one address holds requests open (each
+/// takes a client and an upstream descriptor) far past the limit. The connections past
+/// the budget are closed at accept or refused before any upstream connection is made;
+/// `accept` never fails for want of descriptors, the admin API still answers, and once
+/// the client lets go new clients are served.
+#[tokio::test]
+async fn one_client_cannot_take_every_file_descriptor() {
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = support::write_config(dir.path(), double.addr);
+    let (proc, said) = spawn_limited(&config, p, a, "ulimit -n 256");
+    let admin = Client::new(proc.admin);
+
+    // 400 connections, each with a request the upstream holds.
+    let mut held = Vec::new();
+    let mut refused_at_accept = 0;
+    let mut answered = Vec::new();
+    for i in 0..400 {
+        let Ok(Ok(mut s)) =
+            tokio::time::timeout(BOUND, tokio::net::TcpStream::connect(proc.proxy)).await
+        else {
+            refused_at_accept += 1;
+            continue;
+        };
+        let req = format!("GET /public/h{i} HTTP/1.1\r\nhost: x\r\nx-test-hold: fds\r\n\r\n");
+        if s.write_all(req.as_bytes()).await.is_err() {
+            refused_at_accept += 1;
+            continue;
+        }
+        held.push(s);
+    }
+    // Those the proxy could not take are closed (at accept) or answered 502 at once.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let mut still_open = Vec::new();
+    for mut s in held {
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await {
+            Err(_) => still_open.push(s),
+            Ok(Ok(0)) | Ok(Err(_)) => refused_at_accept += 1,
+            Ok(Ok(n)) => answered.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+        }
+        assert!(tokio::time::Instant::now() < deadline + BOUND);
+    }
+    assert!(
+        !still_open.is_empty() && still_open.len() < 256,
+        "held: {}",
+        still_open.len()
+    );
+    assert!(
+        refused_at_accept + answered.len() > 0,
+        "the budget refused some of the 400"
+    );
+    for a in &answered {
+        assert!(a.starts_with("HTTP/1.1 502"), "{a}");
+    }
+    // The reserve: the admin API is served while the budget is spent.
+    assert_eq!(admin.get("/readyz").await.status, 200);
+
+    // The client lets go; a new client is served.
+    double.release("fds");
+    drop(still_open);
+    let client = Client::new(proc.proxy);
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let r = client.send("GET", "/public/after", &[], "").await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = said.lines();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("accept failed") || l.contains("Too many open files")),
+        "{lines:#?}"
+    );
+}
