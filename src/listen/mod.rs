@@ -346,7 +346,9 @@ fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     b.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(256)
+        // Each stream may hold an upstream connection and its buffers: the bound on both
+        // per client connection.
+        .max_concurrent_streams(server.max_concurrent_streams)
         // Rapid reset (CVE-2023-44487): bound streams reset before they are served.
         .max_pending_accept_reset_streams(Some(64))
         .max_local_error_reset_streams(Some(256))

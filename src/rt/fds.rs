@@ -104,6 +104,12 @@ pub fn take() -> Option<Fd> {
     .map(|_| Fd(()))
 }
 
+/// Whether three quarters of the budget are taken: idle connections are then not kept.
+pub fn scarce() -> bool {
+    let budget = budget();
+    budget != usize::MAX && open().saturating_mul(4) >= budget.saturating_mul(3)
+}
+
 /// Connections counted now.
 pub fn open() -> usize {
     OPEN.load(Ordering::Acquire)

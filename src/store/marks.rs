@@ -1859,6 +1859,7 @@ mod tests {
                 failed: Arc::default(),
                 floor: Arc::default(),
                 pending: Arc::default(),
+                tally: Arc::default(),
             }),
         };
         assert!(!gone.is_failed());
@@ -1909,6 +1910,7 @@ mod tests {
             Some(redb::backends::InMemoryBackend::new()),
             true,
             "<test>",
+            None,
         )
         .expect("open");
         let Commits::Inline(writer) = &store.inner.commits else {
@@ -1972,6 +1974,7 @@ mod tests {
                 Some(redb::backends::InMemoryBackend::new()),
                 true,
                 "<test>",
+                None,
             )
             .expect("open")
         };

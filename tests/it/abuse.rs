@@ -366,6 +366,9 @@ fn spawn_limited(config: &Path, proxy: u16, admin: u16, ulimits: &str) -> (suppo
         .arg(env!("CARGO_BIN_EXE_fencegate"))
         .arg(config)
         .env("RUST_LOG", "info")
+        // As the image sets it (see OPERATIONS, Limits): freed memory goes back to the
+        // system even on a worker thread that has gone quiet.
+        .env("MIMALLOC_PURGE_DELAY", "0")
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -513,5 +516,247 @@ async fn one_client_cannot_take_every_file_descriptor() {
             .iter()
             .any(|l| l.contains("accept failed") || l.contains("Too many open files")),
         "{lines:#?}"
+    );
+}
+
+/// An upstream that answers every GET 200 with `size` bytes, counting the requests for
+/// `…/big`; no answer to those starts before `barrier` of them have come (or [`BOUND`]
+/// has passed), so that every stream a client opens is in before any answer fills its
+/// connection.
+async fn sized_upstream(
+    size: usize,
+    barrier: usize,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let all_in = std::sync::Arc::new(tokio::sync::Notify::new());
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let body = Bytes::from(vec![b'x'; size]);
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (body, count, all_in) = (body.clone(), count.clone(), all_in.clone());
+            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                // Only the big GETs are counted and held.
+                let held = req.uri().path().ends_with("/big");
+                if held && count.fetch_add(1, Ordering::AcqRel) + 1 == barrier {
+                    all_in.notify_waiters();
+                }
+                let (body, count, all_in) = (body.clone(), count.clone(), all_in.clone());
+                async move {
+                    let _ = tokio::time::timeout(BOUND, async {
+                        if !held {
+                            return;
+                        }
+                        loop {
+                            let notified = all_in.notified();
+                            if count.load(Ordering::Acquire) >= barrier {
+                                return;
+                            }
+                            notified.await;
+                        }
+                    })
+                    .await;
+                    Ok::<_, std::io::Error>(hyper::Response::new(Full::new(body)))
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A socket that stops reading once told: the peer's writes back up as a client's that
+/// never reads would.
+struct Stall {
+    io: tokio::net::TcpStream,
+    reading: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Stall {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.reading.load(std::sync::atomic::Ordering::Acquire) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Stall {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Resident memory of a process now (VmRSS), in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// Waits (bounded) until the RSS of `pid` holds still for a second; answers it.
+async fn settled_rss(pid: u32) -> u64 {
+    let mut last = rss(pid);
+    let mut still = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = rss(pid);
+        if now.abs_diff(last) < 256 << 10 {
+            still += 1;
+            if still >= 5 {
+                return now;
+            }
+        } else {
+            still = 0;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Opens a prior-knowledge HTTP/2 connection with a huge window that asks for `streams`
+/// GETs of `path` and then never reads; answers what keeps it open.
+async fn slow_reader(
+    to: SocketAddr,
+    path: &str,
+    streams: usize,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    Vec<h2::client::ResponseFuture>,
+    tokio::task::JoinHandle<()>,
+) {
+    let io = tokio::net::TcpStream::connect(to).await.expect("connect");
+    let reading = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stall = Stall { io, reading };
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size((1 << 31) - 1)
+        .initial_connection_window_size((1 << 31) - 1)
+        .initial_max_send_streams(streams)
+        .handshake::<_, Bytes>(stall)
+        .await
+        .expect("h2 handshake");
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut responses = Vec::new();
+    for _ in 0..streams {
+        let req = http::Request::get(format!("http://x{path}"))
+            .body(())
+            .unwrap();
+        match send.send_request(req, true) {
+            Ok((resp, _)) => responses.push(resp),
+            Err(_) => break,
+        }
+    }
+    (send, responses, driver)
+}
+
+/// Prior-knowledge HTTP/2 clients that open as many streams of a 4 MB GET as they may,
+/// with a huge window, and never read: the proxy's memory per connection stays within the
+/// documented bound, each connection serves at most the streams cap (and so holds at
+/// most that many upstream connections), and the memory goes back once they leave.
+#[tokio::test]
+async fn http2_readers_that_never_read_are_bounded() {
+    use std::sync::atomic::Ordering;
+    const CONNS: usize = 6;
+    const CAP: usize = fencegate::listen::config::DEFAULT_STREAMS as usize;
+    let (upstream, seen) = sized_upstream(4 << 20, CONNS * CAP).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = support::write_config(dir.path(), upstream);
+    let (proc, _said) = spawn_limited(&config, p, a, "true");
+    let pid = proc.child.id();
+    // Warm: one exchange, so the runtime and pools are made.
+    let client = Client::new(proc.proxy);
+    assert_eq!(
+        client.send("GET", "/public/warm", &[], "").await.status,
+        200
+    );
+    let before = settled_rss(pid).await;
+
+    let mut held = Vec::new();
+    for _ in 0..CONNS {
+        held.push(slow_reader(proc.proxy, "/public/big", 256).await);
+    }
+    // Every stream the proxy took reached the upstream (bounded wait).
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while seen.load(Ordering::Acquire) < CONNS * CAP {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} streams reached the upstream",
+            seen.load(Ordering::Acquire)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let loaded = settled_rss(pid).await;
+    let upstream_requests = seen.load(Ordering::Acquire);
+    let per_conn = loaded.saturating_sub(before) / CONNS as u64;
+    eprintln!(
+        "h2 slow readers: {CONNS} connections, {upstream_requests} upstream requests, RSS {} MiB -> {} MiB, {} KiB per connection",
+        before >> 20,
+        loaded >> 20,
+        per_conn >> 10
+    );
+    // The clients leave: the memory goes back.
+    for (_, _, driver) in &held {
+        driver.abort();
+    }
+    drop(held);
+    let after = settled_rss(pid).await;
+    eprintln!(
+        "h2 slow readers gone: RSS {} MiB, {} fds",
+        after >> 20,
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+    );
+    assert_eq!(
+        upstream_requests,
+        CONNS * CAP,
+        "at most {CAP} streams per connection are served"
+    );
+    assert!(
+        per_conn <= (CAP as u64) * (128 << 10),
+        "memory per connection: {} KiB",
+        per_conn >> 10
+    );
+    assert!(
+        after <= before + (loaded - before) / 4,
+        "RSS {} MiB before, {} MiB loaded, {} MiB after",
+        before >> 20,
+        loaded >> 20,
+        after >> 20
+    );
+    // Still serving.
+    assert_eq!(
+        client.send("GET", "/public/after", &[], "").await.status,
+        200
     );
 }
