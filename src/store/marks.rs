@@ -2073,4 +2073,96 @@ mod tests {
         assert_eq!(store.get("c").expect("read"), Some(Token::new(1, 9)));
         assert_eq!(store.stats().commit_batch_size_count(), 2);
     }
+
+    fn quota(records: u64, bytes: u64) -> RecordQuota {
+        let u = quota::Usage { records, bytes };
+        RecordQuota {
+            total: quota::Usage {
+                records: 100,
+                bytes: 1 << 20,
+            },
+            per_scope: u,
+            per_client: u,
+            reserve: 100,
+            min_free: 0,
+        }
+    }
+
+    fn record(expires: u64, len: usize) -> Vec<u8> {
+        let mut v = expires.to_be_bytes().to_vec();
+        v.resize(8 + len, b'x');
+        v
+    }
+
+    /// A claim counts as the reserve until its completion is written, then as its size;
+    /// past a bound it is refused and nothing is written; an expired record is deleted by
+    /// the refused claim first, and what it took is free again; the usage is rebuilt
+    /// from the file when the store is opened again.
+    #[tokio::test]
+    async fn records_are_claimed_within_their_quota() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("m.redb");
+        let store = MarkStore::open(&path).expect("open");
+        let q = Some(("c1".to_string(), quota(2, 1000)));
+        let claim = |key: &str, expires: u64, q: Option<(String, RecordQuota)>| {
+            let store = store.clone();
+            let key = key.to_string();
+            async move {
+                store
+                    .claim_within(key, record(expires, 10), None, 50, q)
+                    .await
+                    .expect("claim")
+            }
+        };
+        assert_eq!(claim("s\0a", 100, q.clone()).await, Claimed::Claimed);
+        let (total, scope, client) = store.record_usage("s", "c1");
+        assert_eq!((total.records, total.bytes), (1, 100), "the reserve");
+        assert_eq!((scope, client), (total, total));
+        // Completed: its own size (key 3 bytes + value 18).
+        store
+            .put_record("s\0a".into(), record(0, 10))
+            .await
+            .expect("put");
+        assert_eq!(store.record_usage("s", "c1").0.bytes, 21);
+        // An expired one, then one past the client's count.
+        assert_eq!(claim("s\0b", 10, q.clone()).await, Claimed::Claimed);
+        let past = claim("s\0c", 100, q.clone()).await;
+        assert_eq!(past, Claimed::Claimed, "the expired record made room");
+        assert!(store.record(&"s\0b".to_string()).expect("read").is_none());
+        assert_eq!(
+            claim("s\0d", 100, q.clone()).await,
+            Claimed::Rejected(Rejected::Scope)
+        );
+        assert_eq!(
+            claim("t\0d", 100, q.clone()).await,
+            Claimed::Rejected(Rejected::Client)
+        );
+        assert_eq!(
+            claim("t\0d", 100, Some(("c2".into(), quota(2, 1000)))).await,
+            Claimed::Claimed
+        );
+        assert_eq!(store.record_count().expect("count"), 3);
+        let big = Some(("c3".to_string(), quota(10, 150)));
+        assert_eq!(
+            claim("u\0e", 100, big.clone()).await,
+            Claimed::Claimed,
+            "bytes: 100 of 150"
+        );
+        assert_eq!(
+            claim("u\0f", 100, big).await,
+            Claimed::Rejected(Rejected::Scope),
+            "bytes: 200 of 150"
+        );
+        let usage = store.record_usage("s", "c1");
+        assert_eq!(store.record_owners(), (3, 3));
+        store.close().await;
+        drop(store);
+        let again = MarkStore::open(&path).expect("reopen");
+        assert_eq!(again.record_usage("s", "c1"), usage);
+        assert_eq!(again.record_owners(), (3, 3));
+        // Everything expires: the tally empties with the records.
+        assert_eq!(again.collect_records(1000, 100).await.expect("collect"), 4);
+        assert_eq!(again.record_owners(), (0, 0));
+        assert_eq!(again.record_usage("s", "c1").0, quota::Usage::default());
+    }
 }
