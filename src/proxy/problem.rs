@@ -354,8 +354,9 @@ impl Outcome {
             Outcome::InProgress { .. } => "OperationAborted",
             Outcome::KeyReused { .. } => "IdempotencyKeyReused",
             Outcome::OutcomeUnknown { .. } => "IdempotencyOutcomeUnknown",
-            // S3's "reduce your request rate": SDKs back off and retry it.
-            Outcome::KeyRejected { .. } => "SlowDown",
+            // Not S3's own (its `SlowDown` is a 503, said by `draining`), but one of the
+            // throttling codes botocore's standard and adaptive retry modes back off on.
+            Outcome::KeyRejected { .. } => "TooManyRequestsException",
             Outcome::MultiScope { .. } => "MultiScope",
             Outcome::UnfencedOperation { .. } => "UnfencedOperation",
             Outcome::MalformedBody { code, .. } => code,
