@@ -302,6 +302,13 @@ async fn a_client_past_its_records_is_refused_until_they_expire() {
     let other = raw_put(proxy.proxy_addr, "127.0.0.2", "/big/b0", "\"b-0\"").await;
     assert!(other.starts_with("HTTP/1.1 200"), "{other}");
     assert_eq!(proxy.app.store.record_count().unwrap(), 4);
+    let metrics = Client::new(proxy.admin_addr).get("/metrics").await.body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "fencegate_idempotency_records 4"),
+        "{metrics}"
+    );
 
     // The first client's records expire (ttl 2 s); its next new key reclaims them.
     let deadline = tokio::time::Instant::now() + BOUND;
