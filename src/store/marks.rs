@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redb::{
     ConcurrencyMode, Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata,
@@ -45,6 +45,15 @@ const RECORD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("id
 const RECORD_OWNER: TableDefinition<&str, (&str, u64)> = TableDefinition::new("idempotency_owner");
 /// Expired records a refused claim deletes first, in its own transaction.
 const RECLAIM_BATCH: usize = 256;
+/// A failed store tries to reopen its file this long after the failure, then twice as
+/// long after each attempt that fails, up to [`REOPEN_MAX`].
+const REOPEN_FIRST: Duration = Duration::from_secs(1);
+const REOPEN_MAX: Duration = Duration::from_secs(30);
+/// Free bytes the volume needs before a reopen is tried: the reopen writes (redb's
+/// repair, the journal's advances).
+const REOPEN_FREE: u64 = 4 << 20;
+/// Expired records deleted right after a reopen, before anything else is committed.
+const REOPEN_COLLECT: usize = 100_000;
 const FORMAT_VERSION: u64 = 1;
 /// The journal generation whose records a checkpoint last committed to redb. The journal's
 /// header is then that generation (a crash before its reset) or the next: anything else
@@ -151,7 +160,8 @@ pub enum Claimed {
 }
 
 struct Inner {
-    db: Arc<Database>,
+    /// The database; none while the writer reopens it after a failure.
+    db: Slot,
     stats: Arc<StoreStats>,
     commits: Commits,
     failed: Arc<AtomicBool>,
@@ -160,7 +170,13 @@ struct Inner {
     pending: Arc<Mutex<Pending>>,
     /// What the idempotency records take (changed by the writer once committed).
     tally: Arc<Mutex<Tally>>,
+    /// The store file, once known: the writer reopens it after a failure.
+    reopen: Arc<Mutex<Option<PathBuf>>>,
 }
+
+/// The open database, shared by the handles and the writer: the writer takes it out to
+/// reopen the file after a failure ([`Writer::reopen`]).
+type Slot = Arc<std::sync::RwLock<Option<Arc<Database>>>>;
 
 /// Where commits happen.
 enum Commits {
@@ -254,6 +270,7 @@ impl MarkStore {
             &journal_path(path).display().to_string(),
             Some(Volume::of(path)),
         )
+        .map(|store| store.reopenable(path))
     }
 
     /// Opens a store on redb backends for the marks and the journal (tests inject failing
@@ -322,8 +339,12 @@ impl MarkStore {
             Some(file) => Some(recover(&db, file, name)?),
             None => None,
         };
+        let slot: Slot = Arc::new(std::sync::RwLock::new(Some(db.clone())));
+        let reopen = Arc::new(Mutex::new(None));
         let writer = Writer {
             db: db.clone(),
+            slot: slot.clone(),
+            reopen: reopen.clone(),
             failed: failed.clone(),
             floor: floor.clone(),
             stats: stats.clone(),
@@ -342,9 +363,11 @@ impl MarkStore {
                 .map_err(|e| open_err(redb::Error::Io(e)))?;
             Commits::Thread(tx)
         };
+        drop(db);
         Ok(MarkStore {
             inner: Arc::new(Inner {
-                db,
+                db: slot,
+                reopen,
                 stats,
                 commits,
                 failed,
@@ -355,10 +378,28 @@ impl MarkStore {
         })
     }
 
+    /// This store reopens the file at `path` after a failure.
+    fn reopenable(self, path: &Path) -> MarkStore {
+        *self.inner.reopen.lock().unwrap_or_else(|p| p.into_inner()) = Some(path.to_path_buf());
+        self
+    }
+
     /// The underlying database, for other tables in the same file (the local lease
     /// authority keeps its counters here). Their write transactions queue behind ours.
-    pub fn database(&self) -> Arc<Database> {
-        self.inner.db.clone()
+    /// `None` only while the writer reopens the file after a failure (a handle taken here
+    /// keeps it from doing so: the reopen then waits for a restart).
+    pub fn database(&self) -> Option<Arc<Database>> {
+        self.db().ok()
+    }
+
+    /// The database as it is now.
+    fn db(&self) -> Result<Arc<Database>, StoreError> {
+        self.inner
+            .db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| StoreError::Failed("the store is being reopened".into()))
     }
 
     pub fn stats(&self) -> &StoreStats {
@@ -508,7 +549,7 @@ impl MarkStore {
         if pending.is_some() {
             return Ok(pending);
         }
-        Ok(list_marks(&*self.inner.db, prefix, None, 2)?
+        Ok(list_marks(&*self.db()?, prefix, None, 2)?
             .into_iter()
             .map(|(s, _)| s)
             .find(|s| matches(s)))
@@ -516,14 +557,14 @@ impl MarkStore {
 
     /// The record under `key`, expired or not (the caller reads its expiry).
     pub fn record(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(read_err)?;
+        let txn = self.db()?.begin_read().map_err(read_err)?;
         let t = txn.open_table(RECORDS).map_err(read_err)?;
         Ok(t.get(key).map_err(read_err)?.map(|g| g.value().to_vec()))
     }
 
     /// Idempotency records on disk (for tests and metrics).
     pub fn record_count(&self) -> Result<u64, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(read_err)?;
+        let txn = self.db()?.begin_read().map_err(read_err)?;
         let t = txn.open_table(RECORDS).map_err(read_err)?;
         t.len().map_err(read_err)
     }
@@ -583,7 +624,7 @@ impl MarkStore {
             .unwrap_or_else(|p| p.into_inner())
             .get(scope)
             .copied();
-        Ok(journaled.max(get_mark(&*self.inner.db, scope)?))
+        Ok(journaled.max(get_mark(&*self.db()?, scope)?))
     }
 
     /// Applies the journal's advances to redb, so that redb alone shows every mark
@@ -605,13 +646,13 @@ impl MarkStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, Token)>, StoreError> {
-        list_marks(&*self.inner.db, prefix, after, limit)
+        list_marks(&*self.db()?, prefix, after, limit)
     }
 
     /// The epoch floor and every mark as of one moment (a backup), as redb has them: after
     /// a [`checkpoint`](MarkStore::checkpoint), every mark.
     pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
-        Snapshot::of(&*self.inner.db)
+        Snapshot::of(&*self.db()?)
     }
 }
 
@@ -644,6 +685,23 @@ fn initialize(db: &Database) -> Result<u64, redb::Error> {
     }
     txn.commit()?;
     Ok(floor)
+}
+
+/// An empty in-memory database: what the writer holds while its file is closed.
+fn placeholder() -> Result<Database, redb::DatabaseError> {
+    Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())
+}
+
+/// The store file at `path` opened again as [`MarkStore::open`] opens it: the database,
+/// its journal (applied), the epoch floor and the records' usage.
+fn reopen_parts(path: &Path) -> Result<(Database, Journal, u64, Tally), String> {
+    let db = builder().create(path).map_err(|e| e.to_string())?;
+    let journal = JournalFile::open(&journal_path(path)).map_err(|e| e.to_string())?;
+    let floor = initialize(&db).map_err(|e| e.to_string())?;
+    let journal = recover(&db, journal, &journal_path(path).display().to_string())
+        .map_err(|e| e.to_string())?;
+    let tally = tally_records(&db).map_err(|e| e.to_string())?;
+    Ok((db, journal, floor, tally))
 }
 
 /// The records' usage as the file holds it (once, at open; bounded by the records).
@@ -1232,11 +1290,42 @@ struct Writer {
     tally: Arc<Mutex<Tally>>,
     /// Where the store file is, for its free space (none on a test backend).
     volume: Option<Volume>,
+    /// Shared with the handles: emptied while the file is reopened.
+    slot: Slot,
+    /// The store file to reopen after a failure (none on a test backend).
+    reopen: Arc<Mutex<Option<PathBuf>>>,
 }
 
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Op>) {
-        while let Ok(first) = rx.recv() {
+        let mut wait = REOPEN_FIRST;
+        let mut next_reopen = Instant::now() + wait;
+        loop {
+            // A failed store waits for its next reopen as well as for ops (which it fails
+            // meanwhile).
+            let reopening = self.failed.load(Ordering::Acquire) && self.reopens();
+            let first = if reopening {
+                match rx.recv_timeout(next_reopen.saturating_duration_since(Instant::now())) {
+                    Ok(op) => Some(op),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(op) => Some(op),
+                    Err(_) => return,
+                }
+            };
+            if reopening && Instant::now() >= next_reopen {
+                self = self.reopen();
+                if self.failed.load(Ordering::Acquire) {
+                    wait = (wait * 2).min(REOPEN_MAX);
+                } else {
+                    wait = REOPEN_FIRST;
+                }
+                next_reopen = Instant::now() + wait;
+            }
+            let Some(first) = first else { continue };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -1283,6 +1372,99 @@ impl Writer {
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this store reopens its file after a failure (it was opened from a path).
+    fn reopens(&self) -> bool {
+        self.reopen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// After a failure (a full disk, a write error), reopens the store file as a start-up
+    /// would, once the volume has room: redb refuses every operation after an I/O error
+    /// until the file is closed. The handles see no database meanwhile (reads fail, as
+    /// writes do while failed). Nothing in memory is trusted over the file: the journal's
+    /// advances are applied from the journal, the floor and the records' usage are read
+    /// again, and the expired records are deleted first. A mark a failed commit may have
+    /// written stays (a mark is never lowered); its request was answered 503, never
+    /// forwarded. If another handle holds the database (the `local` authority does), or
+    /// the reopen fails, the store stays failed and tries again later.
+    fn reopen(mut self) -> Writer {
+        let Some(path) = self
+            .reopen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return self;
+        };
+        if self
+            .volume
+            .as_ref()
+            .and_then(Volume::free)
+            .is_some_and(|free| free < REOPEN_FREE)
+        {
+            return self;
+        }
+        // Everyone lets go of the database: the handles' reads end within moments.
+        let taken = self.slot.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(taken);
+        let old = Arc::downgrade(&self.db);
+        let placeholder = match placeholder() {
+            Ok(db) => Arc::new(db),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reopen the mark store");
+                *self.slot.write().unwrap_or_else(|p| p.into_inner()) = Some(self.db.clone());
+                return self;
+            }
+        };
+        self.db = placeholder;
+        for _ in 0..100 {
+            if old.strong_count() == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(db) = old.upgrade() {
+            tracing::warn!(
+                "the mark store failed and another part of the process holds its file (the local authority); it reopens at a restart"
+            );
+            *self.slot.write().unwrap_or_else(|p| p.into_inner()) = Some(db.clone());
+            self.db = db;
+            *self.reopen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            return self;
+        }
+        self.journal = None;
+        match reopen_parts(&path) {
+            Ok((db, journal, floor, tally)) => {
+                let db = Arc::new(db);
+                self.db = db.clone();
+                self.journal = Some(journal);
+                self.lock_pending().clear();
+                self.floor.store(floor, Ordering::Release);
+                *self.tally.lock().unwrap_or_else(|p| p.into_inner()) = tally;
+                *self.slot.write().unwrap_or_else(|p| p.into_inner()) = Some(db);
+                self.failed.store(false, Ordering::Release);
+                // Room first: the expired records go before anything else is committed.
+                let (reply, _) = oneshot::channel();
+                self.commit_redb(vec![Op::Collect {
+                    now: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                    limit: REOPEN_COLLECT,
+                    reply,
+                }]);
+                if !self.failed.load(Ordering::Acquire) {
+                    tracing::info!(path = %path.display(), "the mark store was reopened after its failure; writes are taken again");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the mark store could not be reopened yet; trying again later");
+            }
+        }
+        self
     }
 
     /// Applies the journal's advances to redb, then empties the journal. A failure fails
@@ -1853,7 +2035,8 @@ mod tests {
         drop(rx);
         let gone = MarkStore {
             inner: Arc::new(Inner {
-                db: store.database(),
+                db: Arc::new(std::sync::RwLock::new(store.database())),
+                reopen: Arc::default(),
                 stats: Arc::default(),
                 commits: Commits::Thread(tx),
                 failed: Arc::default(),
@@ -2128,7 +2311,7 @@ mod tests {
         assert_eq!(claim("s\0b", 10, q.clone()).await, Claimed::Claimed);
         let past = claim("s\0c", 100, q.clone()).await;
         assert_eq!(past, Claimed::Claimed, "the expired record made room");
-        assert!(store.record(&"s\0b".to_string()).expect("read").is_none());
+        assert!(store.record("s\0b").expect("read").is_none());
         assert_eq!(
             claim("s\0d", 100, q.clone()).await,
             Claimed::Rejected(Rejected::Scope)

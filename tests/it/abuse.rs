@@ -767,3 +767,80 @@ async fn http2_readers_that_never_read_are_bounded() {
         200
     );
 }
+
+/// Fills the volume at `dir` with a file of its own until the disk refuses more.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).expect("filler");
+    let chunk = vec![0u8; 1 << 20];
+    // Bounded: a tmpfs of a few MB takes a few writes.
+    for _ in 0..1024 {
+        if f.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    let _ = f.sync_all();
+    path
+}
+
+/// A store whose disk filled (something else took the volume; a commit failed with
+/// ENOSPC) fails closed, then reopens by itself once space returns: writes are taken
+/// again without a restart, and no mark acknowledged before is lost or lowered.
+#[tokio::test]
+async fn a_store_that_hit_a_full_disk_recovers_once_space_returns() {
+    use fencegate::store::MarkStore;
+    use fencegate::token::Token;
+    let Some(vol) = Tmpfs::mount("24m") else {
+        return;
+    };
+    let store = MarkStore::open(&vol.path.join("marks.redb")).expect("open");
+    store
+        .advance("kept".into(), Token::new(1, 7))
+        .await
+        .expect("advance");
+    let filler = fill(&vol.path);
+    // A record too large for what is left: its commit fails, and the store with it.
+    let mut value = u64::MAX.to_be_bytes().to_vec();
+    value.resize(4 << 20, b'x');
+    let claimed = store.claim("s\0k".into(), value, None, 0).await;
+    assert!(
+        claimed.is_err(),
+        "a commit on a full disk fails: {claimed:?}"
+    );
+    assert!(store.is_failed());
+    assert!(
+        store
+            .advance("other".into(), Token::new(1, 1))
+            .await
+            .is_err(),
+        "failed closed"
+    );
+
+    // Space returns: the store reopens by itself (bounded wait).
+    std::fs::remove_file(&filler).expect("remove filler");
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while store.is_failed() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store never reopened"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        store
+            .advance("other".into(), Token::new(1, 1))
+            .await
+            .expect("advance"),
+        Token::new(1, 1)
+    );
+    assert_eq!(
+        store
+            .advance("kept".into(), Token::new(1, 3))
+            .await
+            .expect("advance"),
+        Token::new(1, 7),
+        "the mark acknowledged before is kept, never lowered"
+    );
+    store.close().await;
+}
