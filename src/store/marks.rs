@@ -4,8 +4,9 @@
 //! everything queued, applies the max per scope in one transaction, commits with immediate
 //! durability (one fsync for the whole batch: group commit), and only then answers. A
 //! failed commit fails the store closed: redb says a failed commit may still be durable,
-//! so nothing in memory may be trusted to match the disk until a restart reopens it. A
-//! writer that panics or stops fails the store closed too.
+//! so nothing in memory may be trusted to match the disk until the file is opened again:
+//! by the writer itself once the volume has room ([`Writer::reopen`]), or by a restart. A
+//! writer that panics or stops fails the store closed for good.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
