@@ -868,3 +868,44 @@ async fn a_store_that_hit_a_full_disk_recovers_once_space_returns() {
     );
     store.close().await;
 }
+
+/// The new bounds are validated with their key paths; the defaults are the documented
+/// ones.
+#[test]
+fn the_bounds_are_checked_and_default_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |extra_store: &str, server: &str, idempotency: &str| {
+        format!(
+            "[server]\n{server}\n[store]\npath = \"x.redb\"\n{extra_store}\n[idempotency]\n{idempotency}\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:9\"\n[[route]]\nname = \"r\"\npath = \"/r/{{k}}\"\nscope = \"r/{{k}}\"\nupstream = \"u\"\n"
+        )
+    };
+    let errors = fencegate::config::Config::parse(
+        &text(
+            "min_free = \"lots\"",
+            "max_concurrent_streams = 5000",
+            "max_records_per_client = 0\nmax_record_bytes_per_scope = \"100KiB\"",
+        ),
+        dir.path(),
+    )
+    .expect_err("bad bounds");
+    let paths: Vec<&str> = errors.0.iter().map(|e| e.path.as_str()).collect();
+    for path in [
+        "server.max_concurrent_streams",
+        "store.min_free",
+        "idempotency.max_records_per_client",
+        "idempotency.max_record_bytes_per_scope",
+    ] {
+        assert!(paths.contains(&path), "{path} in {paths:?}");
+    }
+    let config = fencegate::config::Config::parse(&text("", "", ""), dir.path()).expect("defaults");
+    assert_eq!(config.server.max_concurrent_streams, 128);
+    assert_eq!(config.store.min_free, 64 << 20);
+    let i = &config.idempotency;
+    assert_eq!(
+        (i.max_records.records, i.max_records.bytes),
+        (1_000_000, 4 << 30)
+    );
+    for per in [i.max_records_per_scope, i.max_records_per_client] {
+        assert_eq!((per.records, per.bytes), (10_000, 256 << 20));
+    }
+}
