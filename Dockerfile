@@ -43,6 +43,10 @@ COPY --from=builder /usr/local/bin/fencegate /usr/local/bin/fencegate
 COPY config/edge.toml /etc/fencegate/fencegate.toml
 
 USER fencegate
+# mimalloc gives freed memory back to the system only when the thread that freed it
+# allocates again; a worker that went quiet after a burst (clients that held HTTP/2
+# streams and left) would keep it. Purging at once returns it (OPERATIONS, Limits).
+ENV MIMALLOC_PURGE_DELAY=0
 VOLUME /var/lib/fencegate
 # 8080: the proxy. 9090: the admin API (loopback-only unless your config says otherwise).
 EXPOSE 8080 9090

@@ -201,6 +201,7 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
     match (&method, path.as_str()) {
         (&Method::GET, "/metrics") => {
             let floor = app.store.floor() as f64;
+            let records = app.store.record_usage("", "").0;
             let text = app.metrics.render(
                 app.store.stats(),
                 &[
@@ -223,6 +224,26 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
                         "fencegate_idempotency_buffered_bytes",
                         "Bytes of bodies held in memory for requests with an Idempotency-Key (bounded by idempotency.max_buffered).",
                         app.proxy.idempotency().buffered() as f64,
+                    ),
+                    (
+                        "fencegate_idempotency_records",
+                        "Idempotency records on disk (bounded by idempotency.max_records).",
+                        records.records as f64,
+                    ),
+                    (
+                        "fencegate_idempotency_record_bytes",
+                        "Bytes the idempotency records count for (bounded by idempotency.max_record_bytes).",
+                        records.bytes as f64,
+                    ),
+                    (
+                        "fencegate_connection_fds",
+                        "Descriptors held by client and upstream connections (bounded by fencegate_connection_fds_budget).",
+                        crate::rt::fds::open() as f64,
+                    ),
+                    (
+                        "fencegate_connection_fds_budget",
+                        "Descriptors connections may hold: the open-file limit less a reserve.",
+                        crate::rt::fds::limits().map_or(0.0, |l| l.budget as f64),
                     ),
                 ],
             );

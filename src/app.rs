@@ -149,6 +149,17 @@ impl Running {
 
 /// Opens the store (unless one is given), binds both listeners and starts serving.
 pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, StartError> {
+    // Once per process: the soft open-file limit raised to the hard one, and the budget
+    // of connections under it.
+    let fds = crate::rt::fds::raise();
+    if fds.was != fds.limit {
+        tracing::info!(from = fds.was, to = fds.limit, "open-file limit raised");
+    }
+    tracing::debug!(
+        limit = fds.limit,
+        budget = fds.budget,
+        "connections' file descriptors"
+    );
     // Read before anything is opened or bound, so bad files fail the start cleanly.
     let load = |files: Option<&crate::tls::ListenerFiles>| -> Result<_, StartError> {
         Ok(match files {
@@ -533,7 +544,7 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     let fixed = [
         ("server", old.server != new.server),
         ("admin", old.admin != new.admin),
-        ("store", old.store.path != new.store.path),
+        ("store", old.store != new.store),
         (
             "idempotency.max_buffered",
             old.idempotency.max_buffered != new.idempotency.max_buffered,

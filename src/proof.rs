@@ -109,7 +109,8 @@ fn read_key_file(path: &Path, header: &str, kind: &str) -> Result<(String, Vec<u
     if header == KEY_HEADER {
         crate::config::value::private_file(path).map_err(ProofError::KeyFile)?;
     }
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let text = crate::config::value::read_bounded_text(path, crate::config::value::MAX_SECRET_FILE)
+        .map_err(|e| bad(format!("cannot read: {e}")))?;
     let mut lines = text.lines();
     if lines.next() != Some(header) {
         return Err(bad(format!("not a {header:?} file")));

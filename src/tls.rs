@@ -506,7 +506,8 @@ fn noted_at<T>(
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    crate::config::value::read_bounded(path, crate::config::value::MAX_FILE)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 /// Every `CERTIFICATE` block of a PEM file, in order; at least one.

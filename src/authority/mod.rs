@@ -168,10 +168,15 @@ pub async fn engine(
     metrics: Arc<AuthorityMetrics>,
 ) -> Result<Engine, ServeError> {
     match &config.backend {
-        Backend::Local => local::Local::open(store.database(), config)
-            .await
-            .map(|l| Engine::Local(l.with_metrics(metrics)))
-            .map_err(|e| ServeError::Engine(e.to_string())),
+        Backend::Local => local::Local::open(
+            store
+                .database()
+                .ok_or_else(|| ServeError::Engine("the mark store is being reopened".into()))?,
+            config,
+        )
+        .await
+        .map(|l| Engine::Local(l.with_metrics(metrics)))
+        .map_err(|e| ServeError::Engine(e.to_string())),
         #[cfg(feature = "etcd")]
         Backend::Etcd { endpoints } => etcd::Etcd::connect(endpoints, config)
             .await

@@ -318,7 +318,7 @@ fn classify(
                 .and_then(|v| v.as_str())
                 .and_then(|n| n.parse().ok()),
         },
-        "draining" | "unavailable" | "upstream_unavailable" | "in_progress" => {
+        "draining" | "unavailable" | "upstream_unavailable" | "in_progress" | "key_rejected" => {
             FenceResult::Transient {
                 retry_after: retry_after(&headers),
                 result,

@@ -86,7 +86,8 @@ impl ClientTls {
         identity: Option<(&Path, &Path)>,
     ) -> Result<ClientTls, TlsSetupError> {
         let read = |p: &Path| {
-            std::fs::read(p).map_err(|e| TlsSetupError(format!("cannot read {}: {e}", p.display())))
+            crate::config::value::read_bounded(p, crate::config::value::MAX_FILE)
+                .map_err(|e| TlsSetupError(format!("cannot read {}: {e}", p.display())))
         };
         let certs = |p: &Path| -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
             let pem = read(p)?;

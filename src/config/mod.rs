@@ -271,7 +271,7 @@ fn cluster_limits(
 impl Config {
     /// Reads and validates a file. Relative paths in it are resolved against its directory.
     pub fn load(file: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(file).map_err(|e| {
+        let text = value::read_bounded_text(file, value::MAX_FILE).map_err(|e| {
             ConfigErrors(vec![ConfigError {
                 path: String::new(),
                 message: format!("cannot read {}: {e}", file.display()),

@@ -125,11 +125,41 @@ pub fn positive(v: Option<usize>, default: usize, path: &str, errors: &mut Error
     }
 }
 
+/// Largest file fencegate reads whole: a configuration, a TLS certificate bundle. A path
+/// that names something larger (a device, a log by mistake) is refused instead of filling
+/// memory.
+pub const MAX_FILE: u64 = 16 << 20;
+/// Largest key or secret file (a token, an Ed25519 key file): a few hundred bytes each.
+pub const MAX_SECRET_FILE: u64 = 64 << 10;
+
+/// The contents of `path`, if not longer than `max` bytes (read no further than that).
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(std::io::Error::other(format!(
+            "longer than {max} bytes (no such file is)"
+        )));
+    }
+    Ok(out)
+}
+
+/// [`read_bounded`] as UTF-8 text.
+pub fn read_bounded_text(path: &Path, max: u64) -> std::io::Result<String> {
+    String::from_utf8(read_bounded(path, max)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
+}
+
 /// The trimmed contents of a secret file, not empty and kept from other users
-/// ([`private_file`]); its errors go at `at`, under `path` (its key).
+/// ([`private_file`]), read no further than [`MAX_SECRET_FILE`]; its errors go at `at`,
+/// under `path` (its key).
 pub fn read_secret(file: &Path, path: &str, at: Place, errors: &mut Errors) -> Option<String> {
     let message = match private_file(file).and_then(|()| {
-        std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
+        read_bounded_text(file, MAX_SECRET_FILE)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))
     }) {
         Ok(t) if !t.trim().is_empty() => return Some(t.trim().to_string()),
         Ok(_) => format!("{} is empty", file.display()),
@@ -195,5 +225,25 @@ pub fn write_private(file: impl AsRef<Path>, text: impl AsRef<[u8]>) {
         use std::os::unix::fs::PermissionsExt;
         f.set_permissions(std::fs::Permissions::from_mode(0o600))
             .expect("chmod 600");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path handed in that names something endless (a device) or too large is refused
+    /// after reading one byte past the bound, never read whole.
+    #[test]
+    fn files_are_read_no_further_than_their_bound() {
+        let e = read_bounded(Path::new("/dev/zero"), 1024).expect_err("endless");
+        assert!(e.to_string().contains("longer than 1024 bytes"), "{e}");
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("k");
+        std::fs::write(&f, b"0123456789").expect("write");
+        assert_eq!(read_bounded(&f, 10).expect("at the bound"), b"0123456789");
+        assert!(read_bounded(&f, 9).is_err());
+        std::fs::write(&f, [0xff, 0xfe]).expect("write");
+        assert!(read_bounded_text(&f, 10).is_err(), "not UTF-8");
     }
 }

@@ -29,6 +29,9 @@ pub struct ServerConfig {
     /// Largest request head in bytes, and most header lines; beyond: 431.
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// Concurrent streams of one HTTP/2 connection; each may hold one upstream
+    /// connection, so this bounds those per client connection too.
+    pub max_concurrent_streams: u32,
     /// Peers whose X-Forwarded-* headers are kept (and appended to); from anyone else
     /// they are stripped, since a client could claim any address or scheme.
     pub trusted_proxies: Vec<IpNet>,
@@ -98,6 +101,7 @@ pub(crate) struct RawServer {
     send_timeout: Option<String>,
     max_header_bytes: Option<String>,
     max_headers: Option<usize>,
+    max_concurrent_streams: Option<usize>,
     trusted_proxies: Option<Vec<String>>,
     tls: Option<RawListenerTls>,
 }
@@ -123,6 +127,12 @@ impl ServerDraft {
         config
     }
 }
+
+/// `server.max_concurrent_streams` by default (nginx's `http2_max_concurrent_streams`).
+pub const DEFAULT_STREAMS: u32 = 128;
+/// The most `server.max_concurrent_streams` may be: what one connection may then hold in
+/// memory and upstream connections is already more than a client needs.
+pub const MAX_STREAMS: u32 = 1024;
 
 /// Validates `[server]`; relative paths are resolved against `base`.
 pub(crate) fn parse(server: RawServer, base: &Path, errors: &mut Errors) -> ServerDraft {
@@ -201,6 +211,22 @@ pub(crate) fn parse(server: RawServer, base: &Path, errors: &mut Errors) -> Serv
         )
         .max(8192) as usize,
         max_headers: positive(server.max_headers, 100, "server.max_headers", errors),
+        max_concurrent_streams: match server.max_concurrent_streams {
+            Some(n) if n > MAX_STREAMS as usize => {
+                errors.push(
+                    "server.max_concurrent_streams",
+                    format!("must be at most {MAX_STREAMS}"),
+                );
+                DEFAULT_STREAMS
+            }
+            n => u32::try_from(positive(
+                n,
+                DEFAULT_STREAMS as usize,
+                "server.max_concurrent_streams",
+                errors,
+            ))
+            .unwrap_or(DEFAULT_STREAMS),
+        },
         trusted_proxies,
         tls: server
             .tls

@@ -346,7 +346,9 @@ fn http_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     b.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(256)
+        // Each stream may hold an upstream connection and its buffers: the bound on both
+        // per client connection.
+        .max_concurrent_streams(server.max_concurrent_streams)
         // Rapid reset (CVE-2023-44487): bound streams reset before they are served.
         .max_pending_accept_reset_streams(Some(64))
         .max_local_error_reset_streams(Some(256))
@@ -375,8 +377,9 @@ struct Handed {
     open: OpenCount,
 }
 
-/// Counts a connection as open on its worker while it lives.
-struct OpenCount(Arc<AtomicUsize>);
+/// Counts a connection as open on its worker, and its descriptor against the process's
+/// budget ([`crate::rt::fds`]), while it lives.
+struct OpenCount(Arc<AtomicUsize>, #[allow(dead_code)] crate::rt::fds::Fd);
 
 impl Drop for OpenCount {
     fn drop(&mut self) {
@@ -534,6 +537,12 @@ where
             else {
                 break;
             };
+            // Past the budget of descriptors the connection is closed here, so that the
+            // reserve stays for the listeners, the store and the log.
+            let Some(fd) = crate::rt::fds::take() else {
+                tracing::debug!(%peer, "no file descriptor to spare; closing");
+                continue;
+            };
             let Ok(stream) = stream.into_std() else {
                 continue;
             };
@@ -553,7 +562,7 @@ where
                 stream,
                 peer,
                 slot,
-                open: OpenCount(open.clone()),
+                open: OpenCount(open.clone(), fd),
             };
             if tx.send(handed).is_err() {
                 tracing::warn!(worker = lane, "worker gone; connection dropped");

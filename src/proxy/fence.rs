@@ -607,6 +607,7 @@ impl<S> Fence<S, Typed> {
             }
             _ => None,
         };
+        let client = conn.peer.ip();
         let resp = self.hand_in(req, table, plan, conn).await;
         match record {
             None => resp,
@@ -618,6 +619,7 @@ impl<S> Fence<S, Typed> {
                     scope,
                     route,
                     token,
+                    client,
                 ))
                 .await
             }
@@ -683,7 +685,10 @@ async fn read_answer(mut body: Body, limit: usize) -> Result<Bytes, String> {
 /// Records the upload id of a CreateMultipartUpload's successful answer with its
 /// scope (SPEC §15), durably, before the answer goes on. An answer whose id cannot be
 /// read goes on unrecorded (its parts will be refused as unknown, loudly); a record
-/// that cannot be made durable is 503 `unavailable`.
+/// that cannot be made durable, or past the bounds on records (the store's and its
+/// client's, as for idempotency records: see `idempotency.max_records*`), is 503
+/// `unavailable`.
+#[allow(clippy::too_many_arguments)]
 async fn record_upload(
     store: &crate::store::MarkStore,
     resp: Response<Body>,
@@ -691,6 +696,7 @@ async fn record_upload(
     scope: String,
     route: usize,
     token: crate::token::Token,
+    client: std::net::IpAddr,
 ) -> Response<Body> {
     use super::s3::upload;
     use http_body_util::BodyExt;
@@ -720,10 +726,27 @@ async fn record_upload(
             let now = super::now_secs();
             let value = upload::record_value(now + upload::UPLOAD_TTL.as_secs(), &scope);
             let key = upload::record_key(upstream, &id);
-            let stored = store.claim(key, value, None, now).await;
+            let settings = &table.config.idempotency;
+            // Every upload record shares one scope of its own: the store's bound stands
+            // for it.
+            let quota = crate::store::quota::RecordQuota {
+                total: settings.max_records,
+                per_scope: settings.max_records,
+                per_client: settings.max_records_per_client,
+                reserve: 0,
+                min_free: table.config.store.min_free,
+            };
+            let stored = store
+                .claim_within(key, value, None, now, Some((client.to_string(), quota)))
+                .await;
+            use crate::store::marks::Claimed;
             let ours = match &stored {
-                Ok(None) => true,
-                Ok(Some(v)) => upload::record_scope(v, now) == Some(scope.as_str()),
+                Ok(Claimed::Claimed) => true,
+                Ok(Claimed::Held(v)) => upload::record_scope(v, now) == Some(scope.as_str()),
+                Ok(Claimed::Rejected(why)) => {
+                    tracing::warn!(%scope, reason = why.describe(), "a multipart upload not recorded: past a bound on records");
+                    false
+                }
                 Err(_) => false,
             };
             if !ours {

@@ -27,6 +27,8 @@ use crate::proxy::fence::{Admitted, Stage};
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan};
 use crate::rt::timer::ReadTimedOut;
 use crate::store::MarkStore;
+use crate::store::marks::Claimed;
+use crate::store::quota::RecordQuota;
 
 /// The idempotency stage as a layer, under the fence: a fenced, admitted request on a
 /// route with `idempotency` on is claimed, forwarded by the inner service and recorded;
@@ -139,9 +141,20 @@ where
     }
 }
 
+/// Whether `method` is safe (RFC 9110 §9.2.1): a read changes nothing, so a retry of one
+/// needs no record, only to be sent again.
+fn is_safe(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS | http::Method::TRACE
+    )
+}
+
 /// The admitted request with its body boxed, and whether this stage keys it (a fenced
-/// generation on a route with `idempotency` on); both ways in ([`Stage`] and `Service`)
-/// decide with it.
+/// generation on a route with `idempotency` on, of a method that may change something:
+/// one the route fences, or any but the safe ones; a safe read with a token is fenced
+/// but not recorded, so a client cannot fill the store with copies of what it reads);
+/// both ways in ([`Stage`] and `Service`) decide with it.
 fn boxed_and_keyed<B>(a: Admitted<B>) -> (Admitted<Body>, bool)
 where
     B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
@@ -154,7 +167,10 @@ where
         conn,
     } = a;
     let req = req.map(|b| b.map_err(Into::into).boxed());
-    let keyed = plan.guard.is_some() && table.config.routes[plan.route].idempotency != Mode::Off;
+    let route = &table.config.routes[plan.route];
+    let keyed = plan.guard.is_some()
+        && route.idempotency != Mode::Off
+        && (route.fences_method(req.method()) || !is_safe(req.method()));
     (
         Admitted {
             req,
@@ -561,6 +577,17 @@ impl Idempotency {
         let store = self.store.clone();
         let boot = self.boot;
         let cap = settings.max_response_body;
+        // The client a new record counts against: its address.
+        let quota = (
+            conn.peer.ip().to_string(),
+            RecordQuota {
+                total: settings.max_records,
+                per_scope: settings.max_records_per_scope,
+                per_client: settings.max_records_per_client,
+                reserve: settings.reserve(),
+                min_free: table.config.store.min_free,
+            },
+        );
         let budget = self.budget.clone();
         let task_path = req_path.clone();
         let task = crate::rt::drain::spawn_detached(async move {
@@ -576,7 +603,10 @@ impl Idempotency {
                 let mut claim = {
                     let (store, key, mine) = (store.clone(), record_key.clone(), mine.clone());
                     let replace_if = replace_if.take();
-                    Box::pin(async move { store.claim(key, mine, replace_if, now).await })
+                    let quota = Some(quota.clone());
+                    Box::pin(
+                        async move { store.claim_within(key, mine, replace_if, now, quota).await },
+                    )
                 };
                 let claimed = match crate::rt::timer::timeout_at(claim_by, &mut claim).await {
                     Ok(claimed) => claimed,
@@ -593,7 +623,7 @@ impl Idempotency {
                         // Counted by the worker's drain: shutdown waits for it (within
                         // its grace), so a landed claim is not left in flight.
                         crate::rt::drain::spawn_detached(async move {
-                            if let Ok(None) = claim.await {
+                            if let Ok(Claimed::Claimed) = claim.await {
                                 let _ = store.put_record(key, released).await;
                             }
                         });
@@ -601,8 +631,19 @@ impl Idempotency {
                     }
                 };
                 let existing = match claimed {
-                    Ok(None) => break,
-                    Ok(Some(existing)) => existing,
+                    Ok(Claimed::Claimed) => break,
+                    Ok(Claimed::Held(existing)) => existing,
+                    Ok(Claimed::Rejected(why)) => {
+                        tracing::debug!(%scope, reason = why.describe(), "a new Idempotency-Key past a bound on the records: key_rejected");
+                        return refuse(
+                            &mut plan,
+                            Outcome::KeyRejected {
+                                scope,
+                                token,
+                                detail: why.describe(),
+                            },
+                        );
+                    }
                     Err(_) => {
                         return refuse(&mut plan, Outcome::Unavailable { scope, token });
                     }

@@ -120,6 +120,13 @@ pub enum Outcome {
         scope: String,
         token: Token,
     },
+    /// A new Idempotency-Key past a bound on the records kept (the store's, the scope's,
+    /// the client's, or the volume's free space): nothing was recorded or forwarded.
+    KeyRejected {
+        scope: String,
+        token: Token,
+        detail: &'static str,
+    },
     /// The objects one request changes fall in more than one scope (SPEC §15, §16): a
     /// token is for one lock.
     MultiScope {
@@ -172,6 +179,7 @@ impl Outcome {
             Outcome::InProgress { .. } => "in_progress",
             Outcome::KeyReused { .. } => "key_reused",
             Outcome::OutcomeUnknown { .. } => "outcome_unknown",
+            Outcome::KeyRejected { .. } => "key_rejected",
             Outcome::MultiScope { .. } | Outcome::FencedBeneath { .. } => "multi_scope",
             Outcome::UnfencedOperation { .. } => "unfenced_operation",
             Outcome::MalformedBody { .. } => "invalid_request",
@@ -203,6 +211,7 @@ impl Outcome {
             Outcome::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::InProgress { .. } | Outcome::OutcomeUnknown { .. } => StatusCode::CONFLICT,
             Outcome::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Outcome::KeyRejected { .. } => StatusCode::TOO_MANY_REQUESTS,
             Outcome::InvalidProof { .. } => StatusCode::FORBIDDEN,
         }
     }
@@ -262,6 +271,10 @@ impl Outcome {
             Outcome::KeyReused { .. } => {
                 "This Idempotency-Key was used for a different request".into()
             }
+            Outcome::KeyRejected { detail, .. } => format!(
+                "No room to record this Idempotency-Key ({detail}); nothing was forwarded. Retry after Retry-After, when older records have expired"
+            )
+            .into(),
             Outcome::OutcomeUnknown { .. } => "The first attempt with this Idempotency-Key ended without a response; it may or may not have been applied. Check the resource, then retry with a new key".into(),
             Outcome::PayloadTooLarge { limit } => {
                 format!("The request body is larger than this route allows ({limit} bytes)").into()
@@ -278,6 +291,8 @@ impl Outcome {
         match self {
             Outcome::Draining { .. } | Outcome::InProgress { .. } => Some(1),
             Outcome::Unavailable { .. } => Some(5),
+            // Room comes back as records expire, collected once a minute.
+            Outcome::KeyRejected { .. } => Some(60),
             _ => None,
         }
     }
@@ -301,6 +316,7 @@ impl Outcome {
             | Outcome::InProgress { scope, token }
             | Outcome::KeyReused { scope, token }
             | Outcome::OutcomeUnknown { scope, token }
+            | Outcome::KeyRejected { scope, token, .. }
             | Outcome::InvalidProof { scope, token, .. }
             | Outcome::FencedBeneath { scope, token, .. } => (Some(scope), Some(token), None),
             Outcome::MissingToken { scope }
@@ -351,6 +367,9 @@ impl Outcome {
             Outcome::InProgress { .. } => "OperationAborted",
             Outcome::KeyReused { .. } => "IdempotencyKeyReused",
             Outcome::OutcomeUnknown { .. } => "IdempotencyOutcomeUnknown",
+            // Not S3's own (its `SlowDown` is a 503, said by `draining`), but one of the
+            // throttling codes botocore's standard and adaptive retry modes back off on.
+            Outcome::KeyRejected { .. } => "TooManyRequestsException",
             Outcome::MultiScope { .. } => "MultiScope",
             Outcome::FencedBeneath { .. } => "MembersFencedBeneath",
             Outcome::UnfencedOperation { .. } => "UnfencedOperation",
@@ -664,6 +683,11 @@ mod s3_tests {
                 token,
                 detail: "x".into(),
             },
+            Outcome::KeyRejected {
+                scope: scope(),
+                token,
+                detail: "x",
+            },
         ]
     }
 
@@ -692,6 +716,7 @@ mod s3_tests {
             Outcome::MalformedBody { .. } => 20,
             Outcome::UnknownUpload { .. } => 21,
             Outcome::FencedBeneath { .. } => 22,
+            Outcome::KeyRejected { .. } => 23,
         }
     }
 
@@ -719,7 +744,7 @@ mod s3_tests {
     #[test]
     fn every_outcome_is_listed_once() {
         let seen: std::collections::BTreeSet<usize> = every_outcome().iter().map(variant).collect();
-        assert_eq!(seen, (0..23).collect());
+        assert_eq!(seen, (0..24).collect());
     }
 
     #[tokio::test]

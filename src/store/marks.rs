@@ -4,13 +4,14 @@
 //! everything queued, applies the max per scope in one transaction, commits with immediate
 //! durability (one fsync for the whole batch: group commit), and only then answers. A
 //! failed commit fails the store closed: redb says a failed commit may still be durable,
-//! so nothing in memory may be trusted to match the disk until a restart reopens it. A
-//! writer that panics or stops fails the store closed too.
+//! so nothing in memory may be trusted to match the disk until the file is opened again:
+//! by the writer itself once the volume has room ([`Writer::reopen`]), or by a restart. A
+//! writer that panics or stops fails the store closed for good.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redb::{
     ConcurrencyMode, Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata,
@@ -20,6 +21,7 @@ use tokio::sync::oneshot;
 
 use super::Mark;
 use super::journal::{self, Journal, OpenError, Pending};
+use super::quota::{self, Changes, Delta, RecordQuota, Rejected, Tally, Volume};
 use crate::metrics::histogram::Histogram;
 use crate::token::Token;
 
@@ -37,6 +39,22 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 /// (expiry, record key), so expired records are found without a scan.
 const RECORD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("idempotency_expiry");
+/// Record key → (client, bytes counted for it): who a record counts against in the
+/// quotas, and how much (a record in flight counts as its largest completion). A record
+/// without a row (made before quotas, or an S3 upload's) counts against the client ""
+/// with its own size.
+const RECORD_OWNER: TableDefinition<&str, (&str, u64)> = TableDefinition::new("idempotency_owner");
+/// Expired records a refused claim deletes first, in its own transaction.
+const RECLAIM_BATCH: usize = 256;
+/// A failed store tries to reopen its file this long after the failure, then twice as
+/// long after each attempt that fails, up to [`REOPEN_MAX`].
+const REOPEN_FIRST: Duration = Duration::from_secs(1);
+const REOPEN_MAX: Duration = Duration::from_secs(30);
+/// Free bytes the volume needs before a reopen is tried: the reopen writes (redb's
+/// repair, the journal's advances).
+const REOPEN_FREE: u64 = 4 << 20;
+/// Expired records deleted right after a reopen, before anything else is committed.
+const REOPEN_COLLECT: usize = 100_000;
 const FORMAT_VERSION: u64 = 1;
 /// The journal generation whose records a checkpoint last committed to redb. The journal's
 /// header is then that generation (a crash before its reset) or the next: anything else
@@ -105,7 +123,10 @@ enum Op {
         value: Vec<u8>,
         replace_if: Option<Vec<u8>>,
         now: u64,
-        reply: oneshot::Sender<Result<Option<Vec<u8>>, StoreError>>,
+        /// The client it counts against and the bounds it must stay within; none: it
+        /// is counted (against the client "") but never refused.
+        quota: Option<(String, RecordQuota)>,
+        reply: oneshot::Sender<Result<Claimed, StoreError>>,
     },
     /// Idempotency: overwrite a claimed record (completion), keeping its expiry.
     Put {
@@ -124,19 +145,39 @@ enum Op {
 /// What one op of a committed batch answers.
 enum Answer {
     None,
-    Claim(Option<Vec<u8>>),
+    Claim(Claimed),
     Collected(usize),
 }
 
+/// What a claim of an idempotency record answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key is this attempt's.
+    Claimed,
+    /// A live record holds the key.
+    Held(Vec<u8>),
+    /// A bound of the quota refused a new record.
+    Rejected(Rejected),
+}
+
 struct Inner {
-    db: Arc<Database>,
+    /// The database; none while the writer reopens it after a failure.
+    db: Slot,
     stats: Arc<StoreStats>,
     commits: Commits,
     failed: Arc<AtomicBool>,
     floor: Arc<AtomicU64>,
     /// Advances in the journal and not yet in redb: the highest token per scope.
     pending: Arc<Mutex<Pending>>,
+    /// What the idempotency records take (changed by the writer once committed).
+    tally: Arc<Mutex<Tally>>,
+    /// The store file, once known: the writer reopens it after a failure.
+    reopen: Arc<Mutex<Option<PathBuf>>>,
 }
+
+/// The open database, shared by the handles and the writer: the writer takes it out to
+/// reopen the file after a failure ([`Writer::reopen`]).
+type Slot = Arc<std::sync::RwLock<Option<Arc<Database>>>>;
 
 /// Where commits happen.
 enum Commits {
@@ -228,7 +269,9 @@ impl MarkStore {
             Some(journal),
             false,
             &journal_path(path).display().to_string(),
+            Some(Volume::of(path)),
         )
+        .map(|store| store.reopenable(path))
     }
 
     /// Opens a store on redb backends for the marks and the journal (tests inject failing
@@ -246,7 +289,7 @@ impl MarkStore {
                 path: "<backend>".into(),
                 reason: e.to_string(),
             })?;
-        MarkStore::start(db, Some(journal), false, "<journal backend>")
+        MarkStore::start(db, Some(journal), false, "<journal backend>", None)
     }
 
     /// Opens a store on any redb backend, without a journal: every batch is a redb commit
@@ -271,7 +314,7 @@ impl MarkStore {
         let db = b
             .create_with_backend(backend)
             .map_err(|e| open_err(e.to_string()))?;
-        MarkStore::start(db, None::<JournalFile>, inline, "<backend>")
+        MarkStore::start(db, None::<JournalFile>, inline, "<backend>", None)
     }
 
     /// `name`: the journal's, for errors.
@@ -280,12 +323,14 @@ impl MarkStore {
         journal: Option<impl StorageBackend>,
         inline: bool,
         name: &str,
+        volume: Option<Volume>,
     ) -> Result<MarkStore, StoreError> {
         let open_err = |e: redb::Error| StoreError::Open {
             path: name.to_string(),
             reason: e.to_string(),
         };
         let floor = initialize(&db).map_err(open_err)?;
+        let tally = Arc::new(Mutex::new(tally_records(&db).map_err(open_err)?));
         let stats = Arc::new(StoreStats::default());
         let db = Arc::new(db);
         let failed = Arc::new(AtomicBool::new(false));
@@ -295,13 +340,19 @@ impl MarkStore {
             Some(file) => Some(recover(&db, file, name)?),
             None => None,
         };
+        let slot: Slot = Arc::new(std::sync::RwLock::new(Some(db.clone())));
+        let reopen = Arc::new(Mutex::new(None));
         let writer = Writer {
             db: db.clone(),
+            slot: slot.clone(),
+            reopen: reopen.clone(),
             failed: failed.clone(),
             floor: floor.clone(),
             stats: stats.clone(),
             journal,
             pending: pending.clone(),
+            tally: tally.clone(),
+            volume,
         };
         let commits = if inline {
             Commits::Inline(Mutex::new(writer))
@@ -313,22 +364,43 @@ impl MarkStore {
                 .map_err(|e| open_err(redb::Error::Io(e)))?;
             Commits::Thread(tx)
         };
+        drop(db);
         Ok(MarkStore {
             inner: Arc::new(Inner {
-                db,
+                db: slot,
+                reopen,
                 stats,
                 commits,
                 failed,
                 floor,
                 pending,
+                tally,
             }),
         })
     }
 
+    /// This store reopens the file at `path` after a failure.
+    fn reopenable(self, path: &Path) -> MarkStore {
+        *self.inner.reopen.lock().unwrap_or_else(|p| p.into_inner()) = Some(path.to_path_buf());
+        self
+    }
+
     /// The underlying database, for other tables in the same file (the local lease
     /// authority keeps its counters here). Their write transactions queue behind ours.
-    pub fn database(&self) -> Arc<Database> {
-        self.inner.db.clone()
+    /// `None` only while the writer reopens the file after a failure (a handle taken here
+    /// keeps it from doing so: the reopen then waits for a restart).
+    pub fn database(&self) -> Option<Arc<Database>> {
+        self.db().ok()
+    }
+
+    /// The database as it is now.
+    fn db(&self) -> Result<Arc<Database>, StoreError> {
+        self.inner
+            .db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| StoreError::Failed("the store is being reopened".into()))
     }
 
     pub fn stats(&self) -> &StoreStats {
@@ -383,16 +455,56 @@ impl MarkStore {
         replace_if: Option<Vec<u8>>,
         now: u64,
     ) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.claim_within(key, value, replace_if, now, None).await? {
+            Claimed::Claimed => Ok(None),
+            Claimed::Held(v) => Ok(Some(v)),
+            Claimed::Rejected(r) => Err(StoreError::Failed(r.describe().into())),
+        }
+    }
+
+    /// [`claim`](MarkStore::claim) of a record that counts against `client` and must stay
+    /// within `quota`: past a bound (after the expired records are deleted), the claim is
+    /// refused and nothing is written. Each key, in bytes, counts as `quota.reserve`
+    /// until its completion is written ([`put_record`](MarkStore::put_record)).
+    pub async fn claim_within(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        replace_if: Option<Vec<u8>>,
+        now: u64,
+        quota: Option<(String, RecordQuota)>,
+    ) -> Result<Claimed, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.send(Op::Claim {
             key,
             value,
             replace_if,
             now,
+            quota,
             reply,
         })?;
         rx.await
             .unwrap_or_else(|_| Err(StoreError::Failed("writer stopped".into())))
+    }
+
+    /// What the idempotency records take: in total, and for `scope` and `client`.
+    pub fn record_usage(
+        &self,
+        scope: &str,
+        client: &str,
+    ) -> (quota::Usage, quota::Usage, quota::Usage) {
+        let tally = self.inner.tally.lock().unwrap_or_else(|p| p.into_inner());
+        let (s, c) = tally.of(scope, client);
+        (tally.total, s, c)
+    }
+
+    /// Scopes and clients that hold records (the tally's size).
+    pub fn record_owners(&self) -> (usize, usize) {
+        self.inner
+            .tally
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .owners()
     }
 
     /// Idempotency: durably overwrites a claimed record (its expiry is kept).
@@ -444,7 +556,7 @@ impl MarkStore {
         if pending.is_some() {
             return Ok(pending);
         }
-        Ok(list_marks(&*self.inner.db, prefix, None, 2)?
+        Ok(list_marks(&*self.db()?, prefix, None, 2)?
             .into_iter()
             .map(|(s, _)| s)
             .find(|s| matches(s)))
@@ -452,14 +564,14 @@ impl MarkStore {
 
     /// The record under `key`, expired or not (the caller reads its expiry).
     pub fn record(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(read_err)?;
+        let txn = self.db()?.begin_read().map_err(read_err)?;
         let t = txn.open_table(RECORDS).map_err(read_err)?;
         Ok(t.get(key).map_err(read_err)?.map(|g| g.value().to_vec()))
     }
 
     /// Idempotency records on disk (for tests and metrics).
     pub fn record_count(&self) -> Result<u64, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(read_err)?;
+        let txn = self.db()?.begin_read().map_err(read_err)?;
         let t = txn.open_table(RECORDS).map_err(read_err)?;
         t.len().map_err(read_err)
     }
@@ -519,7 +631,7 @@ impl MarkStore {
             .unwrap_or_else(|p| p.into_inner())
             .get(scope)
             .copied();
-        Ok(journaled.max(get_mark(&*self.inner.db, scope)?))
+        Ok(journaled.max(get_mark(&*self.db()?, scope)?))
     }
 
     /// Applies the journal's advances to redb, so that redb alone shows every mark
@@ -541,13 +653,13 @@ impl MarkStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, Token)>, StoreError> {
-        list_marks(&*self.inner.db, prefix, after, limit)
+        list_marks(&*self.db()?, prefix, after, limit)
     }
 
     /// The epoch floor and every mark as of one moment (a backup), as redb has them: after
     /// a [`checkpoint`](MarkStore::checkpoint), every mark.
     pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
-        Snapshot::of(&*self.inner.db)
+        Snapshot::of(&*self.db()?)
     }
 }
 
@@ -576,9 +688,59 @@ fn initialize(db: &Database) -> Result<u64, redb::Error> {
         txn.open_table(SEQUENCES)?;
         txn.open_table(RECORDS)?;
         txn.open_table(RECORD_EXPIRY)?;
+        txn.open_table(RECORD_OWNER)?;
     }
     txn.commit()?;
     Ok(floor)
+}
+
+/// An empty in-memory database: what the writer holds while its file is closed.
+fn placeholder() -> Result<Database, redb::DatabaseError> {
+    Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())
+}
+
+/// The store file at `path` opened again as [`MarkStore::open`] opens it: the database,
+/// its journal (applied), the epoch floor and the records' usage.
+fn reopen_parts(path: &Path) -> Result<(Database, Journal, u64, Tally), String> {
+    let db = builder().create(path).map_err(|e| e.to_string())?;
+    let journal = JournalFile::open(&journal_path(path)).map_err(|e| e.to_string())?;
+    let floor = initialize(&db).map_err(|e| e.to_string())?;
+    let journal = recover(&db, journal, &journal_path(path).display().to_string())
+        .map_err(|e| e.to_string())?;
+    let tally = tally_records(&db).map_err(|e| e.to_string())?;
+    Ok((db, journal, floor, tally))
+}
+
+/// The records' usage as the file holds it (once, at open; bounded by the records).
+fn tally_records(db: &Database) -> Result<Tally, redb::Error> {
+    let txn = db.begin_read()?;
+    let records = txn.open_table(RECORDS)?;
+    let owners = txn.open_table(RECORD_OWNER)?;
+    let mut changes = Changes::default();
+    for item in records.iter()? {
+        let (k, v) = item?;
+        let key = k.value();
+        let (client, bytes) = owner_of(&owners, key, v.value().len())?;
+        changes.add(quota::scope_of(key), &client, Delta::of(1, bytes));
+    }
+    let mut tally = Tally::default();
+    tally.apply(&changes);
+    Ok(tally)
+}
+
+/// Who a record counts against and its bytes (see [`RECORD_OWNER`]).
+fn owner_of(
+    owners: &impl ReadableTable<&'static str, (&'static str, u64)>,
+    key: &str,
+    value_len: usize,
+) -> Result<(String, u64), redb::StorageError> {
+    Ok(match owners.get(key)? {
+        Some(g) => {
+            let (client, bytes) = g.value();
+            (client.to_string(), bytes)
+        }
+        None => (String::new(), quota::size_of(key, value_len)),
+    })
 }
 
 /// Makes a new store file whole under another name and renames it into place, so that a
@@ -1131,11 +1293,46 @@ struct Writer {
     journal: Option<Journal>,
     /// The journal's advances not yet in redb; shared with readers.
     pending: Arc<Mutex<Pending>>,
+    /// What the idempotency records take; changed here only, once committed.
+    tally: Arc<Mutex<Tally>>,
+    /// Where the store file is, for its free space (none on a test backend).
+    volume: Option<Volume>,
+    /// Shared with the handles: emptied while the file is reopened.
+    slot: Slot,
+    /// The store file to reopen after a failure (none on a test backend).
+    reopen: Arc<Mutex<Option<PathBuf>>>,
 }
 
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Op>) {
-        while let Ok(first) = rx.recv() {
+        let mut wait = REOPEN_FIRST;
+        let mut next_reopen = Instant::now() + wait;
+        loop {
+            // A failed store waits for its next reopen as well as for ops (which it fails
+            // meanwhile).
+            let reopening = self.failed.load(Ordering::Acquire) && self.reopens();
+            let first = if reopening {
+                match rx.recv_timeout(next_reopen.saturating_duration_since(Instant::now())) {
+                    Ok(op) => Some(op),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(op) => Some(op),
+                    Err(_) => return,
+                }
+            };
+            if reopening && Instant::now() >= next_reopen {
+                self = self.reopen();
+                if self.failed.load(Ordering::Acquire) {
+                    wait = (wait * 2).min(REOPEN_MAX);
+                } else {
+                    wait = REOPEN_FIRST;
+                }
+                next_reopen = Instant::now() + wait;
+            }
+            let Some(first) = first else { continue };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -1182,6 +1379,99 @@ impl Writer {
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this store reopens its file after a failure (it was opened from a path).
+    fn reopens(&self) -> bool {
+        self.reopen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// After a failure (a full disk, a write error), reopens the store file as a start-up
+    /// would, once the volume has room: redb refuses every operation after an I/O error
+    /// until the file is closed. The handles see no database meanwhile (reads fail, as
+    /// writes do while failed). Nothing in memory is trusted over the file: the journal's
+    /// advances are applied from the journal, the floor and the records' usage are read
+    /// again, and the expired records are deleted first. A mark a failed commit may have
+    /// written stays (a mark is never lowered); its request was answered 503, never
+    /// forwarded. If another handle holds the database (the `local` authority does), or
+    /// the reopen fails, the store stays failed and tries again later.
+    fn reopen(mut self) -> Writer {
+        let Some(path) = self
+            .reopen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return self;
+        };
+        if self
+            .volume
+            .as_ref()
+            .and_then(Volume::free)
+            .is_some_and(|free| free < REOPEN_FREE)
+        {
+            return self;
+        }
+        // Everyone lets go of the database: the handles' reads end within moments.
+        let taken = self.slot.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(taken);
+        let old = Arc::downgrade(&self.db);
+        let placeholder = match placeholder() {
+            Ok(db) => Arc::new(db),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reopen the mark store");
+                *self.slot.write().unwrap_or_else(|p| p.into_inner()) = Some(self.db.clone());
+                return self;
+            }
+        };
+        self.db = placeholder;
+        for _ in 0..100 {
+            if old.strong_count() == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(db) = old.upgrade() {
+            tracing::warn!(
+                "the mark store failed and another part of the process holds its file (the local authority); it reopens at a restart"
+            );
+            *self.slot.write().unwrap_or_else(|p| p.into_inner()) = Some(db.clone());
+            self.db = db;
+            *self.reopen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            return self;
+        }
+        self.journal = None;
+        match reopen_parts(&path) {
+            Ok((db, journal, floor, tally)) => {
+                let db = Arc::new(db);
+                self.db = db.clone();
+                self.journal = Some(journal);
+                self.lock_pending().clear();
+                self.floor.store(floor, Ordering::Release);
+                *self.tally.lock().unwrap_or_else(|p| p.into_inner()) = tally;
+                *self.slot.write().unwrap_or_else(|p| p.into_inner()) = Some(db);
+                self.failed.store(false, Ordering::Release);
+                // Room first: the expired records go before anything else is committed.
+                let (reply, _) = oneshot::channel();
+                self.commit_redb(vec![Op::Collect {
+                    now: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                    limit: REOPEN_COLLECT,
+                    reply,
+                }]);
+                if !self.failed.load(Ordering::Acquire) {
+                    tracing::info!(path = %path.display(), "the mark store was reopened after its failure; writes are taken again");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the mark store could not be reopened yet; trying again later");
+            }
+        }
+        self
     }
 
     /// Applies the journal's advances to redb, then empties the journal. A failure fails
@@ -1374,8 +1664,8 @@ impl Writer {
                     match op {
                         Op::Claim { reply, .. } => {
                             let _ = reply.send(Ok(match answer {
-                                Answer::Claim(existing) => existing,
-                                _ => None,
+                                Answer::Claim(claimed) => claimed,
+                                _ => Claimed::Claimed,
                             }));
                         }
                         Op::Put { reply, .. } => {
@@ -1450,12 +1740,21 @@ impl Writer {
             }
         }
         let mut answers = Vec::with_capacity(batch.len());
+        let mut usage = Changes::default();
         if batch
             .iter()
             .any(|op| matches!(op, Op::Claim { .. } | Op::Put { .. } | Op::Collect { .. }))
         {
+            let tally = self.tally.lock().unwrap_or_else(|p| p.into_inner());
             let mut records = txn.open_table(RECORDS)?;
             let mut expiry = txn.open_table(RECORD_EXPIRY)?;
+            let mut owners = txn.open_table(RECORD_OWNER)?;
+            let mut t = RecordTables {
+                records: &mut records,
+                expiry: &mut expiry,
+                owners: &mut owners,
+                usage: &mut usage,
+            };
             for op in batch {
                 answers.push(match op {
                     Op::Claim {
@@ -1463,54 +1762,74 @@ impl Writer {
                         value,
                         replace_if,
                         now,
+                        quota,
                         ..
                     } => {
-                        let existing = records.get(key.as_str())?.map(|g| g.value().to_vec());
+                        let existing = t.records.get(key.as_str())?.map(|g| g.value().to_vec());
                         let live = existing
                             .as_ref()
                             .filter(|v| record_expiry(v) > *now && Some(*v) != replace_if.as_ref());
                         match live {
-                            Some(v) => Answer::Claim(Some(v.clone())),
+                            Some(v) => Answer::Claim(Claimed::Held(v.clone())),
                             None => {
-                                if let Some(old) = &existing {
-                                    expiry.remove((record_expiry(old), key.as_str()))?;
+                                let (client, bytes) = match quota {
+                                    Some((client, q)) => (
+                                        client.as_str(),
+                                        q.reserve.max(quota::size_of(key, value.len())),
+                                    ),
+                                    None => ("", quota::size_of(key, value.len())),
+                                };
+                                if existing.is_some() {
+                                    t.remove(key)?;
                                 }
-                                records.insert(key.as_str(), value.as_slice())?;
-                                expiry.insert((record_expiry(value), key.as_str()), ())?;
-                                changed = true;
-                                Answer::Claim(None)
+                                let refused = match quota {
+                                    Some((_, q)) => {
+                                        let refused =
+                                            t.refuses(&tally, key, client, bytes, q, &self.volume);
+                                        if refused.is_some() {
+                                            // Expired records first: what they free may be enough.
+                                            changed |= t.collect(*now, RECLAIM_BATCH)? > 0;
+                                            t.refuses(&tally, key, client, bytes, q, &self.volume)
+                                        } else {
+                                            None
+                                        }
+                                    }
+                                    None => None,
+                                };
+                                match refused {
+                                    Some(r) => {
+                                        // An expired record taken out above stays out.
+                                        changed |= existing.is_some();
+                                        Answer::Claim(Claimed::Rejected(r))
+                                    }
+                                    None => {
+                                        t.insert(key, value, client, bytes)?;
+                                        changed = true;
+                                        Answer::Claim(Claimed::Claimed)
+                                    }
+                                }
                             }
                         }
                     }
                     Op::Put { key, value, .. } => {
-                        let present = records.get(key.as_str())?.map(|g| record_expiry(g.value()));
+                        let present = t
+                            .records
+                            .get(key.as_str())?
+                            .map(|g| record_expiry(g.value()));
                         if let Some(old) = present {
                             let mut v = value.clone();
                             if let Some(head) = v.get_mut(..8) {
                                 head.copy_from_slice(&old.to_be_bytes());
                             }
-                            records.insert(key.as_str(), v.as_slice())?;
+                            t.replace(key, &v)?;
                             changed = true;
                         }
                         Answer::None
                     }
                     Op::Collect { now, limit, .. } => {
-                        let due: Vec<(u64, String)> = expiry
-                            .range(..(*now + 1, ""))?
-                            .take(*limit)
-                            .map(|item| {
-                                item.map(|(k, _)| {
-                                    let (at, key) = k.value();
-                                    (at, key.to_string())
-                                })
-                            })
-                            .collect::<Result<_, _>>()?;
-                        for (at, key) in &due {
-                            expiry.remove((*at, key.as_str()))?;
-                            records.remove(key.as_str())?;
-                        }
-                        changed |= !due.is_empty();
-                        Answer::Collected(due.len())
+                        let n = t.collect(*now, *limit)?;
+                        changed |= n > 0;
+                        Answer::Collected(n)
                     }
                     _ => Answer::None,
                 });
@@ -1520,11 +1839,100 @@ impl Writer {
         }
         if changed {
             txn.commit()?;
+            self.tally
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .apply(&usage);
         } else {
             // Everything asked for is already durable; no fsync needed.
             txn.abort()?;
         }
         Ok((wanted, floor, answers, changed))
+    }
+}
+
+/// The idempotency tables of one write transaction, and the usage it changes.
+struct RecordTables<'a, 't> {
+    records: &'a mut redb::Table<'t, &'static str, &'static [u8]>,
+    expiry: &'a mut redb::Table<'t, (u64, &'static str), ()>,
+    owners: &'a mut redb::Table<'t, &'static str, (&'static str, u64)>,
+    usage: &'a mut Changes,
+}
+
+impl RecordTables<'_, '_> {
+    /// Deletes the record under `key` (if any), with its expiry entry and owner row.
+    fn remove(&mut self, key: &str) -> Result<(), redb::Error> {
+        let Some(old) = self.records.remove(key)?.map(|g| g.value().to_vec()) else {
+            return Ok(());
+        };
+        let (client, bytes) = owner_of(&*self.owners, key, old.len())?;
+        self.expiry.remove((record_expiry(&old), key))?;
+        self.owners.remove(key)?;
+        self.usage
+            .add(quota::scope_of(key), &client, Delta::of(1, bytes).neg());
+        Ok(())
+    }
+
+    /// Inserts a new record counted as `bytes` against `client`.
+    fn insert(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        client: &str,
+        bytes: u64,
+    ) -> Result<(), redb::Error> {
+        self.records.insert(key, value)?;
+        self.expiry.insert((record_expiry(value), key), ())?;
+        self.owners.insert(key, (client, bytes))?;
+        self.usage
+            .add(quota::scope_of(key), client, Delta::of(1, bytes));
+        Ok(())
+    }
+
+    /// Overwrites a record (its expiry unchanged); it now counts as its own size.
+    fn replace(&mut self, key: &str, value: &[u8]) -> Result<(), redb::Error> {
+        let old_len = self.records.get(key)?.map_or(0, |g| g.value().len());
+        let (client, old) = owner_of(&*self.owners, key, old_len)?;
+        let new = quota::size_of(key, value.len());
+        self.records.insert(key, value)?;
+        self.owners.insert(key, (client.as_str(), new))?;
+        let scope = quota::scope_of(key);
+        self.usage.add(scope, &client, Delta::of(1, new));
+        self.usage.add(scope, &client, Delta::of(1, old).neg());
+        Ok(())
+    }
+
+    /// Deletes up to `limit` records expired by `now`; answers how many.
+    fn collect(&mut self, now: u64, limit: usize) -> Result<usize, redb::Error> {
+        let due: Vec<String> = self
+            .expiry
+            .range(..(now + 1, ""))?
+            .take(limit)
+            .map(|item| item.map(|(k, _)| k.value().1.to_string()))
+            .collect::<Result<_, _>>()?;
+        for key in &due {
+            self.remove(key)?;
+        }
+        Ok(due.len())
+    }
+
+    /// Which bound one more record would pass, if any: the quota's, then the volume's
+    /// free space (asked only when the counts allow the record).
+    fn refuses(
+        &self,
+        tally: &Tally,
+        key: &str,
+        client: &str,
+        bytes: u64,
+        q: &RecordQuota,
+        volume: &Option<Volume>,
+    ) -> Option<Rejected> {
+        self.usage
+            .refuses(tally, quota::scope_of(key), client, bytes, q)
+            .or_else(|| {
+                let free = volume.as_ref().and_then(Volume::free)?;
+                (free < q.min_free.saturating_add(bytes)).then_some(Rejected::Disk)
+            })
     }
 }
 
@@ -1634,12 +2042,14 @@ mod tests {
         drop(rx);
         let gone = MarkStore {
             inner: Arc::new(Inner {
-                db: store.database(),
+                db: Arc::new(std::sync::RwLock::new(store.database())),
+                reopen: Arc::default(),
                 stats: Arc::default(),
                 commits: Commits::Thread(tx),
                 failed: Arc::default(),
                 floor: Arc::default(),
                 pending: Arc::default(),
+                tally: Arc::default(),
             }),
         };
         assert!(!gone.is_failed());
@@ -1690,6 +2100,7 @@ mod tests {
             Some(redb::backends::InMemoryBackend::new()),
             true,
             "<test>",
+            None,
         )
         .expect("open");
         let Commits::Inline(writer) = &store.inner.commits else {
@@ -1753,6 +2164,7 @@ mod tests {
                 Some(redb::backends::InMemoryBackend::new()),
                 true,
                 "<test>",
+                None,
             )
             .expect("open")
         };
@@ -1850,5 +2262,97 @@ mod tests {
         assert_eq!(store.get("a").expect("read"), Some(Token::new(1, 7)));
         assert_eq!(store.get("c").expect("read"), Some(Token::new(1, 9)));
         assert_eq!(store.stats().commit_batch_size_count(), 2);
+    }
+
+    fn quota(records: u64, bytes: u64) -> RecordQuota {
+        let u = quota::Usage { records, bytes };
+        RecordQuota {
+            total: quota::Usage {
+                records: 100,
+                bytes: 1 << 20,
+            },
+            per_scope: u,
+            per_client: u,
+            reserve: 100,
+            min_free: 0,
+        }
+    }
+
+    fn record(expires: u64, len: usize) -> Vec<u8> {
+        let mut v = expires.to_be_bytes().to_vec();
+        v.resize(8 + len, b'x');
+        v
+    }
+
+    /// A claim counts as the reserve until its completion is written, then as its size;
+    /// past a bound it is refused and nothing is written; an expired record is deleted by
+    /// the refused claim first, and what it took is free again; the usage is rebuilt
+    /// from the file when the store is opened again.
+    #[tokio::test]
+    async fn records_are_claimed_within_their_quota() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("m.redb");
+        let store = MarkStore::open(&path).expect("open");
+        let q = Some(("c1".to_string(), quota(2, 1000)));
+        let claim = |key: &str, expires: u64, q: Option<(String, RecordQuota)>| {
+            let store = store.clone();
+            let key = key.to_string();
+            async move {
+                store
+                    .claim_within(key, record(expires, 10), None, 50, q)
+                    .await
+                    .expect("claim")
+            }
+        };
+        assert_eq!(claim("s\0a", 100, q.clone()).await, Claimed::Claimed);
+        let (total, scope, client) = store.record_usage("s", "c1");
+        assert_eq!((total.records, total.bytes), (1, 100), "the reserve");
+        assert_eq!((scope, client), (total, total));
+        // Completed: its own size (key 3 bytes + value 18).
+        store
+            .put_record("s\0a".into(), record(0, 10))
+            .await
+            .expect("put");
+        assert_eq!(store.record_usage("s", "c1").0.bytes, 21);
+        // An expired one, then one past the client's count.
+        assert_eq!(claim("s\0b", 10, q.clone()).await, Claimed::Claimed);
+        let past = claim("s\0c", 100, q.clone()).await;
+        assert_eq!(past, Claimed::Claimed, "the expired record made room");
+        assert!(store.record("s\0b").expect("read").is_none());
+        assert_eq!(
+            claim("s\0d", 100, q.clone()).await,
+            Claimed::Rejected(Rejected::Scope)
+        );
+        assert_eq!(
+            claim("t\0d", 100, q.clone()).await,
+            Claimed::Rejected(Rejected::Client)
+        );
+        assert_eq!(
+            claim("t\0d", 100, Some(("c2".into(), quota(2, 1000)))).await,
+            Claimed::Claimed
+        );
+        assert_eq!(store.record_count().expect("count"), 3);
+        let big = Some(("c3".to_string(), quota(10, 150)));
+        assert_eq!(
+            claim("u\0e", 100, big.clone()).await,
+            Claimed::Claimed,
+            "bytes: 100 of 150"
+        );
+        assert_eq!(
+            claim("u\0f", 100, big).await,
+            Claimed::Rejected(Rejected::Scope),
+            "bytes: 200 of 150"
+        );
+        let usage = store.record_usage("s", "c1");
+        assert_eq!(store.record_owners(), (3, 3));
+        store.close().await;
+        drop(store);
+        let again = MarkStore::open(&path).expect("reopen");
+        assert_eq!(again.record_usage("s", "c1"), usage);
+        assert_eq!(again.record_owners(), (3, 3));
+        // Everything expires: the tally empties with the records.
+        assert_eq!(again.collect_records(1000, 100).await.expect("collect"), 4);
+        assert_eq!(again.record_owners(), (0, 0));
+        assert_eq!(again.record_usage("s", "c1").0, quota::Usage::default());
     }
 }

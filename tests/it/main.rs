@@ -3,6 +3,7 @@
 
 mod support;
 
+mod abuse;
 mod adversarial;
 mod architecture;
 mod authority;

@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use crate::config::error::Errors;
 use crate::config::value::{duration, size};
+use crate::store::quota::Usage;
 
 /// Route option `idempotency`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +78,24 @@ pub struct IdempotencyConfig {
     /// (`fingerprint_ignore`): a deployment's own trace or transport headers, which vary
     /// between retries of one request and would make them `key_reused`.
     pub fingerprint_ignore: Ignored,
+    /// Records on disk, over the whole store (`max_records`, `max_record_bytes`).
+    pub max_records: Usage,
+    /// Records on disk per scope (`max_records_per_scope`, `max_record_bytes_per_scope`).
+    pub max_records_per_scope: Usage,
+    /// Records on disk per client address (`max_records_per_client`,
+    /// `max_record_bytes_per_client`).
+    pub max_records_per_client: Usage,
+}
+
+/// Bytes a record's response head may take beyond its body, counted for it until it
+/// completes.
+pub const HEAD_ALLOWANCE: u64 = 64 << 10;
+
+impl IdempotencyConfig {
+    /// The bytes a record counts as from its claim until its completion is written.
+    pub fn reserve(&self) -> u64 {
+        self.max_response_body.saturating_add(HEAD_ALLOWANCE)
+    }
 }
 
 /// Header names (lowercase) and name prefixes (given as `prefix*`) left out of the
@@ -149,6 +168,12 @@ pub(crate) struct RawIdempotency {
     max_response_body: Option<String>,
     max_buffered: Option<String>,
     fingerprint_ignore: Option<Vec<String>>,
+    max_records: Option<u64>,
+    max_record_bytes: Option<String>,
+    max_records_per_scope: Option<u64>,
+    max_record_bytes_per_scope: Option<String>,
+    max_records_per_client: Option<u64>,
+    max_record_bytes_per_client: Option<String>,
 }
 
 impl IdempotencyConfig {
@@ -180,7 +205,56 @@ impl IdempotencyConfig {
                 errors,
             ),
             fingerprint_ignore: Ignored::parse(raw.fingerprint_ignore.unwrap_or_default(), errors),
+            max_records: Usage {
+                records: raw.max_records.unwrap_or(1_000_000),
+                bytes: size(
+                    raw.max_record_bytes.as_deref(),
+                    4 << 30,
+                    "idempotency.max_record_bytes",
+                    errors,
+                ),
+            },
+            max_records_per_scope: Usage {
+                records: raw.max_records_per_scope.unwrap_or(10_000),
+                bytes: size(
+                    raw.max_record_bytes_per_scope.as_deref(),
+                    256 << 20,
+                    "idempotency.max_record_bytes_per_scope",
+                    errors,
+                ),
+            },
+            max_records_per_client: Usage {
+                records: raw.max_records_per_client.unwrap_or(10_000),
+                bytes: size(
+                    raw.max_record_bytes_per_client.as_deref(),
+                    256 << 20,
+                    "idempotency.max_record_bytes_per_client",
+                    errors,
+                ),
+            },
         };
+        let reserve = idempotency.reserve();
+        for (name, bound) in [
+            ("", idempotency.max_records),
+            ("_per_scope", idempotency.max_records_per_scope),
+            ("_per_client", idempotency.max_records_per_client),
+        ] {
+            if bound.records == 0 {
+                errors.push(
+                    format!("idempotency.max_records{name}"),
+                    "must be at least 1 (a route that wants no records has idempotency = \"off\")",
+                );
+            }
+            if bound.bytes < reserve {
+                errors.push(
+                    format!("idempotency.max_record_bytes{name}"),
+                    format!(
+                        "{} bytes is less than one record may take (idempotency.max_response_body plus 64 KiB of head: {reserve} bytes): no key would ever be recorded",
+                        bound.bytes
+                    ),
+                );
+            }
+        }
         if idempotency.max_buffered < idempotency.max_request_body {
             errors.push(
                 "idempotency.max_buffered",

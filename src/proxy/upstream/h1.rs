@@ -80,6 +80,8 @@ pub struct H1Conn {
     io: TcpStream,
     /// Bytes read and not yet used.
     buf: BytesMut,
+    /// Its descriptor, counted against the process's budget.
+    _fd: crate::rt::fds::Fd,
 }
 
 impl H1Conn {
@@ -208,12 +210,13 @@ impl Pool<H1Conn> {
     }
 
     async fn connect(&self, authority: &Authority, until: Instant) -> Result<Box<H1Conn>, Error> {
-        let io = super::connect_tcp(authority, self.connect_timeout(), until)
+        let (io, fd) = super::connect_tcp(authority, self.connect_timeout(), until)
             .await
             .map_err(Error::not_sent)?;
         Ok(Box::new(H1Conn {
             io,
             buf: BytesMut::with_capacity(READ_SIZE),
+            _fd: fd,
         }))
     }
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use http::uri::Authority;
 use tokio::net::TcpStream;
 
+use crate::rt::fds::Fd;
+
 mod decode;
 pub mod h1;
 pub mod pool;
@@ -20,12 +22,16 @@ pub use streamed::{SendError, StreamedBody, StreamedPool};
 
 /// A new TCP connection to a plain-HTTP upstream, with Nagle off, given up after `timeout`
 /// or at `until` (the end of the exchange it is for), whichever comes first; on failure,
-/// what went wrong (nothing was sent).
+/// what went wrong (nothing was sent). The connection's descriptor is counted against the
+/// process's budget while the [`Fd`] answered with it lives; past the budget none is made.
 pub(crate) async fn connect_tcp(
     authority: &Authority,
     timeout: Duration,
     until: Instant,
-) -> Result<TcpStream, String> {
+) -> Result<(TcpStream, Fd), String> {
+    let fd = crate::rt::fds::take().ok_or_else(|| {
+        format!("no file descriptor to spare for a connection to {authority} (the open-file limit's budget is spent)")
+    })?;
     let port = authority.port_u16().unwrap_or(80);
     let host = authority
         .host()
@@ -41,5 +47,5 @@ pub(crate) async fn connect_tcp(
         .map_err(|_| format!("connect to {authority} timed out"))?
         .map_err(|e| format!("connect to {authority}: {e}"))?;
     let _ = stream.set_nodelay(true);
-    Ok(stream)
+    Ok((stream, fd))
 }

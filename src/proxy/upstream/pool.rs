@@ -109,7 +109,9 @@ impl<C: Connection> Pool<C> {
     /// exchange left it unfit ([`Connection::is_reusable`]) or the authority has as many
     /// idle connections as it may.
     pub(crate) fn put(&self, authority: &Authority, conn: Box<C>) {
-        if !conn.is_reusable() {
+        // With descriptors scarce, an idle connection would hold one that a client (or a
+        // busy exchange) needs more.
+        if !conn.is_reusable() || crate::rt::fds::scarce() {
             return;
         }
         let since = self.sweeps.load(Ordering::Relaxed);

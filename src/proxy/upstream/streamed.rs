@@ -45,6 +45,8 @@ pub struct StreamedConn {
     conn: http1::Connection<TokioIo<TcpStream>, Body>,
     /// The connection future has completed (closed or failed); never poll it again.
     done: bool,
+    /// Its descriptor, counted against the process's budget.
+    _fd: crate::rt::fds::Fd,
 }
 
 impl StreamedConn {
@@ -159,7 +161,7 @@ impl Pool<StreamedConn> {
         authority: &Authority,
         until: Instant,
     ) -> Result<Box<StreamedConn>, SendError> {
-        let stream = super::connect_tcp(authority, self.connect_timeout(), until)
+        let (stream, fd) = super::connect_tcp(authority, self.connect_timeout(), until)
             .await
             .map_err(SendError::NotSent)?;
         // Flattened writes, as on the listener (`server::http_builder`).
@@ -172,6 +174,7 @@ impl Pool<StreamedConn> {
             send,
             conn,
             done: false,
+            _fd: fd,
         }))
     }
 }
