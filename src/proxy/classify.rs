@@ -42,9 +42,10 @@ enum Destination {
     AboveTree(String),
 }
 
-/// The `api = "webdav"` route with one scope per object (of `upstream`) whose objects all
-/// lie beneath the collection `segments` names, if there is one: `/files` holds every
-/// object of `/files/{*path}`, and no request on `/files` is routed there. A DELETE, MOVE
+/// The fenced `api = "webdav"` route (of `upstream`) whose objects all lie beneath the
+/// collection `segments` names, if there is one: `/files` holds every object of
+/// `/files/{*path}`, and `/trees/a` every one of `/trees/{top}/{*rest}`'s scope `tree/a`,
+/// and no request on them is routed there. A DELETE, MOVE
 /// or COPY of it (or a COPY or MOVE onto it) would change those objects without their
 /// tokens and without the route's check of its collections (SPEC §16). Hosts are not
 /// compared: a WebDAV server may serve one tree under every name.
@@ -54,7 +55,10 @@ fn tree_above<'r>(
     segments: &[std::borrow::Cow<'_, str>],
 ) -> Option<&'r Route> {
     config.routes.iter().find(|r| {
-        r.upstream == upstream && r.fences_trees() && r.path.matches_prefix(segments).is_some()
+        r.upstream == upstream
+            && r.fenced
+            && r.api == crate::proxy::config::Api::Webdav
+            && r.path.matches_prefix(segments).is_some()
     })
 }
 
@@ -235,7 +239,7 @@ pub(crate) fn classify<B>(
     if let Destination::AboveTree(name) = &destination {
         return Err(at(Outcome::MultiScope {
             detail: format!(
-                "Destination is a collection that holds the objects of route {name}, each fenced under a scope of its own"
+                "Destination is a collection that holds the fenced objects of route {name}: this request would change them"
             ),
         }));
     }
@@ -244,7 +248,7 @@ pub(crate) fn classify<B>(
     {
         return Err(at(Outcome::MultiScope {
             detail: format!(
-                "this request may change a collection that holds the objects of route {}, each fenced under a scope of its own",
+                "this request may change a collection that holds the fenced objects of route {}, without their tokens",
                 r.name
             ),
         }));

@@ -632,8 +632,9 @@ async fn a_new_member_waits_for_its_collections_delete() {
     assert_eq!(put.result(), "accepted", "{put:?}");
 }
 
-/// A collection above a route with one scope per file (`/files`, the parent of every
-/// object of `/files/{*path}`) is routed elsewhere (here to a pass-through catch-all):
+/// A collection above a fenced WebDAV route's objects (`/files`, the parent of every
+/// object of `/files/{*path}`; `/trees/a`, of scope `tree/a`) is routed elsewhere (here to
+/// a pass-through catch-all):
 /// a DELETE, MOVE or COPY of it, or a MOVE or COPY onto it, would change every fenced
 /// file beneath without a token. Each is refused `multi_scope`, nothing is forwarded,
 /// and the fenced file stays (SPEC §16).
@@ -661,6 +662,12 @@ path = "/files/{{*path}}"
 scope = "file/{{path}}"
 upstream = "dav"
 [[route]]
+name = "trees"
+api = "webdav"
+path = "/trees/{{top}}/{{*rest}}"
+scope = "tree/{{top}}"
+upstream = "dav"
+[[route]]
 name = "rest"
 path = "/{{*rest}}"
 upstream = "dav"
@@ -674,6 +681,10 @@ fenced = false
         .send("PUT", "/files/q4/final", &[("fencing-token", "6")], "six")
         .await;
     assert_eq!(put.status, 201, "{put:?}");
+    let put = c
+        .send("PUT", "/trees/a/x", &[("fencing-token", "2")], "ex")
+        .await;
+    assert_eq!(put.status, 201, "{put:?}");
     std::fs::create_dir_all(dav.root().join("other/d")).expect("mkdir");
     for (method, path, dest) in [
         ("DELETE", "/files", None),
@@ -685,6 +696,8 @@ fenced = false
         ("MOVE", "/other/d/", Some("/files/")),
         ("COPY", "/other/d/", Some("/files")),
         ("MOVE", "/other/d/", Some("/")),
+        ("DELETE", "/trees/a/", None),
+        ("MOVE", "/other/d/", Some("/trees/a")),
     ] {
         let mut headers = vec![("overwrite", "T")];
         if let Some(d) = dest {
@@ -700,6 +713,10 @@ fenced = false
     assert_eq!(
         std::fs::read(dav.root().join("files/q4/final")).expect("the fenced file"),
         b"six"
+    );
+    assert_eq!(
+        std::fs::read(dav.root().join("trees/a/x")).expect("the fenced tree's file"),
+        b"ex"
     );
     // What changes one resource there, and collections elsewhere, still pass.
     let ok = c.send("PROPFIND", "/files/", &[("depth", "0")], "").await;
