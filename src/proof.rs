@@ -106,11 +106,14 @@ fn signed(key_id: &str, scope: &str, token: Token) -> Vec<u8> {
 /// The `key-id` line and the value line of a key file, after its header.
 fn read_key_file(path: &Path, header: &str, kind: &str) -> Result<(String, Vec<u8>), ProofError> {
     let bad = |why: String| ProofError::KeyFile(format!("{}: {why}", path.display()));
-    if header == KEY_HEADER {
-        crate::config::value::private_file(path).map_err(ProofError::KeyFile)?;
-    }
-    let text = crate::config::value::read_bounded_text(path, crate::config::value::MAX_SECRET_FILE)
-        .map_err(|e| bad(format!("cannot read: {e}")))?;
+    let text = if header == KEY_HEADER {
+        let bytes = crate::config::value::read_private(path, crate::config::value::MAX_SECRET_FILE)
+            .map_err(ProofError::KeyFile)?;
+        String::from_utf8(bytes).map_err(|_| bad("cannot read: not UTF-8 text".into()))?
+    } else {
+        crate::config::value::read_bounded_text(path, crate::config::value::MAX_SECRET_FILE)
+            .map_err(|e| bad(format!("cannot read: {e}")))?
+    };
     let mut lines = text.lines();
     if lines.next() != Some(header) {
         return Err(bad(format!("not a {header:?} file")));

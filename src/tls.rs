@@ -33,7 +33,6 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::config::error::{ConfigError, Errors, Place};
-use crate::config::value::private_file;
 
 /// TLS problems, each with the config key of the file at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -524,8 +523,7 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 
 /// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    private_file(path)?;
-    let pem = read(path)?;
+    let pem = crate::config::value::read_private(path, crate::config::value::MAX_FILE)?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
         rustls_pki_types::pem::Error::NoItemsFound => {
             format!("no PEM private key in {}", path.display())

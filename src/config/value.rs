@@ -154,12 +154,11 @@ pub fn read_bounded_text(path: &Path, max: u64) -> std::io::Result<String> {
 }
 
 /// The trimmed contents of a secret file, not empty and kept from other users
-/// ([`private_file`]), read no further than [`MAX_SECRET_FILE`]; its errors go at `at`,
+/// ([`read_private`]), read no further than [`MAX_SECRET_FILE`]; its errors go at `at`,
 /// under `path` (its key).
 pub fn read_secret(file: &Path, path: &str, at: Place, errors: &mut Errors) -> Option<String> {
-    let message = match private_file(file).and_then(|()| {
-        read_bounded_text(file, MAX_SECRET_FILE)
-            .map_err(|e| format!("cannot read {}: {e}", file.display()))
+    let message = match read_private(file, MAX_SECRET_FILE).and_then(|b| {
+        String::from_utf8(b).map_err(|_| format!("cannot read {}: not UTF-8 text", file.display()))
     }) {
         Ok(t) if !t.trim().is_empty() => return Some(t.trim().to_string()),
         Ok(_) => format!("{} is empty", file.display()),
@@ -174,11 +173,40 @@ pub fn read_secret(file: &Path, path: &str, at: Place, errors: &mut Errors) -> O
 /// key: a file owned by root may also be read by its group, which is how Kubernetes mounts
 /// a Secret for a pod's `fsGroup` (root-owned, mode 0440). The mode is that of the file a
 /// symbolic link names (a Secret's files are links).
+///
+/// The contents of such a file, no longer than `max`, checked on the file opened and read: a file swapped for another
+/// between a check by name and the read (a link re-pointed, a file renamed over it) is
+/// never read unchecked.
+pub fn read_private(file: &Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", file.display());
+    let f = std::fs::File::open(file).map_err(cannot)?;
+    #[cfg(unix)]
+    private_meta(file, &f.metadata().map_err(cannot)?)?;
+    let mut out = Vec::new();
+    f.take(max + 1).read_to_end(&mut out).map_err(cannot)?;
+    if out.len() as u64 > max {
+        return Err(format!(
+            "cannot read {}: longer than {max} bytes (no such file is)",
+            file.display()
+        ));
+    }
+    Ok(out)
+}
+
+/// [`read_private`]'s check of a file's metadata. A file owned by another user than this
+/// process's (and not root) is refused too: its owner could change the secret.
 #[cfg(unix)]
-pub fn private_file(file: &Path) -> Result<(), String> {
+fn private_meta(file: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    let meta =
-        std::fs::metadata(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(format!(
+            "{} is owned by user {}, not by this process's ({me}) nor root: its owner could change a secret or private key",
+            file.display(),
+            meta.uid()
+        ));
+    }
     let mode = meta.mode() & 0o777;
     let open = if meta.uid() == 0 { 0o027 } else { 0o077 };
     if mode & open == 0 {
@@ -199,12 +227,6 @@ pub fn private_file(file: &Path) -> Result<(), String> {
             ""
         }
     ))
-}
-
-/// No modes to check where there are none.
-#[cfg(not(unix))]
-pub fn private_file(_file: &Path) -> Result<(), String> {
-    Ok(())
 }
 
 /// Writes a file only its owner may read or write: the tests' secrets and keys.
@@ -234,6 +256,28 @@ mod tests {
 
     /// A path handed in that names something endless (a device) or too large is refused
     /// after reading one byte past the bound, never read whole.
+    /// A secret is checked on the file read: its mode, and its owner (this process's user
+    /// or root).
+    #[cfg(unix)]
+    #[test]
+    fn a_secret_is_checked_on_the_file_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("k");
+        write_private(&f, "secret");
+        assert_eq!(read_private(&f, 64).expect("private"), b"secret");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = read_private(&f, 64).expect_err("open to others");
+        assert!(e.contains("other users"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        // Only root may give a file away.
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&f, Some(54321), None).expect("chown");
+            let e = read_private(&f, 64).expect_err("another user's");
+            assert!(e.contains("owned by user 54321"), "{e}");
+        }
+    }
+
     #[test]
     fn files_are_read_no_further_than_their_bound() {
         let e = read_bounded(Path::new("/dev/zero"), 1024).expect_err("endless");

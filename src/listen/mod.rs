@@ -294,8 +294,9 @@ impl ConnLimits {
 
 /// The client an address counts for in `max_connections_per_ip`: one IPv4 address, or one
 /// IPv6 /64 (a host is handed a whole /64 and may use any address in it); an IPv4-mapped
-/// IPv6 address is its IPv4 one.
-fn client_of(ip: IpAddr) -> IpAddr {
+/// IPv6 address is its IPv4 one. The idempotency records' per-client bounds count the
+/// same client.
+pub(crate) fn client_of(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
             u128::from(v6) & !((1u128 << 64) - 1),

@@ -37,6 +37,29 @@ enum Destination {
     Unfenced,
     /// A fenced route's path, in this scope.
     Scope(String),
+    /// A collection above the objects of an `api = "webdav"` route with one scope per
+    /// object (named): overwriting it replaces them.
+    AboveTree(String),
+}
+
+/// The fenced `api = "webdav"` route (of `upstream`) whose objects all lie beneath the
+/// collection `segments` names, if there is one: `/files` holds every object of
+/// `/files/{*path}`, and `/trees/a` every one of `/trees/{top}/{*rest}`'s scope `tree/a`,
+/// and no request on them is routed there. A DELETE, MOVE
+/// or COPY of it (or a COPY or MOVE onto it) would change those objects without their
+/// tokens and without the route's check of its collections (SPEC §16). Hosts are not
+/// compared: a WebDAV server may serve one tree under every name.
+fn tree_above<'r>(
+    config: &'r Config,
+    upstream: usize,
+    segments: &[std::borrow::Cow<'_, str>],
+) -> Option<&'r Route> {
+    config.routes.iter().find(|r| {
+        r.upstream == upstream
+            && r.fenced
+            && r.api == crate::proxy::config::Api::Webdav
+            && r.path.matches_prefix(segments).is_some()
+    })
 }
 
 /// The target named by a request's `Destination` header, routed with the request's host
@@ -112,6 +135,9 @@ fn destination<B>(
         return Err("Destination has no absolute path".into());
     }
     let segments = route::canonicalize(uri.path()).map_err(|e| format!("Destination: {e}"))?;
+    if let Some(r) = tree_above(config, upstream, &segments) {
+        return Ok(Destination::AboveTree(r.name.clone()));
+    }
     match route::find(&config.routes, host, &segments) {
         None => Err("Destination matches no route".into()),
         Some((_, r, _)) if r.upstream != upstream => {
@@ -210,6 +236,23 @@ pub(crate) fn classify<B>(
     } else {
         Destination::None
     };
+    if let Destination::AboveTree(name) = &destination {
+        return Err(at(Outcome::MultiScope {
+            detail: format!(
+                "Destination is a collection that holds the fenced objects of route {name}: this request would change them"
+            ),
+        }));
+    }
+    if !changes_one(req.method())
+        && let Some(r) = tree_above(config, route.upstream, &segments)
+    {
+        return Err(at(Outcome::MultiScope {
+            detail: format!(
+                "this request may change a collection that holds the fenced objects of route {}, without their tokens",
+                r.name
+            ),
+        }));
+    }
     if !route.fenced {
         if let Destination::Scope(theirs) = &destination {
             return Err(at(Outcome::InvalidRequest {

@@ -737,7 +737,13 @@ async fn record_upload(
                 min_free: table.config.store.min_free,
             };
             let stored = store
-                .claim_within(key, value, None, now, Some((client.to_string(), quota)))
+                .claim_within(
+                    key,
+                    value,
+                    None,
+                    now,
+                    Some((crate::store::quota::client_key(client), quota)),
+                )
                 .await;
             use crate::store::marks::Claimed;
             let ours = match &stored {

@@ -577,9 +577,10 @@ impl Idempotency {
         let store = self.store.clone();
         let boot = self.boot;
         let cap = settings.max_response_body;
-        // The client a new record counts against: its address.
+        // The client a new record counts against: its address, an IPv6 one by its /64
+        // (as `max_connections_per_ip` counts it: a host may use every address of it).
         let quota = (
-            conn.peer.ip().to_string(),
+            crate::store::quota::client_key(conn.peer.ip()),
             RecordQuota {
                 total: settings.max_records,
                 per_scope: settings.max_records_per_scope,

@@ -110,6 +110,13 @@ pub(crate) fn size_of(key: &str, value_len: usize) -> u64 {
 
 /// Every record's count and bytes, in total, per scope and per client. A scope or client
 /// is listed only while it has records, so the maps are bounded by the records.
+/// The client a new record counts against: its address, an IPv6 one by its /64, as
+/// `max_connections_per_ip` counts it (a host may use every address of its /64, and
+/// would otherwise have a quota per address).
+pub(crate) fn client_key(ip: std::net::IpAddr) -> String {
+    crate::listen::client_of(ip).to_string()
+}
+
 #[derive(Debug, Default)]
 pub struct Tally {
     pub total: Usage,
@@ -212,6 +219,17 @@ impl Volume {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two addresses of one IPv6 /64 are one client, and so are an IPv4 address and its
+    /// IPv4-mapped IPv6 spelling; two /64s are two.
+    #[test]
+    fn a_client_is_its_address_or_its_ipv6_64() {
+        let key = |s: &str| client_key(s.parse().expect("address"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff:1:2:3"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+    }
 
     fn quota(n: u64) -> RecordQuota {
         let u = Usage {

@@ -631,3 +631,96 @@ async fn a_new_member_waits_for_its_collections_delete() {
         .await;
     assert_eq!(put.result(), "accepted", "{put:?}");
 }
+
+/// A collection above a fenced WebDAV route's objects (`/files`, the parent of every
+/// object of `/files/{*path}`; `/trees/a`, of scope `tree/a`) is routed elsewhere (here to
+/// a pass-through catch-all):
+/// a DELETE, MOVE or COPY of it, or a MOVE or COPY onto it, would change every fenced
+/// file beneath without a token. Each is refused `multi_scope`, nothing is forwarded,
+/// and the fenced file stays (SPEC §16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collection_above_a_fenced_tree_is_refused() {
+    let dav = Nginx::webdav().expect("nginx with WebDAV");
+    let dir = tempfile::tempdir().expect("dir");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "marks.redb"
+[fencing]
+settle = "0s"
+[[upstream]]
+name = "dav"
+url = "http://{}"
+[[route]]
+name = "files"
+api = "webdav"
+path = "/files/{{*path}}"
+scope = "file/{{path}}"
+upstream = "dav"
+[[route]]
+name = "trees"
+api = "webdav"
+path = "/trees/{{top}}/{{*rest}}"
+scope = "tree/{{top}}"
+upstream = "dav"
+[[route]]
+name = "rest"
+path = "/{{*rest}}"
+upstream = "dav"
+fenced = false
+"#,
+        dav.addr()
+    );
+    let proxy = support::start_text(&text, dir.path()).await;
+    let c = Client::new(proxy.proxy_addr);
+    let put = c
+        .send("PUT", "/files/q4/final", &[("fencing-token", "6")], "six")
+        .await;
+    assert_eq!(put.status, 201, "{put:?}");
+    let put = c
+        .send("PUT", "/trees/a/x", &[("fencing-token", "2")], "ex")
+        .await;
+    assert_eq!(put.status, 201, "{put:?}");
+    std::fs::create_dir_all(dav.root().join("other/d")).expect("mkdir");
+    for (method, path, dest) in [
+        ("DELETE", "/files", None),
+        ("DELETE", "/files/", None),
+        ("delete", "/files/", None),
+        ("BDELETE", "/files/", None),
+        ("MOVE", "/files/", Some("/stolen/")),
+        ("COPY", "/files", Some("/stolen/")),
+        ("MOVE", "/other/d/", Some("/files/")),
+        ("COPY", "/other/d/", Some("/files")),
+        ("MOVE", "/other/d/", Some("/")),
+        ("DELETE", "/trees/a/", None),
+        ("MOVE", "/other/d/", Some("/trees/a")),
+    ] {
+        let mut headers = vec![("overwrite", "T")];
+        if let Some(d) = dest {
+            headers.push(("destination", d));
+        }
+        let resp = c.send(method, path, &headers, "").await;
+        assert_eq!(
+            (resp.status, resp.result()),
+            (400, "multi_scope"),
+            "{method} {path} -> {dest:?}: {resp:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(dav.root().join("files/q4/final")).expect("the fenced file"),
+        b"six"
+    );
+    assert_eq!(
+        std::fs::read(dav.root().join("trees/a/x")).expect("the fenced tree's file"),
+        b"ex"
+    );
+    // What changes one resource there, and collections elsewhere, still pass.
+    let ok = c.send("PROPFIND", "/files/", &[("depth", "0")], "").await;
+    assert_ne!(ok.status, 400, "forwarded: {ok:?}");
+    let ok = c.send("DELETE", "/other/d/", &[], "").await;
+    assert!(matches!(ok.status, 200 | 204), "{ok:?}");
+}
