@@ -535,6 +535,14 @@ impl ScopeTemplate {
         self.parts.last() == Some(&ScopePart::Capture(i))
     }
 
+    /// Does the template render none of the captures numbered `n` and above (so that the
+    /// first `n` captures alone decide the scope)?
+    pub fn uses_captures_below(&self, n: usize) -> bool {
+        self.parts
+            .iter()
+            .all(|p| !matches!(p, ScopePart::Capture(i) if *i >= n))
+    }
+
     pub fn is_constant(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, ScopePart::Text(_)))
     }

@@ -49,16 +49,26 @@ enum Destination {
 /// or COPY of it (or a COPY or MOVE onto it) would change those objects without their
 /// tokens and without the route's check of its collections (SPEC §16). Hosts are not
 /// compared: a WebDAV server may serve one tree under every name.
+///
+/// With it comes the one scope every object beneath is in, when there is one: a route with
+/// one scope per tree (`tree/{top}`) whose captures the collection's path already gives.
+/// A request fenced on that very scope, with its token, changes that tree's objects as
+/// any of its requests may.
 fn tree_above<'r>(
     config: &'r Config,
     upstream: usize,
     segments: &[std::borrow::Cow<'_, str>],
-) -> Option<&'r Route> {
-    config.routes.iter().find(|r| {
-        r.upstream == upstream
-            && r.fenced
-            && r.api == crate::proxy::config::Api::Webdav
-            && r.path.matches_prefix(segments).is_some()
+) -> Option<(&'r Route, Option<String>)> {
+    config.routes.iter().find_map(|r| {
+        if r.upstream != upstream || !r.fenced || r.api != crate::proxy::config::Api::Webdav {
+            return None;
+        }
+        let caps = r.path.matches_prefix(segments)?;
+        let one = r
+            .scope
+            .uses_captures_below(caps.len())
+            .then(|| r.scope.render(&caps));
+        Some((r, one))
     })
 }
 
@@ -135,8 +145,12 @@ fn destination<B>(
         return Err("Destination has no absolute path".into());
     }
     let segments = route::canonicalize(uri.path()).map_err(|e| format!("Destination: {e}"))?;
-    if let Some(r) = tree_above(config, upstream, &segments) {
-        return Ok(Destination::AboveTree(r.name.clone()));
+    if let Some((r, one)) = tree_above(config, upstream, &segments) {
+        return Ok(match one {
+            // Writing onto it writes objects of that one scope.
+            Some(scope) => Destination::Scope(scope),
+            None => Destination::AboveTree(r.name.clone()),
+        });
     }
     match route::find(&config.routes, host, &segments) {
         None => Err("Destination matches no route".into()),
@@ -244,7 +258,11 @@ pub(crate) fn classify<B>(
         }));
     }
     if !changes_one(req.method())
-        && let Some(r) = tree_above(config, route.upstream, &segments)
+        && let Some((r, one)) = tree_above(config, route.upstream, &segments)
+        // The tree's one scope, and this request fenced on it: decided below as any.
+        && !(route.fenced
+            && route.s3().is_none()
+            && one.is_some_and(|s| s == route.scope.render(&caps)))
     {
         return Err(at(Outcome::MultiScope {
             detail: format!(

@@ -633,11 +633,12 @@ async fn a_new_member_waits_for_its_collections_delete() {
 }
 
 /// A collection above a fenced WebDAV route's objects (`/files`, the parent of every
-/// object of `/files/{*path}`; `/trees/a`, of scope `tree/a`) is routed elsewhere (here to
-/// a pass-through catch-all):
-/// a DELETE, MOVE or COPY of it, or a MOVE or COPY onto it, would change every fenced
-/// file beneath without a token. Each is refused `multi_scope`, nothing is forwarded,
-/// and the fenced file stays (SPEC §16).
+/// object of `/files/{*path}`; `/trees`, of every scope `tree/{top}`) is routed elsewhere
+/// (here to a pass-through catch-all): a DELETE, MOVE or COPY of it, or a MOVE or COPY
+/// onto it, would change fenced files beneath without their tokens. Each is refused
+/// `multi_scope`, nothing is forwarded, and the fenced files stay (SPEC §16). A tree's
+/// top collection (`/trees/a`) holds objects of one scope, `tree/a`: fenced on it, as
+/// any of the tree's requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collection_above_a_fenced_tree_is_refused() {
     let dav = Nginx::webdav().expect("nginx with WebDAV");
@@ -665,6 +666,11 @@ upstream = "dav"
 name = "trees"
 api = "webdav"
 path = "/trees/{{top}}/{{*rest}}"
+scope = "tree/{{top}}"
+upstream = "dav"
+[[route]]
+name = "tree-tops"
+path = "/trees/{{top}}"
 scope = "tree/{{top}}"
 upstream = "dav"
 [[route]]
@@ -696,8 +702,8 @@ fenced = false
         ("MOVE", "/other/d/", Some("/files/")),
         ("COPY", "/other/d/", Some("/files")),
         ("MOVE", "/other/d/", Some("/")),
-        ("DELETE", "/trees/a/", None),
-        ("MOVE", "/other/d/", Some("/trees/a")),
+        ("DELETE", "/trees", None),
+        ("DELETE", "/trees/", None),
     ] {
         let mut headers = vec![("overwrite", "T")];
         if let Some(d) = dest {
@@ -718,6 +724,35 @@ fenced = false
         std::fs::read(dav.root().join("trees/a/x")).expect("the fenced tree's file"),
         b"ex"
     );
+    // The tree's top collection is its one scope's (`tree/a`): a pass-through request
+    // may not write it, a stale token is refused, and its own token deletes it.
+    let resp = c
+        .send(
+            "MOVE",
+            "/other/d/",
+            &[("destination", "/trees/a"), ("overwrite", "T")],
+            "",
+        )
+        .await;
+    assert_eq!(
+        (resp.status, resp.result()),
+        (400, "invalid_request"),
+        "{resp:?}"
+    );
+    let resp = c
+        .send("DELETE", "/trees/a/", &[("fencing-token", "1")], "")
+        .await;
+    assert_eq!(
+        (resp.status, resp.result()),
+        (409, "stale_fence"),
+        "{resp:?}"
+    );
+    assert!(dav.root().join("trees/a/x").is_file());
+    let resp = c
+        .send("DELETE", "/trees/a/", &[("fencing-token", "2")], "")
+        .await;
+    assert_eq!(resp.result(), "accepted", "{resp:?}");
+    assert!(!dav.root().join("trees/a").exists());
     // What changes one resource there, and collections elsewhere, still pass.
     let ok = c.send("PROPFIND", "/files/", &[("depth", "0")], "").await;
     assert_ne!(ok.status, 400, "forwarded: {ok:?}");
