@@ -44,6 +44,10 @@ pub struct Streams {
     /// An HTTP/1 request head has begun to arrive and is not whole yet (its connection is
     /// not idle).
     pub(super) head: AtomicBool,
+    /// Every request head the scan parsed, by number, with the framing it read for the
+    /// body after it: what the fuzz targets hold against hyper's reading.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) seen: Mutex<Vec<(u64, Vec<u8>, crate::fuzzing::ScanFraming)>>,
 }
 
 impl Streams {

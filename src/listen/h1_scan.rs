@@ -276,7 +276,26 @@ impl Scan {
             },
             (None, None) => self.at = At::Head,
         }
+        #[cfg(feature = "fuzzing")]
+        self.record(number, &bytes[start..at]);
         Some(Ok(at))
+    }
+
+    /// Notes head `number` and the framing read for its body, for the fuzz targets.
+    #[cfg(feature = "fuzzing")]
+    fn record(&self, number: u64, head: &[u8]) {
+        use crate::fuzzing::ScanFraming;
+        let framing = match self.at {
+            At::Head => ScanFraming::None,
+            At::Length(n) => ScanFraming::Length(n),
+            At::ChunkSize => ScanFraming::Chunked,
+            _ => ScanFraming::Lost,
+        };
+        self.streams
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((number, head.to_vec(), framing));
     }
 
     /// Stops the scan (the answer for [`Scan::parse`]).

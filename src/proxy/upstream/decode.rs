@@ -414,6 +414,55 @@ pub(super) fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxErr
     })
 }
 
+/// A whole response as this decoder reads it from `pieces` (each as one read of the
+/// connection, then its end): status, headers as the client is shown them, body. For the
+/// fuzz target that holds it against hyper's client.
+#[cfg(feature = "fuzzing")]
+#[allow(clippy::type_complexity)]
+pub(crate) fn decode_all(
+    pieces: &[&[u8]],
+    head_request: bool,
+) -> Result<(u16, Vec<(String, Vec<u8>)>, Vec<u8>), String> {
+    let mut pieces = pieces.iter();
+    let mut buf = BytesMut::new();
+    let mut decoder = ResponseDecoder::new(head_request);
+    let decoded = loop {
+        if let Some(d) = decoder.decode(&mut buf)? {
+            break d;
+        }
+        match pieces.next() {
+            Some(p) => buf.extend_from_slice(p),
+            None => return Err("the end of the stream mid-head".into()),
+        }
+    };
+    let headers = decoded
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    let mut state = decoded.body;
+    let mut body = Vec::new();
+    // Bounded: each turn takes bytes, moves the state on, or feeds a piece; a chunk takes
+    // at least three bytes, so a turn per byte and piece is more than enough.
+    let turns = 16 + 4 * (buf.len() + pieces.as_slice().iter().map(|p| p.len() + 1).sum::<usize>());
+    for _ in 0..turns {
+        if matches!(state, State::Done) {
+            return Ok((decoded.status.as_u16(), headers, body));
+        }
+        match step(&mut state, &mut buf).map_err(|e| e.to_string())? {
+            Step::Data(d) => body.extend_from_slice(&d),
+            Step::Again => {}
+            Step::End => state = State::Done,
+            Step::More => match pieces.next() {
+                Some(p) => buf.extend_from_slice(p),
+                None if matches!(state, State::Close) => state = State::Done,
+                None => return Err("the end of the stream mid-body".into()),
+            },
+        }
+    }
+    panic!("the body decoder went round without taking bytes");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
