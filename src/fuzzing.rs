@@ -212,7 +212,8 @@ pub fn head_scan(pieces: &[&[u8]]) -> HeadRun {
     })
 }
 
-/// A request head as httparse reads it: method, target, minor version, headers.
+/// A request head as httparse reads it: method, target, minor version, headers (names
+/// lowercased, in the head's order).
 type ParsedHead = (String, String, u8, Vec<(String, Vec<u8>)>);
 
 fn parse_request_head(head: &[u8]) -> Result<(ParsedHead, usize), String> {
@@ -223,12 +224,11 @@ fn parse_request_head(head: &[u8]) -> Result<(ParsedHead, usize), String> {
         Ok(httparse::Status::Partial) => return Err("partial".into()),
         Err(e) => return Err(e.to_string()),
     };
-    let mut headers: Vec<(String, Vec<u8>)> = req
+    let headers: Vec<(String, Vec<u8>)> = req
         .headers
         .iter()
         .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
         .collect();
-    headers.sort();
     Ok((
         (
             req.method.unwrap_or_default().to_owned(),
@@ -265,6 +265,28 @@ pub fn check_head_run(run: &HeadRun) -> Result<(), String> {
                 head.len()
             ));
         }
+        // hyper keeps the first of several `Content-Length` lines of one value (however
+        // spelled: `4`, `004`).
+        let mut headers = headers;
+        let number = |v: &[u8]| {
+            std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        };
+        let mut first_length = None;
+        let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+        for (k, v) in &headers {
+            if k == "content-length" {
+                match (&first_length, number(v)) {
+                    (Some(n), Some(m)) if *n == Some(m) => continue,
+                    (None, m) => first_length = Some(m),
+                    _ => {}
+                }
+            }
+            kept.push((k.clone(), v.clone()));
+        }
+        headers = kept;
+        headers.sort();
         let uri = Uri::try_from(target.as_str()).map_err(|e| e.to_string());
         let version = if minor == 0 {
             Version::HTTP_10

@@ -74,6 +74,9 @@ streams = {
     "http12_version": req("GET / HTTP/1.2", "Host: a"),
     "content_length_te_identity": req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: identity", "Content-Length: 3", body="abc"),
     "long_header_name_case": req("POST / HTTP/1.1", "Host: a", "TRANSFER-ENCODING: CHUNKED", body="0\r\n\r\n") + req("GET /x#y HTTP/1.1", "Host: a"),
+    # Found by this target: a 17-byte name whose ninth byte is not `-` was read as
+    # Transfer-Encoding, and the fragment of the next head went unseen.
+    "te_lookalike_name": req("POST / HTTP/1.1", "Host: a", "Transfer%Encoding: chunked", body="abcDELETE /dav/c/#x HTTP/1.1\r\nHost: a\r\n\r\n"),
     "content_length_cr_name": req("POST / HTTP/1.1", "Host: a", "Content-Length\r: 3", body="abc"),
 }
 
@@ -113,6 +116,12 @@ responses = {
     "chunk_overflow": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\nx\r\n0\r\n\r\n",
     "status_999": b"HTTP/1.1 999 X\r\nContent-Length: 0\r\n\r\n",
     "no_reason": b"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n",
+    # Found by this target: a malformed trailer line, which hyper's client refuses.
+    "trailer_malformed": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;e=1\r\nok\r\n0\r\nX-T+# 1\r\n\r\n",
+    # Found by this target: chunked framing in an HTTP/1.0 response.
+    "http10_chunked": b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    # Found by this target: a trailer line with a bare LF inside (two fields to httparse).
+    "trailer_bare_lf_inside": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nA: 1\nB: 2\r\n\r\n",
     "space_before_colon": b"HTTP/1.1 200 OK\r\nContent-Length : 1\r\n\r\nx",
 }
 
@@ -172,4 +181,6 @@ write("journal", "raw_zeros", b"\x00" + bytes(48))
 write("journal", "raw_record_header", b"\x00" + (8).to_bytes(4, "little") + bytes(4) + (1).to_bytes(8, "little") + bytes(8) + bytes(8))
 write("journal", "entries", b"\x01\x10\x00" + b"\x03abc" + bytes(17) + b"\x05scope" + b"\x01" * 17)
 write("journal", "entries_flip_header", b"\x01\x05\x00" + b"\x03abc" + bytes(17))
+# Found by this target: a flip in bytes 4..8 of a record's header (not under its check).
+write("journal", "entries_flip_record_padding", b"\x01" + (8 * 28 + 3).to_bytes(2, "little") + b"\x03abc" + bytes(17))
 write("journal", "entries_flip_last", b"\x01\xff\x01" + b"\x02ab" + b"\x07" * 17)

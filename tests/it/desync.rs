@@ -123,7 +123,15 @@ fn generate(rng: &mut Rng, conn: usize) -> Stream {
         if ambiguous {
             s.hidden.push(smuggled_target);
             let chunk_end = "0\r\n\r\n";
-            let (headers, payload): (String, String) = match rng.below(8) {
+            let (headers, payload): (String, String) = match rng.below(9) {
+                // A name that only looks like Transfer-Encoding (no framing to hyper),
+                // and a next request with a fragment, which must be refused: the head
+                // scan once read the name as the coding, took the next head for a
+                // chunk, and let the fragment through unseen.
+                8 => (
+                    format!("{}: chunked\r\n", rng.pick(&["Transfer%Encoding", "TransferXEncoding"])),
+                    smuggled.replacen("/x HTTP/1.1", "/x#f HTTP/1.1", 1),
+                ),
                 // CL.TE: a length covering the chunked body's end and the hidden request.
                 0 => (
                     format!(

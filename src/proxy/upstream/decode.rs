@@ -22,8 +22,12 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
 /// Longest chunk-size line (with its extensions).
 const MAX_CHUNK_LINE: usize = 4 * 1024;
-/// Largest trailer section of a chunked body (trailers are read and dropped).
-const MAX_TRAILERS: usize = 64 * 1024;
+/// Largest trailer section of a chunked body (trailers are read and dropped): within
+/// hyper's client's bound (16 KiB with the line ends), so that no body it refuses is
+/// passed on as whole.
+const MAX_TRAILERS: usize = 16 * 1024 - 2;
+/// Most trailer lines (hyper's client's bound on header lines, which it holds trailers to).
+const MAX_TRAILER_LINES: usize = 100;
 
 struct Head {
     status: StatusCode,
@@ -173,6 +177,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
         } else if name.as_str() == "keep-alive" {
             continue;
         }
+        if minor == 0 && name == header::TRANSFER_ENCODING {
+            // RFC 9112 §6.1: framing that HTTP/1.0 has not got is faulty; hyper's client
+            // refuses it too (found by the `response` fuzz target).
+            return Err(bad(&"Transfer-Encoding in an HTTP/1.0 response"));
+        }
         has_length |= name == header::CONTENT_LENGTH;
         headers.append(name, value);
     }
@@ -318,8 +327,8 @@ pub(super) enum Chunk {
     Data(u64),
     /// The CRLF after a chunk's data.
     DataEnd,
-    /// Trailer lines up to an empty one; this many bytes of them so far.
-    Trailers(usize),
+    /// Trailer lines up to an empty one; this many bytes and lines of them so far.
+    Trailers(usize, usize),
 }
 
 /// What the buffered bytes give a body in `state`.
@@ -372,7 +381,7 @@ pub(super) fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxErr
                 Ok(httparse::Status::Complete((used, size))) => {
                     buf.advance(used);
                     *chunk = if size == 0 {
-                        Chunk::Trailers(0)
+                        Chunk::Trailers(0, 0)
                     } else {
                         Chunk::Data(size)
                     };
@@ -397,12 +406,21 @@ pub(super) fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxErr
                 Step::Again
             }
             Chunk::DataEnd => return Err("malformed chunk from the upstream".into()),
-            Chunk::Trailers(seen) => match buf.windows(2).position(|w| w == b"\r\n") {
+            Chunk::Trailers(seen, lines) => match buf.windows(2).position(|w| w == b"\r\n") {
                 Some(0) => {
                     buf.advance(2);
                     Step::End
                 }
                 Some(line) if *seen + line + 2 <= MAX_TRAILERS => {
+                    // Dropped, but held to a header line's grammar as hyper's client
+                    // holds them: a body it would refuse is not passed on as whole.
+                    if !is_trailer_line(&buf[..line]) {
+                        return Err("a malformed trailer from the upstream".into());
+                    }
+                    *lines += 1;
+                    if *lines > MAX_TRAILER_LINES {
+                        return Err("too many trailers from the upstream".into());
+                    }
                     *seen += line + 2;
                     buf.advance(line + 2);
                     Step::Again
@@ -412,6 +430,26 @@ pub(super) fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxErr
             },
         },
     })
+}
+
+/// Whether `line` (without its CRLF) is one trailer field line as hyper's client reads
+/// trailers: httparse's header grammar (a token, `:`, a value), one field per CRLF line
+/// (no bare LF), a name and value `http` takes.
+fn is_trailer_line(line: &[u8]) -> bool {
+    if line.contains(&b'\n') {
+        return false;
+    }
+    let mut text = Vec::with_capacity(line.len() + 4);
+    text.extend_from_slice(line);
+    text.extend_from_slice(b"\r\n\r\n");
+    let mut slot = [httparse::EMPTY_HEADER; 1];
+    match httparse::parse_headers(&text, &mut slot) {
+        Ok(httparse::Status::Complete((_, [h]))) => {
+            HeaderName::from_bytes(h.name.as_bytes()).is_ok()
+                && HeaderValue::from_bytes(h.value).is_ok()
+        }
+        _ => false,
+    }
 }
 
 /// A whole response as this decoder reads it from `pieces` (each as one read of the
@@ -507,6 +545,9 @@ mod tests {
         assert_eq!(h.headers["x-b"], "b");
         assert!(!head("HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
         assert!(!head("HTTP/1.0 200 OK\r\n\r\n").keep_alive);
+        // Chunked framing in an HTTP/1.0 response is faulty (RFC 9112 §6.1).
+        let mut buf = BytesMut::from(&b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..]);
+        assert!(parse_head(&mut buf).is_err());
         // A Connection that names no other header, and Keep-Alive, are left out at once;
         // one that names another stays for the hop-by-hop strip to act on.
         let h = head("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n");
@@ -584,8 +625,30 @@ mod tests {
                 "{bad:?}"
             );
         }
+        // Trailers are dropped, but one that is no header line (hyper's client refuses the
+        // body then) fails the body too (found by the `response` fuzz target).
+        for bad in [
+            &b"2\r\nok\r\n0\r\nX-T+# 1\r\n\r\n"[..],
+            b"0\r\nno colon\r\n\r\n",
+            b"0\r\n folded: x\r\n\r\n",
+            b"0\r\nX-A: 1\r\n: empty name\r\n\r\n",
+            b"0\r\nX-A: 1\nX-B: 2\r\n\r\n",
+        ] {
+            assert!(
+                decode(State::Chunked(Chunk::Size), bad, 64).is_err(),
+                "{bad:?}"
+            );
+        }
+        let (data, clean) =
+            decode(State::Chunked(Chunk::Size), b"0\r\nX-A: 1\r\nx-b:\r\n\r\n", 3).unwrap();
+        assert!(data.is_empty() && clean);
         let long_line = [b"1;".as_slice(), &[b'a'; MAX_CHUNK_LINE]].concat();
         assert!(decode(State::Chunked(Chunk::Size), &long_line, 512).is_err());
+        let many: Vec<u8> = [&b"0\r\n"[..], &b"x: 1\r\n".repeat(MAX_TRAILER_LINES)].concat();
+        let (_, clean) = decode(State::Chunked(Chunk::Size), &[&many[..], b"\r\n"].concat(), 512).unwrap();
+        assert!(clean);
+        let more = [&many[..], b"x: 1\r\n\r\n"].concat();
+        assert!(decode(State::Chunked(Chunk::Size), &more, 512).is_err());
         let huge_trailers = [b"0\r\n".as_slice(), &[b'a'; MAX_TRAILERS + 1]].concat();
         assert!(decode(State::Chunked(Chunk::Size), &huge_trailers, 4096).is_err());
     }
