@@ -47,7 +47,11 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 /// `bytes` cut at `splits` (offsets, any order, out of range ones ignored).
 pub fn pieces<'a>(bytes: &'a [u8], splits: &[usize]) -> Vec<&'a [u8]> {
-    let mut cuts: Vec<usize> = splits.iter().copied().filter(|&s| s < bytes.len()).collect();
+    let mut cuts: Vec<usize> = splits
+        .iter()
+        .copied()
+        .filter(|&s| s < bytes.len())
+        .collect();
     cuts.sort_unstable();
     cuts.dedup();
     let mut out = Vec::with_capacity(cuts.len() + 1);
@@ -155,7 +159,10 @@ pub fn head_scan(pieces: &[&[u8]]) -> HeadRun {
             let number = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async move {
                 if streams.next_request_flaw().is_some() {
-                    run.lock().unwrap_or_else(|p| p.into_inner()).refused.push(number);
+                    run.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .refused
+                        .push(number);
                     let mut resp = hyper::Response::new(http_body_util::Full::new(Bytes::new()));
                     *resp.status_mut() = http::StatusCode::BAD_REQUEST;
                     resp.headers_mut()
@@ -179,7 +186,9 @@ pub fn head_scan(pieces: &[&[u8]]) -> HeadRun {
                         headers: sorted_headers(&parts.headers),
                         body,
                     });
-                Ok(hyper::Response::new(http_body_util::Full::new(Bytes::new())))
+                Ok(hyper::Response::new(
+                    http_body_util::Full::new(Bytes::new()),
+                ))
             }
         });
         let mut h1 = hyper::server::conn::http1::Builder::new();
@@ -392,12 +401,8 @@ pub fn forwarded(head: &[u8], body: &[u8], trusted: bool) -> Option<Result<(), S
             .ok()?;
     let authority = upstream.url.authority()?;
     let body = Bytes::copy_from_slice(body);
-    let out = crate::proxy::upstream::h1::encode_for_fuzzing(
-        &parts,
-        added.pairs(),
-        authority,
-        &body,
-    );
+    let out =
+        crate::proxy::upstream::h1::encode_for_fuzzing(&parts, added.pairs(), authority, &body);
     Some(check_forwarded(
         &out,
         &method,
@@ -417,14 +422,21 @@ fn check_forwarded(
     body: &[u8],
 ) -> Result<(), String> {
     let show = || String::from_utf8_lossy(out).into_owned();
-    let ((m, target, _, headers), len) =
-        parse_request_head(out).map_err(|e| format!("forwarded head does not parse ({e}): {:?}", show()))?;
+    let ((m, target, _, headers), len) = parse_request_head(out)
+        .map_err(|e| format!("forwarded head does not parse ({e}): {:?}", show()))?;
     let want_target = uri.path_and_query().map_or("/", |p| p.as_str());
     if m != method.as_str() || target != want_target {
-        return Err(format!("forwarded {m} {target}, decided {method} {want_target}: {:?}", show()));
+        return Err(format!(
+            "forwarded {m} {target}, decided {method} {want_target}: {:?}",
+            show()
+        ));
     }
     let all = |name: &str| -> Vec<&Vec<u8>> {
-        headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v).collect()
+        headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .collect()
     };
     if !all("transfer-encoding").is_empty() {
         return Err(format!("forwarded with Transfer-Encoding: {:?}", show()));
@@ -447,13 +459,28 @@ fn check_forwarded(
     }
     let hosts = all("host");
     if hosts.as_slice() != [&host.to_vec()] {
-        return Err(format!("forwarded Host {hosts:?}, decided {:?}: {:?}", String::from_utf8_lossy(host), show()));
+        return Err(format!(
+            "forwarded Host {hosts:?}, decided {:?}: {:?}",
+            String::from_utf8_lossy(host),
+            show()
+        ));
     }
     let tokens = all("fencing-token");
     if tokens.iter().any(|t| t.as_slice() != token) || tokens.len() > 1 {
-        return Err(format!("forwarded tokens {tokens:?}, decided {:?}: {:?}", String::from_utf8_lossy(token), show()));
+        return Err(format!(
+            "forwarded tokens {tokens:?}, decided {:?}: {:?}",
+            String::from_utf8_lossy(token),
+            show()
+        ));
     }
-    for name in ["upgrade", "connection", "expect", "te", "trailer", "fencegate-peer"] {
+    for name in [
+        "upgrade",
+        "connection",
+        "expect",
+        "te",
+        "trailer",
+        "fencegate-peer",
+    ] {
         if !all(name).is_empty() && name != "fencegate-peer" {
             return Err(format!("forwarded a hop-by-hop {name}: {:?}", show()));
         }
@@ -465,7 +492,12 @@ fn check_forwarded(
 /// hop-by-hop ones), body.
 pub type Response = (u16, Vec<(String, Vec<u8>)>, Vec<u8>);
 
-const FRAMING: [&str; 4] = ["connection", "keep-alive", "transfer-encoding", "content-length"];
+const FRAMING: [&str; 4] = [
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+];
 
 fn comparable(mut r: Response) -> Response {
     r.1.retain(|(k, _)| !FRAMING.contains(&k.as_str()));
@@ -484,12 +516,12 @@ pub fn response_hypers(pieces: &[&[u8]], head_request: bool) -> Result<Response,
     let owned: Vec<Vec<u8>> = pieces.iter().map(|p| p.to_vec()).collect();
     block_on(async move {
         let (client, server) = tokio::io::duplex(1 << 20);
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake::<_, http_body_util::Empty<Bytes>>(
-                hyper_util::rt::TokioIo::new(client),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake::<
+            _,
+            http_body_util::Empty<Bytes>,
+        >(hyper_util::rt::TokioIo::new(client))
+        .await
+        .map_err(|e| e.to_string())?;
         let method = if head_request {
             Method::HEAD
         } else {

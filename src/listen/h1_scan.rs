@@ -526,7 +526,11 @@ mod tests {
     /// chunk and a fragment in it went unseen (`DELETE /dav/c/#x` served as `/dav/c/`).
     #[test]
     fn a_name_like_transfer_encoding_frames_no_body() {
-        for name in ["Transfer%Encoding", "TransferXEncoding", "Transfer_Encoding"] {
+        for name in [
+            "Transfer%Encoding",
+            "TransferXEncoding",
+            "Transfer_Encoding",
+        ] {
             let stream = format!(
                 "POST / HTTP/1.1\r\nHost: a\r\n{name}: chunked\r\n\r\n\
                  abcDELETE /dav/c/#x HTTP/1.1\r\nHost: a\r\n\r\n"

@@ -546,7 +546,8 @@ mod tests {
         assert!(!head("HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
         assert!(!head("HTTP/1.0 200 OK\r\n\r\n").keep_alive);
         // Chunked framing in an HTTP/1.0 response is faulty (RFC 9112 §6.1).
-        let mut buf = BytesMut::from(&b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..]);
+        let mut buf =
+            BytesMut::from(&b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..]);
         assert!(parse_head(&mut buf).is_err());
         // A Connection that names no other header, and Keep-Alive, are left out at once;
         // one that names another stays for the hop-by-hop strip to act on.
@@ -639,13 +640,22 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let (data, clean) =
-            decode(State::Chunked(Chunk::Size), b"0\r\nX-A: 1\r\nx-b:\r\n\r\n", 3).unwrap();
+        let (data, clean) = decode(
+            State::Chunked(Chunk::Size),
+            b"0\r\nX-A: 1\r\nx-b:\r\n\r\n",
+            3,
+        )
+        .unwrap();
         assert!(data.is_empty() && clean);
         let long_line = [b"1;".as_slice(), &[b'a'; MAX_CHUNK_LINE]].concat();
         assert!(decode(State::Chunked(Chunk::Size), &long_line, 512).is_err());
         let many: Vec<u8> = [&b"0\r\n"[..], &b"x: 1\r\n".repeat(MAX_TRAILER_LINES)].concat();
-        let (_, clean) = decode(State::Chunked(Chunk::Size), &[&many[..], b"\r\n"].concat(), 512).unwrap();
+        let (_, clean) = decode(
+            State::Chunked(Chunk::Size),
+            &[&many[..], b"\r\n"].concat(),
+            512,
+        )
+        .unwrap();
         assert!(clean);
         let more = [&many[..], b"x: 1\r\n\r\n"].concat();
         assert!(decode(State::Chunked(Chunk::Size), &more, 512).is_err());
