@@ -77,6 +77,8 @@ streams = {
     # Found by this target: a 17-byte name whose ninth byte is not `-` was read as
     # Transfer-Encoding, and the fragment of the next head went unseen.
     "te_lookalike_name": req("POST / HTTP/1.1", "Host: a", "Transfer%Encoding: chunked", body="abcDELETE /dav/c/#x HTTP/1.1\r\nHost: a\r\n\r\n"),
+    # Found by this target: a bare LF in a trailer line is no line end to hyper.
+    "trailer_lf_lf_then_head": req("PUT / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked", body="0\r\nX: 1\n\nGET /a HTTP/1.1\r\n\r\nDELETE /dav/c/#x HTTP/1.1\r\nHost: a\r\n\r\n"),
     "content_length_cr_name": req("POST / HTTP/1.1", "Host: a", "Content-Length\r: 3", body="abc"),
 }
 
@@ -122,6 +124,8 @@ responses = {
     "http10_chunked": b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     # Found by this target: a trailer line with a bare LF inside (two fields to httparse).
     "trailer_bare_lf_inside": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nA: 1\nB: 2\r\n\r\n",
+    # Found by this target: `chunked,` is no chunked framing to hyper's client.
+    "te_chunked_empty_element": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked,\r\n\r\n0\r\n\r\n",
     "space_before_colon": b"HTTP/1.1 200 OK\r\nContent-Length : 1\r\n\r\nx",
 }
 

@@ -246,11 +246,13 @@ fn framing(
             let v = v
                 .to_str()
                 .map_err(|_| "malformed Transfer-Encoding from the upstream")?;
-            codings.extend(v.split(',').map(str::trim).filter(|t| !t.is_empty()));
+            codings.extend(v.split(',').map(str::trim));
         }
         // Only chunked can be taken off here (the coding header goes, as hop-by-hop);
         // another coding, before chunked or instead of it, would reach the client still
         // applied and unannounced.
+        // An empty element too (`chunked,`): hyper's client reads the last element, empty,
+        // and so the body up to the connection's end (found by the `response` fuzz target).
         if !matches!(codings.as_slice(), [only] if only.eq_ignore_ascii_case("chunked")) {
             return Err("a transfer coding other than chunked from the upstream".into());
         }
@@ -545,6 +547,9 @@ mod tests {
         assert_eq!(h.headers["x-b"], "b");
         assert!(!head("HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
         assert!(!head("HTTP/1.0 200 OK\r\n\r\n").keep_alive);
+        // An empty element beside chunked: hyper's client reads no chunked framing then.
+        assert!(frame(200, false, &[("transfer-encoding", "chunked,")]).is_err());
+        assert!(frame(200, false, &[("transfer-encoding", ", chunked")]).is_err());
         // Chunked framing in an HTTP/1.0 response is faulty (RFC 9112 §6.1).
         let mut buf =
             BytesMut::from(&b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..]);
