@@ -22,18 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 use crate::listen::conn::Streams;
 use crate::listen::h1_scan::Scan;
-
-/// The framing the head scan read for the body after a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScanFraming {
-    /// No body.
-    None,
-    /// This many bytes.
-    Length(u64),
-    Chunked,
-    /// Not followed: the next head is refused unchecked.
-    Lost,
-}
+pub use crate::listen::h1_scan::ScanFraming;
 
 thread_local! {
     static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
@@ -356,6 +345,10 @@ fn upstream() -> crate::proxy::config::Upstream {
 /// client is a trusted proxy.
 pub fn forwarded(head: &[u8], body: &[u8], trusted: bool) -> Option<Result<(), String>> {
     let ((method, target, minor, headers), _) = parse_request_head(head).ok()?;
+    // hyper hands on at most `server.max_headers` (100 by default).
+    if headers.len() > 100 {
+        return None;
+    }
     let method = Method::from_bytes(method.as_bytes()).ok()?;
     let uri = Uri::try_from(target.as_str()).ok()?;
     let mut b = http::Request::builder()

@@ -91,7 +91,8 @@ fuzz_target!(|data: &[u8]| {
     if case % 2 == 0 {
         let file = fresh();
         // Cut to the header and the input: the open searches every offset past damage.
-        file.set_len(HEADER + rest.len() as u64).unwrap_or_else(|e| panic!("{e}"));
+        file.set_len(HEADER + rest.len() as u64)
+            .unwrap_or_else(|e| panic!("{e}"));
         file.write(HEADER, rest).unwrap_or_else(|e| panic!("{e}"));
         let Ok((_, pending)) = Journal::open(file.clone(), None) else {
             return;
@@ -123,7 +124,8 @@ fuzz_target!(|data: &[u8]| {
     // is cut after it (it is written longer), so that the open's search for records past
     // damage has only the record to look at.
     let mut len = [0u8; 4];
-    file.read(HEADER, &mut len).unwrap_or_else(|e| panic!("{e}"));
+    file.read(HEADER, &mut len)
+        .unwrap_or_else(|e| panic!("{e}"));
     let end = HEADER + 24 + u64::from(u32::from_le_bytes(len));
     file.set_len(end).unwrap_or_else(|e| panic!("{e}"));
     let (_, pending) = Journal::open(file.clone(), None).unwrap_or_else(|e| panic!("{e:?}"));

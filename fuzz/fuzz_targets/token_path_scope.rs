@@ -59,7 +59,11 @@ fuzz_target!(|data: &[u8]| {
         // One spelling per token, but for an explicit epoch 0 (`0:42` is `42`, as SPEC
         // §1's grammar allows; tokens are compared by value, never by spelling).
         if !token.starts_with(b"0:") {
-            assert_eq!(t.to_string().as_bytes(), token, "a token with two spellings");
+            assert_eq!(
+                t.to_string().as_bytes(),
+                token,
+                "a token with two spellings"
+            );
         }
         let mut w = Vec::new();
         t.write_to(&mut w);
@@ -92,15 +96,20 @@ fuzz_target!(|data: &[u8]| {
         if spelling.as_str() == "//" {
             continue;
         }
-        let read = canonicalize(spelling).unwrap_or_else(|e| panic!("{path:?} as {spelling:?}: {e}"));
+        let read =
+            canonicalize(spelling).unwrap_or_else(|e| panic!("{path:?} as {spelling:?}: {e}"));
         assert_eq!(read, segments, "{path:?} as {spelling:?}");
     }
 
     // One scope per object: a fixed route, and one from the input.
     let fixed = PathTemplate::parse("/{bucket}/{*key}").unwrap_or_else(|e| panic!("{e}"));
-    let fixed_scope = ScopeTemplate::parse("s3/{bucket}/{key}", &fixed).unwrap_or_else(|e| panic!("{e}"));
+    let fixed_scope =
+        ScopeTemplate::parse("s3/{bucket}/{key}", &fixed).unwrap_or_else(|e| panic!("{e}"));
     let read = canonicalize(&other).unwrap_or_default();
-    assert_eq!(render(&fixed, &fixed_scope, &segments), render(&fixed, &fixed_scope, &read));
+    assert_eq!(
+        render(&fixed, &fixed_scope, &segments),
+        render(&fixed, &fixed_scope, &read)
+    );
     if let Ok(p) = PathTemplate::parse(&path_template)
         && let Ok(s) = ScopeTemplate::parse(&scope_template, &p)
     {

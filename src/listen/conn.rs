@@ -47,7 +47,7 @@ pub struct Streams {
     /// Every request head the scan parsed, by number, with the framing it read for the
     /// body after it: what the fuzz targets hold against hyper's reading.
     #[cfg(feature = "fuzzing")]
-    pub(crate) seen: Mutex<Vec<(u64, Vec<u8>, crate::fuzzing::ScanFraming)>>,
+    pub(crate) seen: Mutex<Vec<(u64, Vec<u8>, super::h1_scan::ScanFraming)>>,
 }
 
 impl Streams {
