@@ -20,9 +20,9 @@ use http::{HeaderValue, Method, Uri, Version};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
+pub use crate::listen::conn::ScanFraming;
 use crate::listen::conn::Streams;
 use crate::listen::h1_scan::Scan;
-pub use crate::listen::h1_scan::ScanFraming;
 
 thread_local! {
     static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()

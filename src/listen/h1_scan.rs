@@ -41,20 +41,6 @@ enum At {
     Off,
 }
 
-/// The framing the scan read for the body after a head, noted for the fuzz targets
-/// (`crate::fuzzing`).
-#[cfg(feature = "fuzzing")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScanFraming {
-    /// No body.
-    None,
-    /// This many bytes.
-    Length(u64),
-    Chunked,
-    /// Not followed: the next head is refused unchecked.
-    Lost,
-}
-
 /// Where the scan is in a trailer section (hyper's chunked decoder's states).
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 enum Trailer {
@@ -329,6 +315,7 @@ impl Scan {
     /// Notes head `number` and the framing read for its body, for the fuzz targets.
     #[cfg(feature = "fuzzing")]
     fn record(&self, number: u64, head: &[u8]) {
+        use super::conn::ScanFraming;
         let framing = match self.at {
             At::Head => ScanFraming::None,
             At::Length(n) => ScanFraming::Length(n),
