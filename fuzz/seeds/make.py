@@ -138,6 +138,8 @@ configs = {
     "tls": b'[server]\nlisten = "127.0.0.1:8443"\n[server.tls]\ncert = "c.pem"\nkey = "k.pem"\n',
     "cluster": b'[cluster]\nname = "a"\n[authority]\nbackend = "etcd"\n',
     "not_toml": b'[[route\npath = ',
+    # Found by this target: an empty top-level key had an empty path.
+    "empty_key": b'"" = 1\n',
     "idempotency": b'[idempotency]\nttl = "1h"\nmax_records = -1\n',
 }
 
