@@ -7,7 +7,7 @@
 //!   server, with the listener's refusal of a flawed head;
 //! - [`forwarded`]: a request head as hyper hands it, through the upstream head's
 //!   preparation and the lean exchange's encoder, read back with httparse;
-//! - [`response`]: upstream bytes through the lean exchange's decoder and hyper's client.
+//! - [`response_ours`] and [`response_hypers`]: upstream bytes through the lean exchange's decoder and hyper's client.
 
 use std::convert::Infallible;
 use std::io;
