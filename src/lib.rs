@@ -46,6 +46,9 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod fence;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod listen;
 pub mod metrics;
 pub mod proof;

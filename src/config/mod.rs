@@ -101,7 +101,9 @@ impl Draft {
                     | "log"
                     | "cluster"
             ) {
-                errors.push(key.clone(), "unknown section");
+                // A key may be empty (`"" = 1`): its path is still a path.
+                let path = if key.is_empty() { "\"\"" } else { key.as_str() };
+                errors.push(path, "unknown section");
             }
         }
         let e = &mut errors;
@@ -798,6 +800,9 @@ idempotency = "optional"
             errs2.iter().any(|e| e.message.contains("bogus")),
             "an unknown key is named: {errs2:?} (and {errs:?})"
         );
+        // An empty key names its path all the same (found by the `config` fuzz target).
+        let errs3 = errors_at(&format!("\"\" = 1\n{GOOD}"), &["\"\""]);
+        assert!(errs3.iter().all(|e| !e.path.is_empty()), "{errs3:?}");
         let no_name = format!("{GOOD}\n[cluster]\nshards = 64\n");
         errors_at(&no_name, &["cluster.name", "cluster.etcd_endpoints"]);
     }

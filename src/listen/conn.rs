@@ -21,6 +21,20 @@ pub(crate) enum Flaw {
     Unfollowed,
 }
 
+/// The framing the scan read for the body after a head, noted for the fuzz targets
+/// (`crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanFraming {
+    /// No body.
+    None,
+    /// This many bytes.
+    Length(u64),
+    Chunked,
+    /// Not followed: the next head is refused unchecked.
+    Lost,
+}
+
 /// One connection's open requests, and whether it speaks HTTP/2.
 #[derive(Default)]
 pub struct Streams {
@@ -44,6 +58,10 @@ pub struct Streams {
     /// An HTTP/1 request head has begun to arrive and is not whole yet (its connection is
     /// not idle).
     pub(super) head: AtomicBool,
+    /// Every request head the scan parsed, by number, with the framing it read for the
+    /// body after it: what the fuzz targets hold against hyper's reading.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) seen: Mutex<Vec<(u64, Vec<u8>, ScanFraming)>>,
 }
 
 impl Streams {

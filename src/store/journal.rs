@@ -326,6 +326,12 @@ fn read(file: &impl StorageBackend, len: u64, applied: Option<u64>) -> Result<Co
             // Zeros, a record of an earlier generation, or the middle of one: the end.
             break;
         }
+        // Bytes 4..8 are written as zeros and not covered by the check: a record with
+        // anything else there is damaged (as the search for records past damage has it).
+        if head[4..8] != [0, 0, 0, 0] {
+            torn = Some(at);
+            break;
+        }
         let start = at + RECORD_HEADER as u64;
         if n == 0 || start + u64::from(n) > len {
             torn = Some(at);
@@ -712,15 +718,11 @@ mod tests {
                 copy.write(0, &all).unwrap();
                 flip(&copy, at, bit);
                 match Journal::open(copy, None) {
-                    // Never fewer advances without a word (the padding is not checked:
-                    // a flip there changes nothing read).
-                    Ok((_, pending)) => {
-                        assert_eq!(pending.len(), 4, "byte {at} bit {bit}: {pending:?}");
-                        assert!(
-                            (second + 4..second + 8).contains(&at),
-                            "byte {at} bit {bit}"
-                        );
-                    }
+                    // Never read as valid, the bytes 4..8 of its header (written as zeros,
+                    // not covered by the check) included: found by the `journal` fuzz
+                    // target, where such a record was read and the search for records
+                    // past damage (and `store recover`) passed it over.
+                    Ok((_, pending)) => panic!("byte {at} bit {bit}: read as {pending:?}"),
                     Err(OpenError::Corrupt(c)) => assert_eq!(c.offset, second, "byte {at}: {c}"),
                     Err(e) => panic!("byte {at} bit {bit}: {e}"),
                 }

@@ -11,6 +11,7 @@ mod body_timeout;
 mod client;
 mod cluster;
 mod demo;
+mod desync;
 mod fencing;
 mod idempotency;
 mod limits;

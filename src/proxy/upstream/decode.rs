@@ -22,8 +22,12 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
 /// Longest chunk-size line (with its extensions).
 const MAX_CHUNK_LINE: usize = 4 * 1024;
-/// Largest trailer section of a chunked body (trailers are read and dropped).
-const MAX_TRAILERS: usize = 64 * 1024;
+/// Largest trailer section of a chunked body (trailers are read and dropped): within
+/// hyper's client's bound (16 KiB with the line ends), so that no body it refuses is
+/// passed on as whole.
+const MAX_TRAILERS: usize = 16 * 1024 - 2;
+/// Most trailer lines (hyper's client's bound on header lines, which it holds trailers to).
+const MAX_TRAILER_LINES: usize = 100;
 
 struct Head {
     status: StatusCode,
@@ -173,6 +177,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
         } else if name.as_str() == "keep-alive" {
             continue;
         }
+        if minor == 0 && name == header::TRANSFER_ENCODING {
+            // RFC 9112 §6.1: framing that HTTP/1.0 has not got is faulty; hyper's client
+            // refuses it too (found by the `response` fuzz target).
+            return Err(bad(&"Transfer-Encoding in an HTTP/1.0 response"));
+        }
         has_length |= name == header::CONTENT_LENGTH;
         headers.append(name, value);
     }
@@ -237,11 +246,13 @@ fn framing(
             let v = v
                 .to_str()
                 .map_err(|_| "malformed Transfer-Encoding from the upstream")?;
-            codings.extend(v.split(',').map(str::trim).filter(|t| !t.is_empty()));
+            codings.extend(v.split(',').map(str::trim));
         }
         // Only chunked can be taken off here (the coding header goes, as hop-by-hop);
         // another coding, before chunked or instead of it, would reach the client still
         // applied and unannounced.
+        // An empty element too (`chunked,`): hyper's client reads the last element, empty,
+        // and so the body up to the connection's end (found by the `response` fuzz target).
         if !matches!(codings.as_slice(), [only] if only.eq_ignore_ascii_case("chunked")) {
             return Err("a transfer coding other than chunked from the upstream".into());
         }
@@ -318,8 +329,8 @@ pub(super) enum Chunk {
     Data(u64),
     /// The CRLF after a chunk's data.
     DataEnd,
-    /// Trailer lines up to an empty one; this many bytes of them so far.
-    Trailers(usize),
+    /// Trailer lines up to an empty one; this many bytes and lines of them so far.
+    Trailers(usize, usize),
 }
 
 /// What the buffered bytes give a body in `state`.
@@ -372,7 +383,7 @@ pub(super) fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxErr
                 Ok(httparse::Status::Complete((used, size))) => {
                     buf.advance(used);
                     *chunk = if size == 0 {
-                        Chunk::Trailers(0)
+                        Chunk::Trailers(0, 0)
                     } else {
                         Chunk::Data(size)
                     };
@@ -397,12 +408,21 @@ pub(super) fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxErr
                 Step::Again
             }
             Chunk::DataEnd => return Err("malformed chunk from the upstream".into()),
-            Chunk::Trailers(seen) => match buf.windows(2).position(|w| w == b"\r\n") {
+            Chunk::Trailers(seen, lines) => match buf.windows(2).position(|w| w == b"\r\n") {
                 Some(0) => {
                     buf.advance(2);
                     Step::End
                 }
                 Some(line) if *seen + line + 2 <= MAX_TRAILERS => {
+                    // Dropped, but held to a header line's grammar as hyper's client
+                    // holds them: a body it would refuse is not passed on as whole.
+                    if !is_trailer_line(&buf[..line]) {
+                        return Err("a malformed trailer from the upstream".into());
+                    }
+                    *lines += 1;
+                    if *lines > MAX_TRAILER_LINES {
+                        return Err("too many trailers from the upstream".into());
+                    }
                     *seen += line + 2;
                     buf.advance(line + 2);
                     Step::Again
@@ -412,6 +432,75 @@ pub(super) fn step(state: &mut State, buf: &mut BytesMut) -> Result<Step, BoxErr
             },
         },
     })
+}
+
+/// Whether `line` (without its CRLF) is one trailer field line as hyper's client reads
+/// trailers: httparse's header grammar (a token, `:`, a value), one field per CRLF line
+/// (no bare LF), a name and value `http` takes.
+fn is_trailer_line(line: &[u8]) -> bool {
+    if line.contains(&b'\n') {
+        return false;
+    }
+    let mut text = Vec::with_capacity(line.len() + 4);
+    text.extend_from_slice(line);
+    text.extend_from_slice(b"\r\n\r\n");
+    let mut slot = [httparse::EMPTY_HEADER; 1];
+    match httparse::parse_headers(&text, &mut slot) {
+        Ok(httparse::Status::Complete((_, [h]))) => {
+            HeaderName::from_bytes(h.name.as_bytes()).is_ok()
+                && HeaderValue::from_bytes(h.value).is_ok()
+        }
+        _ => false,
+    }
+}
+
+/// A whole response as this decoder reads it from `pieces` (each as one read of the
+/// connection, then its end): status, headers as the client is shown them, body. For the
+/// fuzz target that holds it against hyper's client.
+#[cfg(feature = "fuzzing")]
+#[allow(clippy::type_complexity)]
+pub(crate) fn decode_all(
+    pieces: &[&[u8]],
+    head_request: bool,
+) -> Result<(u16, Vec<(String, Vec<u8>)>, Vec<u8>), String> {
+    let mut pieces = pieces.iter();
+    let mut buf = BytesMut::new();
+    let mut decoder = ResponseDecoder::new(head_request);
+    let decoded = loop {
+        if let Some(d) = decoder.decode(&mut buf)? {
+            break d;
+        }
+        match pieces.next() {
+            Some(p) => buf.extend_from_slice(p),
+            None => return Err("the end of the stream mid-head".into()),
+        }
+    };
+    let headers = decoded
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    let mut state = decoded.body;
+    let mut body = Vec::new();
+    // Bounded: each turn takes bytes, moves the state on, or feeds a piece; a chunk takes
+    // at least three bytes, so a turn per byte and piece is more than enough.
+    let turns = 16 + 4 * (buf.len() + pieces.as_slice().iter().map(|p| p.len() + 1).sum::<usize>());
+    for _ in 0..turns {
+        if matches!(state, State::Done) {
+            return Ok((decoded.status.as_u16(), headers, body));
+        }
+        match step(&mut state, &mut buf).map_err(|e| e.to_string())? {
+            Step::Data(d) => body.extend_from_slice(&d),
+            Step::Again => {}
+            Step::End => state = State::Done,
+            Step::More => match pieces.next() {
+                Some(p) => buf.extend_from_slice(p),
+                None if matches!(state, State::Close) => state = State::Done,
+                None => return Err("the end of the stream mid-body".into()),
+            },
+        }
+    }
+    panic!("the body decoder went round without taking bytes");
 }
 
 #[cfg(test)]
@@ -458,6 +547,13 @@ mod tests {
         assert_eq!(h.headers["x-b"], "b");
         assert!(!head("HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
         assert!(!head("HTTP/1.0 200 OK\r\n\r\n").keep_alive);
+        // An empty element beside chunked: hyper's client reads no chunked framing then.
+        assert!(frame(200, false, &[("transfer-encoding", "chunked,")]).is_err());
+        assert!(frame(200, false, &[("transfer-encoding", ", chunked")]).is_err());
+        // Chunked framing in an HTTP/1.0 response is faulty (RFC 9112 §6.1).
+        let mut buf =
+            BytesMut::from(&b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..]);
+        assert!(parse_head(&mut buf).is_err());
         // A Connection that names no other header, and Keep-Alive, are left out at once;
         // one that names another stays for the hop-by-hop strip to act on.
         let h = head("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n");
@@ -535,8 +631,39 @@ mod tests {
                 "{bad:?}"
             );
         }
+        // Trailers are dropped, but one that is no header line (hyper's client refuses the
+        // body then) fails the body too (found by the `response` fuzz target).
+        for bad in [
+            &b"2\r\nok\r\n0\r\nX-T+# 1\r\n\r\n"[..],
+            b"0\r\nno colon\r\n\r\n",
+            b"0\r\n folded: x\r\n\r\n",
+            b"0\r\nX-A: 1\r\n: empty name\r\n\r\n",
+            b"0\r\nX-A: 1\nX-B: 2\r\n\r\n",
+        ] {
+            assert!(
+                decode(State::Chunked(Chunk::Size), bad, 64).is_err(),
+                "{bad:?}"
+            );
+        }
+        let (data, clean) = decode(
+            State::Chunked(Chunk::Size),
+            b"0\r\nX-A: 1\r\nx-b:\r\n\r\n",
+            3,
+        )
+        .unwrap();
+        assert!(data.is_empty() && clean);
         let long_line = [b"1;".as_slice(), &[b'a'; MAX_CHUNK_LINE]].concat();
         assert!(decode(State::Chunked(Chunk::Size), &long_line, 512).is_err());
+        let many: Vec<u8> = [&b"0\r\n"[..], &b"x: 1\r\n".repeat(MAX_TRAILER_LINES)].concat();
+        let (_, clean) = decode(
+            State::Chunked(Chunk::Size),
+            &[&many[..], b"\r\n"].concat(),
+            512,
+        )
+        .unwrap();
+        assert!(clean);
+        let more = [&many[..], b"x: 1\r\n\r\n"].concat();
+        assert!(decode(State::Chunked(Chunk::Size), &more, 512).is_err());
         let huge_trailers = [b"0\r\n".as_slice(), &[b'a'; MAX_TRAILERS + 1]].concat();
         assert!(decode(State::Chunked(Chunk::Size), &huge_trailers, 4096).is_err());
     }

@@ -241,6 +241,17 @@ async fn write_all(io: &mut TcpStream, out: &[u8]) -> Result<(), (usize, io::Err
 
 /// The request head (`parts`' headers, then `extra`: lowercase names of headers absent
 /// from `parts`), and the body after it: one write.
+/// The bytes [`Pool::send`] writes for a request, for the fuzz targets.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn encode_for_fuzzing<'n, 'v>(
+    parts: &request::Parts,
+    extra: impl IntoIterator<Item = (&'n str, &'v HeaderValue)>,
+    authority: &Authority,
+    body: &Bytes,
+) -> Vec<u8> {
+    encode(parts, extra, authority, body)
+}
+
 fn encode<'n, 'v>(
     parts: &request::Parts,
     extra: impl IntoIterator<Item = (&'n str, &'v HeaderValue)>,

@@ -16,6 +16,8 @@ pub mod pool;
 pub mod streamed;
 
 pub(crate) use decode::check_framing;
+#[cfg(feature = "fuzzing")]
+pub(crate) use decode::decode_all;
 pub use h1::{H1Body, H1Pool};
 pub use pool::{Connection, Pool, SWEEP_EVERY};
 pub use streamed::{SendError, StreamedBody, StreamedPool};
