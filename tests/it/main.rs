@@ -19,6 +19,7 @@ mod listeners;
 mod lockset;
 mod nginx_harness;
 mod ops;
+mod oracle;
 mod pool;
 mod responses;
 mod s3;
