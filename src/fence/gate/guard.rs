@@ -58,7 +58,7 @@ impl InflightGuard {
     /// (a 502 before sending, a refused or unreadable body, an idempotency refusal).
     /// If it advanced the mark, its token still admits one request on an
     /// `equal = "reject"` route: the retry those answers ask for (see
-    /// [`GateState::unclaimed`]).
+    /// [`GateState::unclaimed`](super::state::GateState::unclaimed)).
     pub fn not_forwarded(&mut self) {
         self.completed = true;
         self.unused = true;
@@ -224,7 +224,7 @@ impl Trees {
     }
 }
 
-/// A collection operation's hold on the scopes beneath its own ([`Gates::hold_tree`]).
+/// A collection operation's hold on the scopes beneath its own ([`Gates::hold_tree`](super::Gates::hold_tree)).
 /// Dropped on its own (the request was refused before it was forwarded), it is released
 /// at once; handed to the request's guard ([`InflightGuard::hold_tree`]), with it.
 #[derive(Debug)]

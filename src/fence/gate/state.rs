@@ -44,7 +44,7 @@ pub(super) struct GateState {
     /// token still admits one request: the retry. Kept while the gate is in memory.
     pub(super) unclaimed: Option<Token>,
     /// (token, n): `n` requests of `token` were admitted and not known to have been left
-    /// unsent ([`InflightGuard::not_forwarded`] takes its own back). An advance is left
+    /// unsent ([`InflightGuard::not_forwarded`](super::InflightGuard::not_forwarded) takes its own back). An advance is left
     /// unclaimed only when none of its token's requests may have reached the upstream: a
     /// scope can be shared by a `reject` route and an `accept` route that admits the
     /// same token meanwhile.
@@ -53,7 +53,7 @@ pub(super) struct GateState {
     /// token and proof, request after request) compares bytes instead of verifying an
     /// Ed25519 signature again. Another proof for the same token is verified.
     pub(super) verified: Option<(Token, Box<[u8]>)>,
-    /// The [`MarkSource`] view this gate last decided under (0: none yet, or no source);
+    /// The [`MarkSource`](crate::fence::source::MarkSource) view this gate last decided under (0: none yet, or no source);
     /// see [`crate::fence::source`].
     pub(super) view: u64,
 }

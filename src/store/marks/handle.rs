@@ -9,29 +9,18 @@ use std::sync::{Arc, Mutex, mpsc};
 use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTableMetadata, StorageBackend};
 use tokio::sync::oneshot;
 
-use super::super::Mark;
-use super::super::journal::Pending;
-use super::super::quota::{self, RecordQuota, Rejected, Tally, Volume};
-use crate::metrics::histogram::Histogram;
+use crate::store::Mark;
+use crate::store::journal::Pending;
+use crate::store::quota::{self, RecordQuota, Tally, Volume};
 use crate::token::Token;
 
-use super::reader::Snapshot;
 use super::records::{RECORDS, tally_records};
 use super::recover::{JournalFile, journal_path, recover};
+use super::tables::Snapshot;
 use super::tables::{builder, create_file, get_mark, initialize, list_marks};
 use super::writer::Writer;
-use super::{Op, StoreError, read_err, writer_stopped};
-
-/// What a claim of an idempotency record answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claimed {
-    /// The key is this attempt's.
-    Claimed,
-    /// A live record holds the key.
-    Held(Vec<u8>),
-    /// A bound of the quota refused a new record.
-    Rejected(Rejected),
-}
+use super::writer::{Slot, StoreStats};
+use super::{Claimed, Op, StoreError, read_err, writer_stopped};
 
 pub(super) struct Inner {
     /// The database; none while the writer reopens it after a failure.
@@ -48,10 +37,6 @@ pub(super) struct Inner {
     pub(super) reopen: Arc<Mutex<Option<PathBuf>>>,
 }
 
-/// The open database, shared by the handles and the writer: the writer takes it out to
-/// reopen the file after a failure ([`Writer::reopen`]).
-pub(super) type Slot = Arc<std::sync::RwLock<Option<Arc<Database>>>>;
-
 /// Where commits happen.
 pub(super) enum Commits {
     /// The writer thread (production): group commit, never on an async worker.
@@ -59,34 +44,6 @@ pub(super) enum Commits {
     /// On the calling task, one op per commit: deterministic under a paused test clock,
     /// where waiting on another thread would let the clock jump.
     Inline(Mutex<Writer>),
-}
-
-/// What the writer measures; rendered by the admin listener's /metrics.
-#[derive(Debug)]
-pub struct StoreStats {
-    pub commit_seconds: Histogram,
-    pub commit_batch_size: Histogram,
-    pub commit_failures: AtomicU64,
-    /// Checkpoints of the journal into redb.
-    pub checkpoints: AtomicU64,
-}
-
-impl StoreStats {
-    /// Commits made so far (each served one batch of advances).
-    pub fn commit_batch_size_count(&self) -> u64 {
-        self.commit_batch_size.count()
-    }
-}
-
-impl Default for StoreStats {
-    fn default() -> StoreStats {
-        StoreStats {
-            commit_seconds: Histogram::new(crate::metrics::histogram::SECONDS),
-            commit_batch_size: Histogram::new(crate::metrics::histogram::BATCH),
-            commit_failures: AtomicU64::new(0),
-            checkpoints: AtomicU64::new(0),
-        }
-    }
 }
 
 /// A handle to the store; cheap to clone. The writer thread stops when the last handle drops.

@@ -5,13 +5,14 @@
 //! durability (one fsync for the whole batch: group commit), and only then answers. A
 //! failed commit fails the store closed: redb says a failed commit may still be durable,
 //! so nothing in memory may be trusted to match the disk until the file is opened again:
-//! by the writer itself once the volume has room ([`Writer::reopen`]), or by a restart. A
+//! by the writer itself once the volume has room ([`Writer::reopen`](writer::Writer::reopen)), or by a restart. A
 //! writer that panics or stops fails the store closed for good.
 //!
 //! One concern per file: [`handle`] (the [`MarkStore`] callers hold), [`writer`] (the
-//! writer thread and group commit), [`tables`] (the schema and reads and raises of marks),
+//! writer thread and group commit), [`tables`] (the schema, reads and raises of marks, snapshots),
 //! [`records`] (the idempotency records' tables), [`recover`] (journal replay, reopening
-//! and `store recover`), [`reader`] (snapshots and the read-only [`MarkReader`]).
+//! and `store recover`), [`reader`] (the read-only [`MarkReader`]). Shared by
+//! the handle and the writer, here: the queue's operations and answers, and the errors.
 
 mod handle;
 mod reader;
@@ -27,11 +28,13 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::Mark;
-use super::quota::RecordQuota;
+use super::quota::{RecordQuota, Rejected};
 
-pub use self::handle::{Claimed, MarkStore, StoreStats};
-pub use self::reader::{LIST_BYTES, MarkReader, Snapshot, listed_all};
+pub use self::handle::MarkStore;
+pub use self::reader::MarkReader;
 pub use self::recover::{Recovered, journal_path, recover_store};
+pub use self::tables::{LIST_BYTES, Snapshot, listed_all};
+pub use self::writer::StoreStats;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -111,4 +114,15 @@ enum Answer {
     None,
     Claim(Claimed),
     Collected(usize),
+}
+
+/// What a claim of an idempotency record answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key is this attempt's.
+    Claimed,
+    /// A live record holds the key.
+    Held(Vec<u8>),
+    /// A bound of the quota refused a new record.
+    Rejected(Rejected),
 }

@@ -1,64 +1,15 @@
-//! Reading without the writer: [`Snapshot`]s of the marks and [`MarkReader`], which opens
-//! a store file read-only for `fencegate store` commands; and the listing's byte budget.
+//! Reading without the writer: [`MarkReader`] opens a store file read-only (its journal
+//! replayed in memory) for `fencegate store` commands.
 
 use std::path::Path;
 
-use redb::{ReadableDatabase, ReadableTable};
-
-use super::super::Mark;
-use super::super::journal::{Journal, OpenError};
+use crate::store::Mark;
+use crate::store::journal::{Journal, OpenError};
 use crate::token::Token;
 
+use super::StoreError;
 use super::recover::{JournalFile, journal_path, recover};
-use super::tables::{MARKS, META, builder, get_mark, list_marks};
-use super::{StoreError, read_err};
-
-/// Scope bytes after which a listing stops short of its `limit` (see [`listed_all`]): a
-/// scope is as long as a request head allows, and 10,000 long ones would take gigabytes.
-pub const LIST_BYTES: usize = 4 << 20;
-
-/// Whether a listing asked for `limit` marks holds every mark that was left: it is short
-/// of its limit, and not because it reached [`LIST_BYTES`].
-pub fn listed_all(marks: &[(String, Token)], limit: usize) -> bool {
-    marks.len() < limit && marks.iter().map(|(s, _)| s.len()).sum::<usize>() < LIST_BYTES
-}
-
-/// One read transaction: the floor and the marks it shows belong together, whatever is
-/// committed meanwhile (a floor read apart from the marks could be older or newer than
-/// they are, and a backup of both would never have existed).
-pub struct Snapshot {
-    pub(super) txn: redb::ReadTransaction,
-}
-
-impl Snapshot {
-    pub(super) fn of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
-        Ok(Snapshot {
-            txn: db.begin_read().map_err(read_err)?,
-        })
-    }
-
-    pub fn floor(&self) -> Result<u64, StoreError> {
-        let meta = self.txn.open_table(META).map_err(read_err)?;
-        Ok(meta
-            .get("epoch_floor")
-            .map_err(read_err)?
-            .map(|g| g.value())
-            .unwrap_or(0))
-    }
-
-    /// Every mark in scope order, until `f` answers false.
-    pub fn for_each(&self, mut f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
-        let table = self.txn.open_table(MARKS).map_err(read_err)?;
-        for item in table.iter().map_err(read_err)? {
-            let (k, v) = item.map_err(read_err)?;
-            let (e, c) = v.value();
-            if !f(k.value(), Token::new(e, c)) {
-                break;
-            }
-        }
-        Ok(())
-    }
-}
+use super::tables::{Snapshot, builder, get_mark, list_marks};
 
 /// A read-only view of a store file, for the CLI (works while a server has it open).
 pub struct MarkReader {

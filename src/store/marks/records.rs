@@ -3,7 +3,9 @@
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::super::quota::{self, Changes, Delta, RecordQuota, Rejected, Tally, Volume};
+use super::Claimed;
+
+use crate::store::quota::{self, Changes, Delta, RecordQuota, Rejected, Tally, Volume};
 
 /// Idempotency records: "scope\0key" → 8 bytes expiry (unix seconds, big-endian) + record.
 pub(super) const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
@@ -21,6 +23,16 @@ pub(super) const RECORD_OWNER: TableDefinition<&str, (&str, u64)> =
 
 /// Expired records a refused claim deletes first, in its own transaction.
 pub(super) const RECLAIM_BATCH: usize = 256;
+
+/// An idempotency claim, as the writer takes it from its queue.
+pub(super) struct Claim<'a> {
+    pub(super) key: &'a String,
+    pub(super) value: &'a Vec<u8>,
+    pub(super) replace_if: Option<&'a Vec<u8>>,
+    pub(super) now: u64,
+    /// The client it counts against and its bounds; none: counted, never refused.
+    pub(super) quota: Option<&'a (String, RecordQuota)>,
+}
 
 /// The records' usage as the file holds it (once, at open; bounded by the records).
 pub(super) fn tally_records(db: &Database) -> Result<Tally, redb::Error> {
@@ -136,6 +148,68 @@ impl RecordTables<'_, '_> {
                 let free = volume.as_ref().and_then(Volume::free)?;
                 (free < q.min_free.saturating_add(bytes)).then_some(Rejected::Disk)
             })
+    }
+
+    /// Claims `c.key` for a request unless a live record holds it (answered instead), or
+    /// its client's quota or the volume refuses it. `changed`: the tables were written.
+    pub(super) fn claim(
+        &mut self,
+        tally: &Tally,
+        volume: &Option<Volume>,
+        c: Claim<'_>,
+        changed: &mut bool,
+    ) -> Result<Claimed, redb::Error> {
+        let Claim {
+            key,
+            value,
+            replace_if,
+            now,
+            quota,
+        } = c;
+        let existing = self.records.get(key.as_str())?.map(|g| g.value().to_vec());
+        let live = existing
+            .as_ref()
+            .filter(|v| record_expiry(v) > now && Some(*v) != replace_if);
+        Ok(match live {
+            Some(v) => Claimed::Held(v.clone()),
+            None => {
+                let (client, bytes) = match quota {
+                    Some((client, q)) => (
+                        client.as_str(),
+                        q.reserve.max(quota::size_of(key, value.len())),
+                    ),
+                    None => ("", quota::size_of(key, value.len())),
+                };
+                if existing.is_some() {
+                    self.remove(key)?;
+                }
+                let refused = match quota {
+                    Some((_, q)) => {
+                        let refused = self.refuses(tally, key, client, bytes, q, volume);
+                        if refused.is_some() {
+                            // Expired records first: what they free may be enough.
+                            *changed |= self.collect(now, RECLAIM_BATCH)? > 0;
+                            self.refuses(tally, key, client, bytes, q, volume)
+                        } else {
+                            None
+                        }
+                    }
+                    None => None,
+                };
+                match refused {
+                    Some(r) => {
+                        // An expired record taken out above stays out.
+                        *changed |= existing.is_some();
+                        Claimed::Rejected(r)
+                    }
+                    None => {
+                        self.insert(key, value, client, bytes)?;
+                        *changed = true;
+                        Claimed::Claimed
+                    }
+                }
+            }
+        })
     }
 }
 

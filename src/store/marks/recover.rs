@@ -6,19 +6,19 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, StorageBackend};
 
-use super::super::Mark;
-use super::super::journal::{self, Journal, OpenError};
-use super::super::quota::Tally;
+use crate::store::Mark;
+use crate::store::journal::{self, Journal, OpenError};
+use crate::store::quota::Tally;
 
 use super::StoreError;
-use super::reader::Snapshot;
 use super::records::tally_records;
+use super::tables::Snapshot;
 use super::tables::{
     JOURNAL_APPLIED, JOURNAL_CLEAN, META, builder, initialize, raise_floor_to, raise_marks,
     sync_dir,
 };
 
-/// The store file at `path` opened again as [`MarkStore::open`] opens it: the database,
+/// The store file at `path` opened again as [`MarkStore::open`](super::MarkStore::open) opens it: the database,
 /// its journal (applied), the epoch floor and the records' usage.
 pub(super) fn reopen_parts(path: &Path) -> Result<(Database, Journal, u64, Tally), String> {
     let db = builder().create(path).map_err(|e| e.to_string())?;

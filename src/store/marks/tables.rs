@@ -1,5 +1,6 @@
 //! The schema: the redb tables of marks, sequences and store-wide facts, how a store file
-//! is made and initialized, and the reads and raises of marks within one transaction.
+//! is made and initialized, the reads and raises of marks within one transaction, and
+//! [`Snapshot`]s and listings (with their byte budget) of the marks.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,10 +9,9 @@ use redb::{
     ConcurrencyMode, Database, Durability, ReadableDatabase, ReadableTable, TableDefinition,
 };
 
-use super::super::Mark;
+use crate::store::Mark;
 use crate::token::Token;
 
-use super::reader::LIST_BYTES;
 use super::records::{RECORD_EXPIRY, RECORD_OWNER, RECORDS};
 use super::{StoreError, read_err};
 
@@ -283,4 +283,51 @@ pub(super) fn list_marks(
         out.push((key.to_string(), Token::new(e, c)));
     }
     Ok(out)
+}
+
+/// Scope bytes after which a listing stops short of its `limit` (see [`listed_all`]): a
+/// scope is as long as a request head allows, and 10,000 long ones would take gigabytes.
+pub const LIST_BYTES: usize = 4 << 20;
+
+/// Whether a listing asked for `limit` marks holds every mark that was left: it is short
+/// of its limit, and not because it reached [`LIST_BYTES`].
+pub fn listed_all(marks: &[(String, Token)], limit: usize) -> bool {
+    marks.len() < limit && marks.iter().map(|(s, _)| s.len()).sum::<usize>() < LIST_BYTES
+}
+
+/// One read transaction: the floor and the marks it shows belong together, whatever is
+/// committed meanwhile (a floor read apart from the marks could be older or newer than
+/// they are, and a backup of both would never have existed).
+pub struct Snapshot {
+    pub(super) txn: redb::ReadTransaction,
+}
+
+impl Snapshot {
+    pub(super) fn of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+        Ok(Snapshot {
+            txn: db.begin_read().map_err(read_err)?,
+        })
+    }
+
+    pub fn floor(&self) -> Result<u64, StoreError> {
+        let meta = self.txn.open_table(META).map_err(read_err)?;
+        Ok(meta
+            .get("epoch_floor")
+            .map_err(read_err)?
+            .map(|g| g.value())
+            .unwrap_or(0))
+    }
+
+    /// Every mark in scope order, until `f` answers false.
+    pub fn for_each(&self, mut f: impl FnMut(&str, Token) -> bool) -> Result<(), StoreError> {
+        let table = self.txn.open_table(MARKS).map_err(read_err)?;
+        for item in table.iter().map_err(read_err)? {
+            let (k, v) = item.map_err(read_err)?;
+            let (e, c) = v.value();
+            if !f(k.value(), Token::new(e, c)) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }

@@ -10,19 +10,18 @@ use std::time::{Duration, Instant};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
-use super::super::Mark;
-use super::super::journal::{self, Journal, Pending};
-use super::super::quota::{self, Changes, Tally, Volume};
+use crate::metrics::histogram::Histogram;
+use crate::store::Mark;
+use crate::store::journal::{self, Journal, Pending};
+use crate::store::quota::{Changes, Tally, Volume};
 use crate::token::Token;
 
-use super::handle::{Claimed, Slot, StoreStats};
-use super::reader::Snapshot;
-use super::records::{
-    RECLAIM_BATCH, RECORD_EXPIRY, RECORD_OWNER, RECORDS, RecordTables, record_expiry,
-};
+use super::records::{Claim, RECORD_EXPIRY, RECORD_OWNER, RECORDS, RecordTables, record_expiry};
 use super::recover::reopen_parts;
-use super::tables::{MARKS, META, SEQUENCES, placeholder, raise, raise_marks, sequence_of};
-use super::{Answer, Op, StoreError};
+use super::tables::{
+    MARKS, META, SEQUENCES, Snapshot, placeholder, raise, raise_marks, sequence_of,
+};
+use super::{Answer, Claimed, Op, StoreError};
 
 /// A failed store tries to reopen its file this long after the failure, then twice as
 /// long after each attempt that fails, up to [`REOPEN_MAX`].
@@ -520,53 +519,18 @@ impl Writer {
                         now,
                         quota,
                         ..
-                    } => {
-                        let existing = t.records.get(key.as_str())?.map(|g| g.value().to_vec());
-                        let live = existing
-                            .as_ref()
-                            .filter(|v| record_expiry(v) > *now && Some(*v) != replace_if.as_ref());
-                        match live {
-                            Some(v) => Answer::Claim(Claimed::Held(v.clone())),
-                            None => {
-                                let (client, bytes) = match quota {
-                                    Some((client, q)) => (
-                                        client.as_str(),
-                                        q.reserve.max(quota::size_of(key, value.len())),
-                                    ),
-                                    None => ("", quota::size_of(key, value.len())),
-                                };
-                                if existing.is_some() {
-                                    t.remove(key)?;
-                                }
-                                let refused = match quota {
-                                    Some((_, q)) => {
-                                        let refused =
-                                            t.refuses(&tally, key, client, bytes, q, &self.volume);
-                                        if refused.is_some() {
-                                            // Expired records first: what they free may be enough.
-                                            changed |= t.collect(*now, RECLAIM_BATCH)? > 0;
-                                            t.refuses(&tally, key, client, bytes, q, &self.volume)
-                                        } else {
-                                            None
-                                        }
-                                    }
-                                    None => None,
-                                };
-                                match refused {
-                                    Some(r) => {
-                                        // An expired record taken out above stays out.
-                                        changed |= existing.is_some();
-                                        Answer::Claim(Claimed::Rejected(r))
-                                    }
-                                    None => {
-                                        t.insert(key, value, client, bytes)?;
-                                        changed = true;
-                                        Answer::Claim(Claimed::Claimed)
-                                    }
-                                }
-                            }
-                        }
-                    }
+                    } => Answer::Claim(t.claim(
+                        &tally,
+                        &self.volume,
+                        Claim {
+                            key,
+                            value,
+                            replace_if: replace_if.as_ref(),
+                            now: *now,
+                            quota: quota.as_ref(),
+                        },
+                        &mut changed,
+                    )?),
                     Op::Put { key, value, .. } => {
                         let present = t
                             .records
@@ -666,6 +630,38 @@ pub(super) fn fail_all(batch: Vec<Op>, why: &str) {
                 let _ = reply.send(Err(StoreError::Failed(why.to_string())));
             }
             Op::Close { .. } => {}
+        }
+    }
+}
+
+/// The open database, shared by the handles and the writer: the writer takes it out to
+/// reopen the file after a failure ([`Writer::reopen`]).
+pub(super) type Slot = Arc<std::sync::RwLock<Option<Arc<Database>>>>;
+
+/// What the writer measures; rendered by the admin listener's /metrics.
+#[derive(Debug)]
+pub struct StoreStats {
+    pub commit_seconds: Histogram,
+    pub commit_batch_size: Histogram,
+    pub commit_failures: AtomicU64,
+    /// Checkpoints of the journal into redb.
+    pub checkpoints: AtomicU64,
+}
+
+impl StoreStats {
+    /// Commits made so far (each served one batch of advances).
+    pub fn commit_batch_size_count(&self) -> u64 {
+        self.commit_batch_size.count()
+    }
+}
+
+impl Default for StoreStats {
+    fn default() -> StoreStats {
+        StoreStats {
+            commit_seconds: Histogram::new(crate::metrics::histogram::SECONDS),
+            commit_batch_size: Histogram::new(crate::metrics::histogram::BATCH),
+            commit_failures: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
         }
     }
 }
