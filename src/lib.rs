@@ -17,8 +17,10 @@
 //! - [`route`]: canonical paths, route templates, scope rendering (SPEC §2)
 //! - [`token`]: the `Fencing-Token` grammar and order (SPEC §1); [`proof`]: the
 //!   authority's Ed25519 proofs that a token was issued for a scope (SPEC §9)
-//! - [`fence`]: the decision table and the per-scope gates (SPEC §3)
-//! - [`store`]: the durable marks in redb and their write-ahead journal
+//! - [`fence`]: the decision table and the per-scope gates (SPEC §3), one concern per
+//!   file under [`fence::gate`]: state, decide, admit, commit, guard, the sharded map
+//! - [`store`]: the durable marks in redb ([`store::marks`]: handle, writer thread, tables,
+//!   idempotency records, recovery, read-only reader) and their write-ahead journal
 //!
 //! Beside the request path:
 //! - [`admin`]: health, readiness, metrics and the marks API (SPEC §7); [`metrics`]: the

@@ -1,6 +1,7 @@
-//! The durable state: the marks in redb ([`marks`]: the writer task, group commit, the
-//! tables, backup and recovery) and the write-ahead journal of advances ([`journal`]) that
-//! makes a batch durable with one append and one sync.
+//! The durable state: the marks in redb ([`marks`]: the handle, the writer thread and
+//! group commit, the tables, the idempotency records, recovery, the read-only reader) and
+//! the write-ahead journal of advances ([`journal`]) that makes a batch durable with one
+//! append and one sync.
 
 pub mod config;
 pub mod journal;
