@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencegate::config::{Config, EqualPolicy};
+use fencegate::settings::{Config, EqualPolicy};
 use fencegate::fence::{Gates, decide};
 use fencegate::metrics::Metrics;
 use fencegate::route;

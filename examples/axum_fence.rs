@@ -23,7 +23,7 @@ use axum::Router;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::routing::put;
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use fencegate::fence::Gates;
 use fencegate::metrics::Metrics;
 use fencegate::proxy::fence::{FenceLayer, FencedRequest};

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::settings::Config;
 use crate::fence::{Gates, Refusal};
 use crate::metrics::Metrics;
 use crate::proxy::Body;

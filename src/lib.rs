@@ -52,6 +52,7 @@ pub mod proof;
 pub mod proxy;
 pub mod route;
 pub mod rt;
+pub mod settings;
 pub mod store;
 pub mod tls;
 pub mod token;

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 pub use config::{AuthorityConfig, Backend, Client, digest};
 
-use crate::config::Config;
+use crate::settings::Config;
 use crate::metrics::AuthorityMetrics;
 use crate::store::MarkStore;
 use crate::token::Token;
@@ -193,7 +193,7 @@ pub async fn engine(
 /// `metrics` (rendered on the admin listener's `/metrics` from then on).
 pub(crate) async fn serve(
     config: &AuthorityConfig,
-    server: &crate::config::ServerConfig,
+    server: &crate::settings::ServerConfig,
     store: &MarkStore,
     tls: Option<std::sync::Arc<crate::tls::Listener>>,
     stop: watch::Receiver<bool>,

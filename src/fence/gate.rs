@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::config::EqualPolicy;
+use crate::fence::policy::EqualPolicy;
 use crate::fence::policy::{Decision, decide};
 use crate::fence::source::{MarkSource, Pending};
 use crate::metrics::Metrics;

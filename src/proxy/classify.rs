@@ -8,7 +8,8 @@ use http::{HeaderValue, Method, Request, header};
 
 use super::s3::{self, Operation};
 use super::{Outcome, Plan};
-use crate::config::{Config, ProofMode, Route, SequenceMode};
+use crate::proxy::config::{ProofMode, Route, SequenceMode};
+use crate::settings::Config;
 use crate::metrics::Op;
 use crate::route;
 use crate::token::Token;
@@ -574,7 +575,7 @@ pub(crate) struct Named {
 /// A fenced request on its way to the gate.
 pub(crate) struct Fenced {
     pub(super) route: usize,
-    pub(super) equal: crate::config::EqualPolicy,
+    pub(super) equal: crate::fence::policy::EqualPolicy,
     pub(super) scope: String,
     pub(super) token: Token,
     /// The request's `Fencing-Sequence` (SPEC §11).

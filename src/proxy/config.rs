@@ -1050,7 +1050,7 @@ fn parse_route(
 mod tests {
     use std::path::Path;
 
-    use crate::config::Config;
+    use crate::settings::Config;
     use crate::proxy::problem::Dialect;
 
     const ROUTES: &str = r#"

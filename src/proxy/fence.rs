@@ -31,7 +31,7 @@ use http_body::{Frame, SizeHint};
 use tower::{Layer, Service};
 
 use crate::access_log::{AccessLog, RefusalWarnings};
-use crate::config::Config;
+use crate::settings::Config;
 use crate::fence::{Gates, InflightGuard};
 use crate::metrics::{Metrics, Op};
 use crate::proxy::hop::Placement;

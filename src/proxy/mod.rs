@@ -25,7 +25,7 @@ use std::time::Instant;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::config::Config;
+use crate::settings::Config;
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
 use crate::metrics::{Metrics, Op, RouteRow};
 use crate::token::Token;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::support;
 
-use fencegate::config::EqualPolicy::Accept;
+use fencegate::settings::EqualPolicy::Accept;
 use fencegate::fence::{Gates, Refusal};
 use fencegate::metrics::Metrics;
 use fencegate::store::{Mark, MarkStore};

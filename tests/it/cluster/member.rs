@@ -16,7 +16,7 @@ use fencegate::cluster::member::{Member, MemberConfig};
 use fencegate::cluster::owned::{OwnedShards, State};
 use fencegate::cluster::ownership::{Ownership, OwnershipConfig};
 use fencegate::cluster::registry::View;
-use fencegate::config::EqualPolicy::Accept;
+use fencegate::settings::EqualPolicy::Accept;
 use fencegate::fence::{Gates, Refusal};
 use fencegate::metrics::Metrics;
 use fencegate::store::MarkStore;

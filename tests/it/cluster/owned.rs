@@ -12,7 +12,7 @@ use std::time::Duration;
 use fencegate::cluster::marks::EtcdMarks;
 use fencegate::cluster::owned::{OwnedShards, State};
 use fencegate::cluster::ownership::{Claim, Ownership, OwnershipConfig, Previous};
-use fencegate::config::EqualPolicy::Accept;
+use fencegate::settings::EqualPolicy::Accept;
 use fencegate::fence::{Gates, Refusal};
 use fencegate::metrics::Metrics;
 use fencegate::store::{Mark, MarkStore};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support;
 
-use fencegate::config::EqualPolicy::{Accept, Reject};
+use fencegate::settings::EqualPolicy::{Accept, Reject};
 use fencegate::fence::{Gates, Refusal};
 use fencegate::metrics::Metrics;
 use fencegate::store::MarkStore;
