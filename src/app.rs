@@ -13,11 +13,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin::State;
-use crate::settings::Config;
 use crate::fence::Gates;
 use crate::listen::{ConnLimits, Flaw, Hooks, closing_if_unread, spawn_listener, spawn_workers};
 use crate::metrics::Metrics;
 use crate::proxy::{Outcome, Proxy};
+use crate::settings::Config;
 use crate::store::MarkStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -299,6 +299,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         store,
         gates: gates.clone(),
         metrics,
+        authority: Arc::default(),
         backups: Arc::new(tokio::sync::Semaphore::new(crate::admin::MAX_BACKUPS)),
         #[cfg(feature = "etcd")]
         cluster: cluster.as_ref().map(|n| n.view()),
@@ -400,7 +401,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             &app.store,
             authority_tls,
             stop_rx.clone(),
-            app.metrics.authority.clone(),
+            app.authority.clone(),
             service_hooks(),
         )
         .await

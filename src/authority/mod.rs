@@ -7,6 +7,7 @@ pub mod config;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod local;
+pub mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,9 +19,9 @@ use tokio::task::JoinHandle;
 pub use config::{AuthorityConfig, Backend, Client, digest};
 
 use crate::settings::Config;
-use crate::metrics::AuthorityMetrics;
 use crate::store::MarkStore;
 use crate::token::Token;
+pub use metrics::AuthorityMetrics;
 
 /// Longest `wait_ms` an acquire may ask for: a waiting request holds a connection.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);

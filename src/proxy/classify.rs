@@ -8,10 +8,10 @@ use http::{HeaderValue, Method, Request, header};
 
 use super::s3::{self, Operation};
 use super::{Outcome, Plan};
-use crate::proxy::config::{ProofMode, Route, SequenceMode};
-use crate::settings::Config;
 use crate::metrics::Op;
+use crate::proxy::config::{ProofMode, Route, SequenceMode};
 use crate::route;
+use crate::settings::Config;
 use crate::token::Token;
 
 /// Headers that ask a backend to treat a request as another method: each would let a

@@ -22,6 +22,10 @@ pub use crate::access_log::LogConfig;
 pub use crate::admin::config::AdminConfig;
 use crate::admin::config::{AdminDraft, RawAdmin};
 use crate::authority::config::AuthorityDraft;
+use crate::config::error::Errors;
+pub use crate::config::error::{ConfigError, ConfigErrors};
+pub use crate::config::value::parse_size;
+use crate::config::value::section;
 pub use crate::fence::config::FencingConfig;
 use crate::fence::config::{FencingDraft, RawFencing};
 pub use crate::fence::policy::EqualPolicy;
@@ -32,10 +36,6 @@ use crate::proxy::config::{RouteContext, UpstreamDraft};
 pub use crate::proxy::idempotency::config::IdempotencyConfig;
 use crate::proxy::idempotency::config::RawIdempotency;
 pub use crate::store::config::StoreConfig;
-pub use crate::config::error::{ConfigError, ConfigErrors};
-use crate::config::error::Errors;
-pub use crate::config::value::parse_size;
-use crate::config::value::section;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -268,12 +268,13 @@ fn cluster_limits(
 impl Config {
     /// Reads and validates a file. Relative paths in it are resolved against its directory.
     pub fn load(file: &Path) -> Result<Config, ConfigErrors> {
-        let text = crate::config::value::read_bounded_text(file, crate::config::value::MAX_FILE).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                path: String::new(),
-                message: format!("cannot read {}: {e}", file.display()),
-            }])
-        })?;
+        let text = crate::config::value::read_bounded_text(file, crate::config::value::MAX_FILE)
+            .map_err(|e| {
+                ConfigErrors(vec![ConfigError {
+                    path: String::new(),
+                    message: format!("cannot read {}: {e}", file.display()),
+                }])
+            })?;
         let base = file.parent().unwrap_or(Path::new("."));
         Config::parse(&text, base)
     }

@@ -897,7 +897,8 @@ fn the_bounds_are_checked_and_default_as_documented() {
     ] {
         assert!(paths.contains(&path), "{path} in {paths:?}");
     }
-    let config = fencegate::settings::Config::parse(&text("", "", ""), dir.path()).expect("defaults");
+    let config =
+        fencegate::settings::Config::parse(&text("", "", ""), dir.path()).expect("defaults");
     assert_eq!(config.server.max_concurrent_streams, 128);
     assert_eq!(config.store.min_free, 64 << 20);
     let i = &config.idempotency;

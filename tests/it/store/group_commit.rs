@@ -427,8 +427,8 @@ async fn a_hung_idempotency_claim_answers_unavailable_and_is_released() {
 /// its token still admits the retry, once (it was `stale_fence` for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_commit_leaves_its_token_to_the_retry_on_a_reject_route() {
-    use fencegate::settings::EqualPolicy::Reject;
     use fencegate::fence::Refusal;
+    use fencegate::settings::EqualPolicy::Reject;
     use fencegate::token::Token;
     use std::time::Duration;
 
