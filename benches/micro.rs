@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencegate::config::{Config, EqualPolicy};
 use fencegate::fence::{Gates, decide};
 use fencegate::metrics::Metrics;
 use fencegate::route;
+use fencegate::settings::{Config, EqualPolicy};
 use fencegate::store::MarkStore;
 use fencegate::token::Token;
 

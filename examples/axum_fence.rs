@@ -23,10 +23,10 @@ use axum::Router;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::routing::put;
-use fencegate::config::Config;
 use fencegate::fence::Gates;
 use fencegate::metrics::Metrics;
 use fencegate::proxy::fence::{FenceLayer, FencedRequest};
+use fencegate::settings::Config;
 use fencegate::store::MarkStore;
 
 /// The fence's config: routes and scopes as in `fencegate.toml`. The upstream is never
@@ -190,7 +190,7 @@ mod tests {
 
         // The mark is durable in the service's store, and the layer counted into the
         // shared metrics.
-        let text = metrics.render(store.stats(), &[]);
+        let text = metrics.render(&[store.stats()], &[]);
         for line in [
             r#"fencegate_requests_total{route="docs",result="accepted"} 3"#,
             r#"fencegate_requests_total{route="docs",result="stale_fence"} 1"#,

@@ -82,7 +82,7 @@ async fn publish(
 async fn main() -> Result<(), Box<dyn Error>> {
     let (store, _objects) = fencegate::cli::demo::legacy_store().await?;
     let dir = std::env::temp_dir().join(format!("fencegate-publisher-{}", std::process::id()));
-    let config = fencegate::config::Config::parse(
+    let config = fencegate::settings::Config::parse(
         &format!(
             r#"
 [server]

@@ -12,11 +12,12 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::authority::AuthorityMetrics;
 use crate::fence::{Gates, Refusal};
 use crate::metrics::Metrics;
 use crate::proxy::Body;
 use crate::proxy::Proxy;
+use crate::settings::Config;
 use crate::store::MarkStore;
 use crate::token::Token;
 
@@ -63,6 +64,8 @@ pub struct State {
     pub store: MarkStore,
     pub gates: Arc<Gates>,
     pub metrics: Arc<Metrics>,
+    /// The lease authority's series: rendered once it runs in this process.
+    pub authority: Arc<AuthorityMetrics>,
     pub proxy: Proxy,
     /// Online backups running now, at most [`crate::admin::MAX_BACKUPS`]: each holds a
     /// read transaction and a blocking thread for as long as its client reads.
@@ -203,7 +206,7 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
             let floor = app.store.floor() as f64;
             let records = app.store.record_usage("", "").0;
             let text = app.metrics.render(
-                app.store.stats(),
+                &[app.store.stats(), &*app.authority],
                 &[
                     (
                         "fencegate_hot_scopes",

@@ -13,11 +13,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin::State;
-use crate::config::Config;
 use crate::fence::Gates;
 use crate::listen::{ConnLimits, Flaw, Hooks, closing_if_unread, spawn_listener, spawn_workers};
 use crate::metrics::Metrics;
 use crate::proxy::{Outcome, Proxy};
+use crate::settings::Config;
 use crate::store::MarkStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -299,6 +299,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         store,
         gates: gates.clone(),
         metrics,
+        authority: Arc::default(),
         backups: Arc::new(tokio::sync::Semaphore::new(crate::admin::MAX_BACKUPS)),
         #[cfg(feature = "etcd")]
         cluster: cluster.as_ref().map(|n| n.view()),
@@ -400,7 +401,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             &app.store,
             authority_tls,
             stop_rx.clone(),
-            app.metrics.authority.clone(),
+            app.authority.clone(),
             service_hooks(),
         )
         .await
@@ -597,8 +598,8 @@ pub fn reload(running: &Running, path: &std::path::Path) {
 /// The routes (by name) whose share in mapping requests to scopes differs between two
 /// tables: their path, host, scope template, fencing or methods, or their place among the
 /// others (the first match wins); routes added or removed count too.
-fn remapped_routes(old: &[crate::config::Route], new: &[crate::config::Route]) -> Vec<String> {
-    let sign = |r: &crate::config::Route| {
+fn remapped_routes(old: &[crate::settings::Route], new: &[crate::settings::Route]) -> Vec<String> {
+    let sign = |r: &crate::settings::Route| {
         (
             r.name.clone(),
             r.path.to_string(),
@@ -635,7 +636,7 @@ mod tests {
             let text = format!(
                 "[store]\npath = \"m.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n{routes}"
             );
-            crate::config::Config::parse(&text, std::path::Path::new("."))
+            crate::settings::Config::parse(&text, std::path::Path::new("."))
                 .expect("config")
                 .routes
         };

@@ -24,15 +24,20 @@
 //!
 //! Beside the request path:
 //! - [`admin`]: health, readiness, metrics and the marks API (SPEC §7); [`metrics`]: the
-//!   Prometheus counters, histograms and gauges it serves; [`access_log`]: one line per
-//!   request, and refusal warnings
+//!   request series and the histogram, and [`FmtMetrics`](metrics::FmtMetrics), by which
+//!   the store, the authority and the cluster render their own series for `/metrics`;
+//!   [`access_log`]: one line per request, and refusal warnings
 //! - [`authority`]: the lease authority (SPEC §8), `local` (redb) or `etcd` backend behind
 //!   one HTTP API
 //! - [`cluster`]: several instances on one fence through etcd (SPEC §10): shards and
 //!   their owners, marks in etcd, hops to the owner, hand-offs and takeovers
 //! - [`client`]: the Rust client: leases as capabilities, background renewal, fenced
 //!   requests with typed results
-//! - [`config`]: the TOML file, validated with every error's key path (SPEC §5)
+//! - [`config`]: a leaf: how a section is read (the error accumulator with every error's
+//!   key path, the value checks); each subsystem reads its own section with it
+//! - [`settings`]: the TOML file assembled from the subsystems' sections and validated
+//!   (SPEC §5); above the domain, imported by the wiring, the commands and the runtime
+//!   types that hold the whole file
 //! - [`rt`]: runtime plumbing: coarse timers and deadlines, drain
 //! - [`app`]: the wiring (start, reload, shutdown), imported only by `main` and [`cli`];
 //!   [`cli`]: the commands (SPEC §6) and the demo
@@ -57,6 +62,7 @@ pub mod proof;
 pub mod proxy;
 pub mod route;
 pub mod rt;
+pub mod settings;
 pub mod store;
 pub mod tls;
 pub mod token;

@@ -257,11 +257,14 @@ fn server_config(files: &ListenerFiles) -> Result<ServerConfig, TlsError> {
 /// bytes each.
 const SESSIONS: usize = 4096;
 
-fn client_verifier(ca: &Path) -> Result<Arc<dyn ClientCertVerifier>, String> {
+fn client_verifier(ca: &Path) -> Result<Arc<dyn ClientCertVerifier>, PemError> {
     let roots = read_roots(ca)?;
     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
         .build()
-        .map_err(|e| format!("{}: {e}", ca.display()))
+        .map_err(|source| PemError::Verifier {
+            path: ca.to_path_buf(),
+            source,
+        })
 }
 
 /// `[[upstream]] tls = { ca = "...", server_name = "...", cert = "...", key = "..." }`.
@@ -480,13 +483,13 @@ pub fn connector(mut http: HttpConnector, tls: &UpstreamTls) -> HttpsConnector<H
 fn noted<T>(
     errors: &mut Vec<ConfigError>,
     path: impl Into<String>,
-    result: Result<T, String>,
+    result: Result<T, PemError>,
 ) -> Option<T> {
     result
-        .map_err(|message| {
+        .map_err(|e| {
             errors.push(ConfigError {
                 path: path.into(),
-                message,
+                message: e.to_string(),
             })
         })
         .ok()
@@ -497,48 +500,105 @@ fn noted_at<T>(
     errors: &mut Errors,
     at: Place,
     path: impl Into<String>,
-    result: Result<T, String>,
+    result: Result<T, PemError>,
 ) -> Option<T> {
     result
-        .map_err(|message| errors.push_at(at, path, message))
+        .map_err(|e| errors.push_at(at, path, e.to_string()))
         .ok()
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    crate::config::value::read_bounded(path, crate::config::value::MAX_FILE)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+/// Why a PEM file named in the configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PemError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not valid PEM: {source}", path.display())]
+    NotPem {
+        path: PathBuf,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("no PEM CERTIFICATE in {}", path.display())]
+    NoCertificate { path: PathBuf },
+    /// Open to other users, owned by another, or unreadable: `read_private`'s message.
+    #[error("{0}")]
+    NotPrivate(String),
+    #[error("no PEM private key in {}", path.display())]
+    NoKey { path: PathBuf },
+    #[error("{} is not a valid PEM private key: {source}", path.display())]
+    NotKey {
+        path: PathBuf,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("{}: not a usable CA certificate: {source}", path.display())]
+    NotCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Verifier {
+        path: PathBuf,
+        #[source]
+        source: rustls::server::VerifierBuilderError,
+    },
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, PemError> {
+    crate::config::value::read_bounded(path, crate::config::value::MAX_FILE).map_err(|source| {
+        PemError::Read {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 /// Every `CERTIFICATE` block of a PEM file, in order; at least one.
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemError> {
     let pem = read(path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{} is not valid PEM: {e}", path.display()))?;
+        .map_err(|source| PemError::NotPem {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!("no PEM CERTIFICATE in {}", path.display()));
+        return Err(PemError::NoCertificate {
+            path: path.to_path_buf(),
+        });
     }
     Ok(certs)
 }
 
 /// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let pem = crate::config::value::read_private(path, crate::config::value::MAX_FILE)?;
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> {
+    let pem = crate::config::value::read_private(path, crate::config::value::MAX_FILE)
+        .map_err(PemError::NotPrivate)?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
-        rustls_pki_types::pem::Error::NoItemsFound => {
-            format!("no PEM private key in {}", path.display())
-        }
-        e => format!("{} is not a valid PEM private key: {e}", path.display()),
+        rustls_pki_types::pem::Error::NoItemsFound => PemError::NoKey {
+            path: path.to_path_buf(),
+        },
+        source => PemError::NotKey {
+            path: path.to_path_buf(),
+            source,
+        },
     })
 }
 
 /// A PEM bundle of CA certificates as trust anchors.
-fn read_roots(path: &Path) -> Result<RootCertStore, String> {
+fn read_roots(path: &Path) -> Result<RootCertStore, PemError> {
     let mut roots = RootCertStore::empty();
     for cert in read_certs(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
+        roots.add(cert).map_err(|source| PemError::NotCa {
+            path: path.to_path_buf(),
+            source,
+        })?;
     }
     Ok(roots)
 }

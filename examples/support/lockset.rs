@@ -136,7 +136,7 @@ pub async fn start_fencegate(
     backend: SocketAddr,
     dir: &Path,
 ) -> Result<fencegate::app::Running, String> {
-    let config = fencegate::config::Config::parse(&fencegate_config(backend), dir)
+    let config = fencegate::settings::Config::parse(&fencegate_config(backend), dir)
         .map_err(|e| e.to_string())?;
     fencegate::app::start(config, None)
         .await

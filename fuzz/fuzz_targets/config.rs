@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use fencegate::config::Draft;
+use fencegate::settings::Draft;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 
 use super::{AcquireRequest, AuthorityConfig, Client, Engine, LockStatus, MAX_WAIT, Outcome};
-use crate::metrics::AuthorityMetrics;
+use crate::authority::metrics::AuthorityMetrics;
 use crate::proof::SigningKey;
 use crate::proxy::Body;
 use crate::token::Token;

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{AcquireRequest, AuthorityConfig, Grant, LockStatus, Outcome};
-use crate::metrics::AuthorityMetrics;
+use crate::authority::metrics::AuthorityMetrics;
 use crate::token::Token;
 
 const LOCKS: &str = "/fencegate/locks/";

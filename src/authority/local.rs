@@ -17,7 +17,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{AcquireRequest, AuthorityConfig, Grant, LockStatus, Outcome};
-use crate::metrics::AuthorityMetrics;
+use crate::authority::metrics::AuthorityMetrics;
 use crate::token::Token;
 
 /// scope → (epoch, counter) of the last token issued, and the run (`boot`) that issued it.

@@ -7,6 +7,7 @@ pub mod config;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod local;
+pub mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,10 +18,10 @@ use tokio::task::JoinHandle;
 
 pub use config::{AuthorityConfig, Backend, Client, digest};
 
-use crate::config::Config;
-use crate::metrics::AuthorityMetrics;
+use crate::settings::Config;
 use crate::store::MarkStore;
 use crate::token::Token;
+pub use metrics::AuthorityMetrics;
 
 /// Longest `wait_ms` an acquire may ask for: a waiting request holds a connection.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -193,7 +194,7 @@ pub async fn engine(
 /// `metrics` (rendered on the admin listener's `/metrics` from then on).
 pub(crate) async fn serve(
     config: &AuthorityConfig,
-    server: &crate::config::ServerConfig,
+    server: &crate::settings::ServerConfig,
     store: &MarkStore,
     tls: Option<std::sync::Arc<crate::tls::Listener>>,
     stop: watch::Receiver<bool>,

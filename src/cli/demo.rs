@@ -27,7 +27,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
 use crate::client::{AuthorityClient, ClientOptions, FenceResult, FencedHttp, Lease};
-use crate::config::Config;
+use crate::settings::Config;
 use crate::token::Token;
 
 type Objects = Arc<Mutex<HashMap<String, Bytes>>>;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::settings::Config;
 use crate::store::MarkStore;
 use crate::store::marks::MarkReader;
 use crate::token::Token;

@@ -57,6 +57,43 @@ pub enum ReleaseError {
     Transient(String),
 }
 
+/// Why one exchange with the authority got no answer it could read. The lease operations
+/// keep its message in their own errors (which are `Clone`, as a source is not).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    #[error("{0}")]
+    Request(#[source] http::Error),
+    #[error("the bearer secret is not a header value")]
+    Bearer,
+    #[error("{0}")]
+    Send(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("{0}")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("answer is not JSON ({status}): {source}")]
+    NotJson {
+        status: StatusCode,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Why [`AuthorityClient::status`] has no answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatusError {
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The authority answered, but not 200.
+    #[error("{status}: {title}")]
+    Refused { status: StatusCode, title: String },
+    /// A 200 whose body is not a lock's status.
+    #[error("{0}")]
+    Malformed(#[source] serde_json::Error),
+}
+
 /// `GET /v1/locks?scope=S`, as seen by the authority.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct LockInfo {
@@ -404,32 +441,36 @@ impl AuthorityClient {
         path: &str,
         body: Option<serde_json::Value>,
         timeout: Duration,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, CallError> {
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         let mut req = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(bytes))
-            .map_err(|e| e.to_string())?;
+            .map_err(CallError::Request)?;
         if let Some(secret) = &self.options.bearer {
             let mut value = http::HeaderValue::from_str(&format!("Bearer {}", secret.0))
-                .map_err(|_| "the bearer secret is not a header value".to_string())?;
+                .map_err(|_| CallError::Bearer)?;
             value.set_sensitive(true);
             req.headers_mut().insert(header::AUTHORIZATION, value);
         }
         let exchange = async {
-            let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
+            let resp = self
+                .http
+                .request(req)
+                .await
+                .map_err(|e| CallError::Send(e.into()))?;
             let status = resp.status();
             let headers = resp.headers().clone();
             let body = resp
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| CallError::Body(e.into()))?
                 .to_bytes();
             let json = serde_json::from_slice(&body)
-                .map_err(|e| format!("answer is not JSON ({status}): {e}"))?;
+                .map_err(|source| CallError::NotJson { status, source })?;
             Ok(Answer {
                 status,
                 headers,
@@ -438,7 +479,7 @@ impl AuthorityClient {
         };
         tokio::time::timeout(timeout, exchange)
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
+            .unwrap_or(Err(CallError::Timeout(timeout)))
     }
 
     /// Acquires `scope` for `ttl`, waiting up to `wait` while it is busy. The lease's local
@@ -472,7 +513,7 @@ impl AuthorityClient {
                 self.options.request_timeout + wait,
             )
             .await
-            .map_err(AcquireError::Transport)?;
+            .map_err(|e| AcquireError::Transport(e.to_string()))?;
         let retry = |a: &Answer| {
             a.millis("retry_after_ms")
                 .or_else(|| super::retry_after(&a.headers))
@@ -538,7 +579,7 @@ impl AuthorityClient {
                 self.options.request_timeout,
             )
             .await
-            .map_err(RenewError::Transient)?;
+            .map_err(|e| RenewError::Transient(e.to_string()))?;
         // Answered, whatever it says: the authority is done with it. Without an answer
         // (no reply in time, a broken connection) it may still be applied later.
         renewal.answered();
@@ -575,7 +616,7 @@ impl AuthorityClient {
                 self.options.request_timeout,
             )
             .await
-            .map_err(ReleaseError::Transient)?;
+            .map_err(|e| ReleaseError::Transient(e.to_string()))?;
         match (a.status, a.result()) {
             (StatusCode::OK, "released") => Ok(()),
             (_, "lost") => Err(LeaseLost.into()),
@@ -587,7 +628,7 @@ impl AuthorityClient {
     }
 
     /// What the authority knows of `scope`.
-    pub async fn status(&self, scope: &str) -> Result<LockInfo, String> {
+    pub async fn status(&self, scope: &str) -> Result<LockInfo, StatusError> {
         let q = percent_encoding::utf8_percent_encode(scope, percent_encoding::NON_ALPHANUMERIC);
         let a = self
             .call(
@@ -598,9 +639,12 @@ impl AuthorityClient {
             )
             .await?;
         if a.status != StatusCode::OK {
-            return Err(format!("{}: {}", a.status, a.title()));
+            return Err(StatusError::Refused {
+                status: a.status,
+                title: a.title().to_string(),
+            });
         }
-        serde_json::from_value(a.json).map_err(|e| e.to_string())
+        serde_json::from_value(a.json).map_err(StatusError::Malformed)
     }
 
     /// Renews `lease` in the background every `ttl / 3` until it is lost or the handle is

@@ -14,7 +14,8 @@ mod authority;
 mod fenced;
 
 pub use authority::{
-    AcquireError, AuthorityClient, KeepAlive, Lease, LeaseLost, LockInfo, ReleaseError, RenewError,
+    AcquireError, AuthorityClient, CallError, KeepAlive, Lease, LeaseLost, LockInfo, ReleaseError,
+    RenewError, StatusError,
 };
 pub use fenced::{Fence, FenceResult, FencedError, FencedHttp};
 

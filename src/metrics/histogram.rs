@@ -81,7 +81,7 @@ impl Histogram {
     }
 
     /// The series of one histogram; `labels` (each `k="v",`) go before `le`.
-    pub(super) fn render_series(&self, out: &mut String, name: &str, labels: &str) {
+    pub fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (i, b) in self.bounds.iter().enumerate() {
             cumulative += self.bucket(i);

@@ -8,9 +8,10 @@ use http::{HeaderValue, Method, Request, header};
 
 use super::s3::{self, Operation};
 use super::{Outcome, Plan};
-use crate::config::{Config, ProofMode, Route, SequenceMode};
 use crate::metrics::Op;
+use crate::proxy::config::{ProofMode, Route, SequenceMode};
 use crate::route;
+use crate::settings::Config;
 use crate::token::Token;
 
 /// Headers that ask a backend to treat a request as another method: each would let a
@@ -592,7 +593,7 @@ pub(crate) struct Named {
 /// A fenced request on its way to the gate.
 pub(crate) struct Fenced {
     pub(super) route: usize,
-    pub(super) equal: crate::config::EqualPolicy,
+    pub(super) equal: crate::fence::policy::EqualPolicy,
     pub(super) scope: String,
     pub(super) token: Token,
     /// The request's `Fencing-Sequence` (SPEC §11).

@@ -1050,8 +1050,8 @@ fn parse_route(
 mod tests {
     use std::path::Path;
 
-    use crate::config::Config;
     use crate::proxy::problem::Dialect;
+    use crate::settings::Config;
 
     const ROUTES: &str = r#"
 [store]

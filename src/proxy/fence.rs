@@ -31,12 +31,12 @@ use http_body::{Frame, SizeHint};
 use tower::{Layer, Service};
 
 use crate::access_log::{AccessLog, RefusalWarnings};
-use crate::config::Config;
 use crate::fence::{Gates, InflightGuard};
 use crate::metrics::{Metrics, Op};
 use crate::proxy::hop::Placement;
 use crate::proxy::problem::Dialect;
 use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan, Table};
+use crate::settings::Config;
 use crate::token::Token;
 
 /// The connection a request came on: its peer (for `X-Forwarded-For`, the access log and

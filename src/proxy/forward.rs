@@ -24,9 +24,9 @@ use hyper_util::rt::TokioExecutor;
 use super::hop::{FENCEGATE_PEER, Stop};
 use super::problem::{self, Outcome};
 use super::{FENCING_RESULT, Plan, Table};
-use crate::config::Upstream;
 use crate::fence::InflightGuard;
 use crate::metrics::Metrics;
+use crate::proxy::config::Upstream;
 use crate::proxy::upstream::{self, H1Body, H1Pool, SendError, StreamedBody, StreamedPool};
 use crate::proxy::{Body, BoxError};
 use crate::rt::timer::{Deadline, ReadTimeout};
@@ -1495,7 +1495,7 @@ mod tests {
     /// and an HTTP/2 request's cookie fields as one `cookie` line.
     #[test]
     fn expect_goes_and_http2_cookies_are_joined() {
-        let upstream = crate::config::Config::parse(
+        let upstream = crate::settings::Config::parse(
             "[store]\npath = \"m.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n[[route]]\nname = \"r\"\npath = \"/{*p}\"\nscope = \"s\"\nupstream = \"u\"\n",
             std::path::Path::new("."),
         )

@@ -25,9 +25,9 @@ use std::time::Instant;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::config::Config;
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
 use crate::metrics::{Metrics, Op, RouteRow};
+use crate::settings::Config;
 use crate::token::Token;
 pub(crate) use classify::classify;
 use classify::{Classified, Fenced};

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod journal;
 pub mod marks;
+mod metrics;
 pub mod quota;
 
 pub use marks::{MarkStore, Snapshot, StoreError};

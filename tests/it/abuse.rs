@@ -879,7 +879,7 @@ fn the_bounds_are_checked_and_default_as_documented() {
             "[server]\n{server}\n[store]\npath = \"x.redb\"\n{extra_store}\n[idempotency]\n{idempotency}\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:9\"\n[[route]]\nname = \"r\"\npath = \"/r/{{k}}\"\nscope = \"r/{{k}}\"\nupstream = \"u\"\n"
         )
     };
-    let errors = fencegate::config::Config::parse(
+    let errors = fencegate::settings::Config::parse(
         &text(
             "min_free = \"lots\"",
             "max_concurrent_streams = 5000",
@@ -897,7 +897,8 @@ fn the_bounds_are_checked_and_default_as_documented() {
     ] {
         assert!(paths.contains(&path), "{path} in {paths:?}");
     }
-    let config = fencegate::config::Config::parse(&text("", "", ""), dir.path()).expect("defaults");
+    let config =
+        fencegate::settings::Config::parse(&text("", "", ""), dir.path()).expect("defaults");
     assert_eq!(config.server.max_concurrent_streams, 128);
     assert_eq!(config.store.min_free, 64 << 20);
     let i = &config.idempotency;

@@ -252,7 +252,7 @@ fenced = false
 "#,
         double.addr
     );
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
     let addr = proxy.proxy_addr;
     let put = |host: &str| {

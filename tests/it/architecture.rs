@@ -1,21 +1,21 @@
 //! The module rules of docs/ARCHITECTURE.md, checked on the source: no import cycle among
-//! `src/` modules, plumbing imports no domain module, and only `main` and `cli` import the
-//! wiring (`app`). A module's own submodules may use what it declares (the `super::` and
-//! `crate::parent::` of a child are not a cycle); every other edge counts.
+//! `src/` modules, plumbing imports no domain module, `config` (how a section is read) is a
+//! leaf, no section and no plumbing imports the assembled file (`settings`), and only `main`
+//! and `cli` import the wiring (`app`). A module's own submodules may use what it declares
+//! (the `super::` and `crate::parent::` of a child are not a cycle); every other edge counts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Modules that are plumbing: they may import each other and `config::error`, nothing else.
-const PLUMBING: &[&str] = &[
-    "body",
-    "rt",
-    "listen",
-    "tls",
-    "metrics::histogram",
-    "config::error",
-    "config::value",
-];
+/// Modules that are plumbing: they may import each other, nothing else.
+const PLUMBING: &[&str] = &["body", "rt", "listen", "tls", "metrics", "config"];
+
+/// How a section is read (errors, values): a leaf below every section.
+const LEAF: &str = "config";
+
+/// The assembler: it imports every subsystem's section, so nothing it imports may import
+/// it back: no section reader (a subsystem's `config` module) and no plumbing.
+const ASSEMBLER: &str = "settings";
 
 /// The wiring, and who may import it.
 const WIRING: &str = "app";
@@ -285,11 +285,46 @@ fn plumbing_imports_no_domain_module() {
 }
 
 #[test]
+fn config_imports_nothing_of_the_domain() {
+    let (modules, edges) = modules();
+    assert!(modules.files.contains_key("config::error"));
+    let wrong: Vec<String> = edges
+        .iter()
+        .filter(|(m, _)| in_set(m, &[LEAF]))
+        .flat_map(|(m, to)| {
+            to.iter()
+                .filter(|t| !in_set(t, &[LEAF]))
+                .map(move |t| format!("{m} -> {t}"))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "`{LEAF}` importing the crate: {wrong:?}");
+}
+
+#[test]
+fn no_section_and_no_plumbing_imports_the_assembler() {
+    let (_, edges) = modules();
+    assert!(edges["app"].contains(ASSEMBLER), "{:?}", edges["app"]);
+    let section = |m: &str| m.ends_with("::config") || m == "access_log";
+    let wrong: Vec<String> = edges
+        .iter()
+        .filter(|(m, to)| {
+            (section(m) || in_set(m, PLUMBING)) && to.iter().any(|t| in_set(t, &[ASSEMBLER]))
+        })
+        .map(|(m, _)| m.clone())
+        .collect();
+    assert!(wrong.is_empty(), "importing `{ASSEMBLER}`: {wrong:?}");
+}
+
+#[test]
 fn only_main_and_cli_import_the_wiring() {
     let (_, edges) = modules();
     let wrong: Vec<String> = edges
         .iter()
-        .filter(|(m, to)| to.contains(WIRING) && !in_set(m, WIRING_USERS))
+        .filter(|(m, to)| {
+            to.iter().any(|t| in_set(t, &[WIRING]))
+                && !in_set(m, WIRING_USERS)
+                && !in_set(m, &[WIRING])
+        })
         .map(|(m, _)| m.clone())
         .collect();
     assert!(wrong.is_empty(), "modules importing `{WIRING}`: {wrong:?}");

@@ -10,7 +10,7 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;

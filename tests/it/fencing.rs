@@ -232,7 +232,7 @@ async fn draining_and_settle_over_http() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let text = support::config_text(double.addr, "300ms", "1h", "200ms");
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
     let client = Client::new(proxy.proxy_addr);
 
@@ -523,7 +523,7 @@ async fn start_on_store(
 ) -> fencegate::app::Running {
     let text = support::config_text(upstream, "10s", "0s", "10s")
         .replace("shutdown_timeout = \"10s\"", "shutdown_timeout = \"100ms\"");
-    let config = fencegate::config::Config::parse(&text, dir).expect("config");
+    let config = fencegate::settings::Config::parse(&text, dir).expect("config");
     fencegate::app::start(config, Some(store))
         .await
         .expect("start proxy")

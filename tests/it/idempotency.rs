@@ -537,7 +537,7 @@ async fn unknown_outcomes_are_refused_or_forwarded_by_route() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let text = support::config_text(double.addr, "10s", "0s", "200ms");
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
     let client = Client::new(proxy.proxy_addr);
 
@@ -691,7 +691,7 @@ async fn a_stalled_response_body_ends_at_the_upstream_timeout() {
     for (drain, settle) in [("10s", "0s"), ("1s", "1h")] {
         let dir = tempfile::tempdir().unwrap();
         let text = support::config_text(upstream, drain, settle, "300ms");
-        let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+        let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
         let proxy = support::start(config).await;
         let client = Client::new(proxy.proxy_addr);
         let first = client
@@ -736,7 +736,7 @@ async fn a_stalled_request_body_does_not_hold_up_the_next_generation() {
     let double = Double::start().await;
     let dir = tempfile::tempdir().unwrap();
     let text = support::config_text(double.addr, "10s", "0s", "300ms");
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
     let admin = Client::new(proxy.admin_addr);
 

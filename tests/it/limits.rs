@@ -21,7 +21,7 @@ async fn proxy_with(
             "[[route]]\nname = \"reports\"\npath = \"/reports/{report}/{*rest}\"\nscope = \"report/{report}\"\nupstream = \"u\"\n",
             &format!("[[route]]\nname = \"reports\"\npath = \"/reports/{{report}}/{{*rest}}\"\nscope = \"report/{{report}}\"\nupstream = \"u\"\n{route}\n"),
         );
-    let config = fencegate::config::Config::parse(&text, dir).expect("config");
+    let config = fencegate::settings::Config::parse(&text, dir).expect("config");
     support::start(config).await
 }
 
@@ -119,7 +119,7 @@ async fn keyed_bodies_held_in_memory_are_bounded_over_all_connections() {
         "scope = \"report/{report}\"\nupstream = \"u\"\nidempotency = \"optional\"\n",
         1,
     ) + "\n[idempotency]\nmax_request_body = \"4KiB\"\nmax_buffered = \"6KiB\"\n";
-    let config = fencegate::config::Config::parse(&text, dir.path()).expect("config");
+    let config = fencegate::settings::Config::parse(&text, dir.path()).expect("config");
     let proxy = support::start(config).await;
     let client = Client::new(proxy.proxy_addr);
     let body = "x".repeat(4096);
@@ -291,7 +291,7 @@ async fn per_scope_inflight_and_waiters_are_bounded() {
         "settle = \"0s\"",
         "settle = \"0s\"\nmax_inflight_per_scope = 2\nmax_waiters_per_scope = 1",
     );
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
     let client = Client::new(proxy.proxy_addr);
     let held = |name: &'static str, token: &'static str| {

@@ -231,7 +231,7 @@ fn the_per_client_default_is_a_tenth_of_the_total() {
     let dir = tempfile::tempdir().unwrap();
     let parse = |server: &str| {
         let text = support::config_text_with_server("127.0.0.1:1".parse().unwrap(), server);
-        fencegate::config::Config::parse(&text, dir.path())
+        fencegate::settings::Config::parse(&text, dir.path())
             .expect("config")
             .server
     };

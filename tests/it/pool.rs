@@ -7,7 +7,7 @@ use crate::support;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;

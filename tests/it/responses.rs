@@ -44,7 +44,7 @@ impl Env {
         let double = Double::start().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let text = support::config_text(double.addr, drain, settle, timeout);
-        let config = fencegate::config::Config::parse(&text, dir.path()).expect("test config");
+        let config = fencegate::settings::Config::parse(&text, dir.path()).expect("test config");
         let proxy = support::start(config).await;
         Env::assemble(double, proxy, dir)
     }
@@ -1116,7 +1116,7 @@ async fn untrusted_clients_cannot_spoof_forwarding_headers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace("trusted_proxies = [\"127.0.0.1\"]\n", "");
-    let config = fencegate::config::Config::parse(&text, dir.path()).expect("test config");
+    let config = fencegate::settings::Config::parse(&text, dir.path()).expect("test config");
     let env = Env::assemble(double, support::start(config).await, dir);
     let up = env
         .accepted(

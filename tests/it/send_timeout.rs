@@ -52,7 +52,7 @@ async fn proxy_for(upstream: SocketAddr, dir: &std::path::Path) -> fencegate::ap
         "shutdown_timeout = \"10s\"",
         "shutdown_timeout = \"10s\"\nsend_timeout = \"1s\"",
     );
-    let config = fencegate::config::Config::parse(&text, dir).expect("config");
+    let config = fencegate::settings::Config::parse(&text, dir).expect("config");
     support::start(config).await
 }
 

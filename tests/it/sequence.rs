@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use crate::support;
 
-use fencegate::config::EqualPolicy::Accept;
 use fencegate::fence::{Gates, Refusal};
 use fencegate::metrics::Metrics;
+use fencegate::settings::EqualPolicy::Accept;
 use fencegate::store::{Mark, MarkStore};
 use fencegate::token::Token;
 use support::disk::Disk;

@@ -160,7 +160,7 @@ async fn a_paused_reader_does_not_hold_up_the_next_generation() {
     let upstream = start_sink().await;
     let dir = tempfile::tempdir().unwrap();
     let text = support::config_text(upstream, "5s", "0s", "300ms");
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
 
     let mut paused = tokio::net::TcpStream::connect(proxy.proxy_addr)

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Full};

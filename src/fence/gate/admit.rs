@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::time::Instant;
 
-use crate::config::EqualPolicy;
+use crate::fence::policy::EqualPolicy;
 use crate::store::Mark;
 use crate::token::Token;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::config::EqualPolicy;
+use crate::fence::policy::EqualPolicy;
 use crate::fence::policy::{Decision, decide};
 use crate::token::Token;
 

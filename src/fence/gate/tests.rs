@@ -3,7 +3,7 @@
 use super::map::{IDLE_TTL, shard_index};
 use super::state::Inflight;
 use super::*;
-use crate::config::EqualPolicy;
+use crate::fence::policy::EqualPolicy;
 
 /// A collection operation holds the tree beneath its scope (SPEC §16): while it is in
 /// flight, a request to a scope beneath is refused (its new mark stays, so the

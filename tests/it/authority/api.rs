@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use fencegate::client::{AcquireError, AuthorityClient, Lease};
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use support::{BOUND, Client, Double, free_port};
 
 /// An authority-only process on port 0 (no routes), store in `dir`.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencegate::client::{AcquireError, AuthorityClient};
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use fencegate::token::Token;
 use support::etcd::{self, EtcdCluster};
 use support::{BOUND, Client};

@@ -61,7 +61,7 @@ upstream = "u"
 
 async fn start(dir: &Path) -> (Running, Double, Client, Client) {
     let upstream = Double::start().await;
-    let config = fencegate::config::Config::parse(&trust_config(dir, upstream.addr), dir)
+    let config = fencegate::settings::Config::parse(&trust_config(dir, upstream.addr), dir)
         .unwrap_or_else(|e| panic!("config: {e}"));
     let running = support::start(config).await;
     let authority = Client::new(running.authority_addr.expect("authority"));

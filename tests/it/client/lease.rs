@@ -13,7 +13,7 @@ use bytes::Bytes;
 use fencegate::client::{
     AuthorityClient, ClientOptions, FenceResult, FencedError, FencedHttp, RenewError,
 };
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use fencegate::token::Token;
 use http::{Request, Response};
 use http_body_util::Full;

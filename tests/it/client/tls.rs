@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fencegate::client::{ClientOptions, ClientTls, Fence, FenceResult, FencedHttp};
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use fencegate::token::Token;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use support::{BOUND, Client, Double, config_text, write_config};
 
 /// Waits (bounded) until `path` holds at least `n` lines, and returns them as JSON.

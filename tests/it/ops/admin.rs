@@ -225,7 +225,7 @@ async fn bearer_token_guards_all_but_probes() {
     crate::support::write_secret(dir.path().join("admin.token"), "s3cret\n");
     let text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
     let admin = Client::new(proxy.admin_addr);
     assert_eq!(admin.get("/healthz").await.status, 200);
@@ -267,7 +267,7 @@ async fn the_bearer_scheme_is_case_insensitive() {
     crate::support::write_secret(dir.path().join("admin.token"), "s3cret\n");
     let text = support::config_text(double.addr, "10s", "0s", "10s")
         .replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
-    let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+    let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
     let proxy = support::start(config).await;
     let admin = Client::new(proxy.admin_addr);
     let status = |value: &'static str| {
@@ -304,7 +304,7 @@ async fn probes_answer_head() {
     let plain = support::config_text(double.addr, "10s", "0s", "10s");
     let guarded = plain.replace("[admin]\n", "[admin]\ntoken_file = \"admin.token\"\n");
     for text in [plain, guarded] {
-        let config = fencegate::config::Config::parse(&text, dir.path()).unwrap();
+        let config = fencegate::settings::Config::parse(&text, dir.path()).unwrap();
         let proxy = support::start(config).await;
         for path in ["/healthz", "/readyz"] {
             let request = format!("HEAD {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");

@@ -90,7 +90,7 @@ async fn rules_and_dashboard_use_only_exported_metric_names() {
     let text = support::config_text(upstream.addr, "10s", "0s", "10s")
         + "\n[authority]\nlisten = \"127.0.0.1:0\"\nmax_ttl = \"60s\"\n";
     let config =
-        fencegate::config::Config::parse(&text, dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        fencegate::settings::Config::parse(&text, dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let running = support::start(config).await;
     let proxy = Client::new(running.proxy_addr);
     assert_eq!(proxy.put("/reports/r/a", "5", "x").await.status, 200);

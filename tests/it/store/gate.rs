@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::support;
 
-use fencegate::config::EqualPolicy::{Accept, Reject};
 use fencegate::fence::{Gates, Refusal};
 use fencegate::metrics::Metrics;
+use fencegate::settings::EqualPolicy::{Accept, Reject};
 use fencegate::store::MarkStore;
 use fencegate::token::Token;
 use support::disk::Disk;

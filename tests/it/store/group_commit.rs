@@ -44,7 +44,7 @@ async fn refused_while_hung_then_landed(
     store: &MarkStore,
     gates: &Arc<fencegate::fence::Gates>,
     token: fencegate::token::Token,
-    equal: fencegate::config::EqualPolicy,
+    equal: fencegate::settings::EqualPolicy,
 ) {
     disk.hold();
     let g = gates.clone();
@@ -118,7 +118,7 @@ async fn one_commit_serves_many_advances_and_a_failed_batch_fails_them_all() {
 /// the gate learns it (no advance left "under way" forever, no second commit needed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
-    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::settings::EqualPolicy::Accept;
     use fencegate::token::Token;
     use std::time::Duration;
 
@@ -152,7 +152,7 @@ async fn a_request_gone_mid_commit_leaves_the_gate_consistent() {
 /// admitted. The commit is left to finish on its own; when it lands, the gate learns it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_commit_answers_unavailable_by_the_deadline() {
-    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::settings::EqualPolicy::Accept;
     use fencegate::token::Token;
     use std::time::Duration;
 
@@ -173,7 +173,7 @@ async fn a_hung_commit_answers_unavailable_by_the_deadline() {
 /// was refused `draining` at once, though nothing older was in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_behind_anothers_commit_waits_for_it_not_for_the_drain() {
-    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::settings::EqualPolicy::Accept;
     use fencegate::token::Token;
     use std::time::Duration;
 
@@ -217,7 +217,7 @@ async fn a_request_behind_anothers_commit_waits_for_it_not_for_the_drain() {
 /// request of that token on that scope waited for it in vain.
 #[test]
 fn a_commit_cut_off_by_its_runtimes_end_leaves_no_advance_behind() {
-    use fencegate::config::EqualPolicy::Accept;
+    use fencegate::settings::EqualPolicy::Accept;
     use fencegate::token::Token;
     use std::time::Duration;
 
@@ -427,8 +427,8 @@ async fn a_hung_idempotency_claim_answers_unavailable_and_is_released() {
 /// its token still admits the retry, once (it was `stale_fence` for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_commit_leaves_its_token_to_the_retry_on_a_reject_route() {
-    use fencegate::config::EqualPolicy::Reject;
     use fencegate::fence::Refusal;
+    use fencegate::settings::EqualPolicy::Reject;
     use fencegate::token::Token;
     use std::time::Duration;
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fencegate::app::Running;
-use fencegate::config::Config;
+use fencegate::settings::Config;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
