@@ -23,6 +23,7 @@ use axum::Router;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::routing::put;
+use fencegate::app::proxy_settings;
 use fencegate::config::Config;
 use fencegate::fence::Gates;
 use fencegate::metrics::Metrics;
@@ -93,7 +94,7 @@ fn app(config: Config, store: MarkStore, docs: Docs) -> (Router, Arc<Metrics>, M
         config.fencing.drain_timeout,
         config.fencing.settle,
     ));
-    let fence = FenceLayer::new(Arc::new(config), gates, metrics.clone());
+    let fence = FenceLayer::new(Arc::new(proxy_settings(&config)), gates, metrics.clone());
     let router = Router::new()
         .route("/docs/{doc}", put(put_doc).get(get_doc))
         .with_state(docs)

@@ -6,9 +6,10 @@
 
 use http::{HeaderValue, Method, Request, header};
 
+use super::Settings;
+use super::config::{ProofMode, Route, SequenceMode};
 use super::s3::{self, Operation};
 use super::{Outcome, Plan};
-use crate::config::{Config, ProofMode, Route, SequenceMode};
 use crate::metrics::Op;
 use crate::route;
 use crate::token::Token;
@@ -55,7 +56,7 @@ enum Destination {
 /// A request fenced on that very scope, with its token, changes that tree's objects as
 /// any of its requests may.
 fn tree_above<'r>(
-    config: &'r Config,
+    config: &'r Settings,
     upstream: usize,
     segments: &[std::borrow::Cow<'_, str>],
 ) -> Option<(&'r Route, Option<String>)> {
@@ -84,7 +85,7 @@ fn tree_above<'r>(
 /// (servers such as wsgidav decode the header before they split it, so `%3F` would end
 /// the name there) is refused.
 fn destination<B>(
-    config: &Config,
+    config: &Settings,
     req: &Request<B>,
     host: Option<&str>,
     upstream: usize,
@@ -165,7 +166,7 @@ fn destination<B>(
 /// [`check`](super::check) up to the gate: routes the request, refuses what is unsafe, and
 /// says what a fenced request asks the gate for.
 pub(crate) fn classify<B>(
-    config: &Config,
+    config: &Settings,
     req: &Request<B>,
 ) -> Result<Classified, (Option<usize>, Outcome)> {
     if req.method() == Method::CONNECT {
@@ -400,7 +401,7 @@ pub(crate) fn classify<B>(
 /// A request whose objects are named in its body (SPEC §15), once the fence has read
 /// them: `scope` is theirs. Decided as any fenced request of its route.
 pub(crate) fn named(
-    config: &Config,
+    config: &Settings,
     parts: &http::request::Parts,
     idx: usize,
     scope: String,
@@ -419,7 +420,7 @@ pub(crate) fn named(
 
 /// The token, sequence, scope and proof checks of a fenced request whose scope is known.
 fn decide(
-    config: &Config,
+    config: &Settings,
     method: &Method,
     head: &HeadScan<'_>,
     (idx, route): (usize, &Route),
@@ -592,7 +593,7 @@ pub(crate) struct Named {
 /// A fenced request on its way to the gate.
 pub(crate) struct Fenced {
     pub(super) route: usize,
-    pub(super) equal: crate::config::EqualPolicy,
+    pub(super) equal: crate::fence::policy::EqualPolicy,
     pub(super) scope: String,
     pub(super) token: Token,
     /// The request's `Fencing-Sequence` (SPEC §11).

@@ -30,8 +30,8 @@ use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body::{Frame, SizeHint};
 use tower::{Layer, Service};
 
+use super::Settings;
 use crate::access_log::{AccessLog, RefusalWarnings};
-use crate::config::Config;
 use crate::fence::{Gates, InflightGuard};
 use crate::metrics::{Metrics, Op};
 use crate::proxy::hop::Placement;
@@ -291,7 +291,7 @@ impl<H> Clone for FenceLayer<H> {
 impl FenceLayer {
     /// A fence for `config`'s routes, admitting at `gates` (over the service's mark
     /// store) and counting into `metrics`.
-    pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> FenceLayer {
+    pub fn new(config: Arc<Settings>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> FenceLayer {
         FenceLayer::with(
             config,
             gates,
@@ -303,7 +303,7 @@ impl FenceLayer {
 
 impl<H> FenceLayer<H> {
     pub(crate) fn with(
-        config: Arc<Config>,
+        config: Arc<Settings>,
         gates: Arc<Gates>,
         refusals: Arc<Refusals>,
         placement: Option<Arc<dyn Placement>>,
@@ -322,13 +322,13 @@ impl<H> FenceLayer<H> {
 
     /// New routes for every request that starts from now on; requests under way finish
     /// with the table they started with.
-    pub fn reload(&self, config: Arc<Config>) {
+    pub fn reload(&self, config: Arc<Settings>) {
         let table = Table::new(config, &self.shared.refusals);
         self.shared.table.store(Arc::new(table));
     }
 
-    /// The configuration in force.
-    pub fn config(&self) -> Arc<Config> {
+    /// The settings in force.
+    pub fn config(&self) -> Arc<Settings> {
         self.shared.table.load().config.clone()
     }
 
@@ -925,7 +925,21 @@ mod tests {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use crate::config::Config;
     use crate::store::MarkStore;
+
+    /// The proxy's part of a parsed file, as the binary builds it.
+    fn settings(c: Config) -> Settings {
+        Settings::from_sections(
+            c.routes,
+            c.upstreams,
+            c.fencing,
+            c.idempotency,
+            c.store,
+            c.server.trusted_proxies,
+            c.cluster.is_some(),
+        )
+    }
 
     const CONFIG: &str = r#"
 [server]
@@ -1004,7 +1018,8 @@ upstream = "u"
                 }
             })
         };
-        let fence = FenceLayer::new(Arc::new(config), gates.clone(), metrics).layer(handler);
+        let fence =
+            FenceLayer::new(Arc::new(settings(config)), gates.clone(), metrics).layer(handler);
 
         let first = fence.clone().call(put("5")).await.unwrap();
         assert_eq!(first.headers()[FENCING_RESULT], "accepted");
@@ -1070,7 +1085,7 @@ upstream = "u"
             *resp.status_mut() = status;
             std::future::ready(Ok::<_, Infallible>(resp))
         });
-        let mut fence = FenceLayer::new(Arc::new(config), gates, metrics).layer(handler);
+        let mut fence = FenceLayer::new(Arc::new(settings(config)), gates, metrics).layer(handler);
         let req = |doc: &str, token: &str, status: &str| {
             Request::put(format!("/docs/{doc}"))
                 .header("host", "h")
@@ -1126,7 +1141,8 @@ upstream = "u"
         let refusals = Arc::new(Refusals::new(metrics, AccessLog::off()));
         let inner = Recorder::default();
         let mut fence =
-            FenceLayer::<Typed>::with(Arc::new(config), gates, refusals, None).layer(inner.clone());
+            FenceLayer::<Typed>::with(Arc::new(settings(config)), gates, refusals, None)
+                .layer(inner.clone());
         let ok = fence.call(put("5")).await.unwrap();
         assert_eq!(ok.status(), http::StatusCode::OK);
         let stale = fence.call(put("4")).await.unwrap();
