@@ -283,7 +283,11 @@ pub(crate) fn classify<B>(
         return Ok(unfenced());
     }
     if head.suspect {
-        refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+        refuse_unfenceable(req).map_err(|e| {
+            at(Outcome::InvalidRequest {
+                detail: e.to_string(),
+            })
+        })?;
     }
     let scope = match route.s3() {
         None => route.scope.render(&caps),
@@ -763,14 +767,24 @@ fn request_host<'a, B>(req: &'a Request<B>, host: Seen<'a>) -> Result<Option<&'a
     }
 }
 
+/// Why a fenced request cannot pass the fence as it stands (its text is the refusal's
+/// detail).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unfenceable {
+    #[error("method-override header {0} on a fenced route")]
+    MethodOverride(&'static http::HeaderName),
+    #[error("protocol upgrade on a fenced route")]
+    Upgrade,
+}
+
 /// Method overrides and upgrades would carry a request past the fence; refuse them.
 /// Called only when [`HeadScan`] saw one of the names it looks for.
-fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), String> {
+fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), Unfenceable> {
     if let Some(h) = METHOD_OVERRIDES
         .iter()
         .find(|h| req.headers().contains_key(*h))
     {
-        return Err(format!("method-override header {h} on a fenced route"));
+        return Err(Unfenceable::MethodOverride(h));
     }
     let connection_upgrade = req.headers().get_all(header::CONNECTION).iter().any(|v| {
         v.to_str()
@@ -781,7 +795,7 @@ fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), String> {
             .unwrap_or(true)
     });
     if req.headers().contains_key(header::UPGRADE) || connection_upgrade {
-        return Err("protocol upgrade on a fenced route".into());
+        return Err(Unfenceable::Upgrade);
     }
     Ok(())
 }
