@@ -93,7 +93,7 @@ fn app(config: Config, store: MarkStore, docs: Docs) -> (Router, Arc<Metrics>, M
         config.fencing.drain_timeout,
         config.fencing.settle,
     ));
-    let fence = FenceLayer::new(Arc::new(config), gates, metrics.clone());
+    let fence = FenceLayer::new(Arc::new(config.proxy_settings()), gates, metrics.clone());
     let router = Router::new()
         .route("/docs/{doc}", put(put_doc).get(get_doc))
         .with_state(docs)

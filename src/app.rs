@@ -287,7 +287,11 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
     })?;
     let app = Arc::new(State {
         proxy: {
-            let proxy = Proxy::new(config.clone(), gates.clone(), metrics.clone());
+            let proxy = Proxy::new(
+                Arc::new(config.proxy_settings()),
+                gates.clone(),
+                metrics.clone(),
+            );
             #[cfg(feature = "etcd")]
             let proxy = match &cluster {
                 Some(node) => proxy.with_placement(node.placement()),
@@ -541,14 +545,16 @@ pub fn reload(running: &Running, path: &std::path::Path) {
     for w in new.warnings() {
         tracing::warn!("{w}");
     }
-    let old = running.app.proxy.config();
+    // The sections bound at start never change on reload: the start config holds them.
+    let old = &running.app.config;
+    let in_force = running.app.proxy.config();
     let fixed = [
         ("server", old.server != new.server),
         ("admin", old.admin != new.admin),
         ("store", old.store != new.store),
         (
             "idempotency.max_buffered",
-            old.idempotency.max_buffered != new.idempotency.max_buffered,
+            in_force.idempotency.max_buffered != new.idempotency.max_buffered,
         ),
         ("fencing", old.fencing != new.fencing),
         ("authority", old.authority != new.authority),
@@ -582,7 +588,7 @@ pub fn reload(running: &Running, path: &std::path::Path) {
             }
         }
     }
-    let remapped = remapped_routes(&old.routes, &merged.routes);
+    let remapped = remapped_routes(&in_force.routes, &merged.routes);
     if !remapped.is_empty() {
         tracing::warn!(
             routes = ?remapped,
@@ -590,7 +596,7 @@ pub fn reload(running: &Running, path: &std::path::Path) {
         );
     }
     let routes = merged.routes.len();
-    running.app.proxy.reload(Arc::new(merged));
+    running.app.proxy.reload(Arc::new(merged.proxy_settings()));
     metrics.reloads.fetch_add(1, Ordering::Relaxed);
     tracing::info!(file = %path.display(), routes, "config reloaded");
 }

@@ -13,7 +13,8 @@
 //!   [`FenceLayer`](proxy::fence::FenceLayer) a Rust service can put in front of its own
 //!   handlers), [`proxy::idempotency`] (`Idempotency-Key` records per scope: fingerprint,
 //!   durable claim, replay, expiry), [`proxy::forward`] (the upstream exchange),
-//!   [`proxy::upstream`] (the pool and the lean HTTP/1.1 exchange)
+//!   [`proxy::upstream`] (the pool and the lean HTTP/1.1 exchange); what it reads in
+//!   force is its own [`proxy::Settings`], built from the file's sections
 //! - [`route`]: canonical paths, route templates, scope rendering (SPEC §2)
 //! - [`token`]: the `Fencing-Token` grammar and order (SPEC §1); [`proof`]: the
 //!   authority's Ed25519 proofs that a token was issued for a scope (SPEC §9)

@@ -6,12 +6,12 @@
 
 use http::{HeaderValue, Method, Request, header};
 
+use super::Settings;
+use super::config::{ProofMode, Route, SequenceMode};
 use super::s3::{self, Operation};
 use super::{Outcome, Plan};
 use crate::metrics::Op;
-use crate::proxy::config::{ProofMode, Route, SequenceMode};
 use crate::route;
-use crate::settings::Config;
 use crate::token::Token;
 
 /// Headers that ask a backend to treat a request as another method: each would let a
@@ -56,7 +56,7 @@ enum Destination {
 /// A request fenced on that very scope, with its token, changes that tree's objects as
 /// any of its requests may.
 fn tree_above<'r>(
-    config: &'r Config,
+    config: &'r Settings,
     upstream: usize,
     segments: &[std::borrow::Cow<'_, str>],
 ) -> Option<(&'r Route, Option<String>)> {
@@ -85,7 +85,7 @@ fn tree_above<'r>(
 /// (servers such as wsgidav decode the header before they split it, so `%3F` would end
 /// the name there) is refused.
 fn destination<B>(
-    config: &Config,
+    config: &Settings,
     req: &Request<B>,
     host: Option<&str>,
     upstream: usize,
@@ -166,7 +166,7 @@ fn destination<B>(
 /// [`check`](super::check) up to the gate: routes the request, refuses what is unsafe, and
 /// says what a fenced request asks the gate for.
 pub(crate) fn classify<B>(
-    config: &Config,
+    config: &Settings,
     req: &Request<B>,
 ) -> Result<Classified, (Option<usize>, Outcome)> {
     if req.method() == Method::CONNECT {
@@ -283,7 +283,11 @@ pub(crate) fn classify<B>(
         return Ok(unfenced());
     }
     if head.suspect {
-        refuse_unfenceable(req).map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+        refuse_unfenceable(req).map_err(|e| {
+            at(Outcome::InvalidRequest {
+                detail: e.to_string(),
+            })
+        })?;
     }
     let scope = match route.s3() {
         None => route.scope.render(&caps),
@@ -401,7 +405,7 @@ pub(crate) fn classify<B>(
 /// A request whose objects are named in its body (SPEC §15), once the fence has read
 /// them: `scope` is theirs. Decided as any fenced request of its route.
 pub(crate) fn named(
-    config: &Config,
+    config: &Settings,
     parts: &http::request::Parts,
     idx: usize,
     scope: String,
@@ -420,7 +424,7 @@ pub(crate) fn named(
 
 /// The token, sequence, scope and proof checks of a fenced request whose scope is known.
 fn decide(
-    config: &Config,
+    config: &Settings,
     method: &Method,
     head: &HeadScan<'_>,
     (idx, route): (usize, &Route),
@@ -763,14 +767,24 @@ fn request_host<'a, B>(req: &'a Request<B>, host: Seen<'a>) -> Result<Option<&'a
     }
 }
 
+/// Why a fenced request cannot pass the fence as it stands (its text is the refusal's
+/// detail).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unfenceable {
+    #[error("method-override header {0} on a fenced route")]
+    MethodOverride(&'static http::HeaderName),
+    #[error("protocol upgrade on a fenced route")]
+    Upgrade,
+}
+
 /// Method overrides and upgrades would carry a request past the fence; refuse them.
 /// Called only when [`HeadScan`] saw one of the names it looks for.
-fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), String> {
+fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), Unfenceable> {
     if let Some(h) = METHOD_OVERRIDES
         .iter()
         .find(|h| req.headers().contains_key(*h))
     {
-        return Err(format!("method-override header {h} on a fenced route"));
+        return Err(Unfenceable::MethodOverride(h));
     }
     let connection_upgrade = req.headers().get_all(header::CONNECTION).iter().any(|v| {
         v.to_str()
@@ -781,7 +795,7 @@ fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), String> {
             .unwrap_or(true)
     });
     if req.headers().contains_key(header::UPGRADE) || connection_upgrade {
-        return Err("protocol upgrade on a fenced route".into());
+        return Err(Unfenceable::Upgrade);
     }
     Ok(())
 }

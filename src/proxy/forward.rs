@@ -21,12 +21,12 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::config::Upstream;
 use super::hop::{FENCEGATE_PEER, Stop};
 use super::problem::{self, Outcome};
 use super::{FENCING_RESULT, Plan, Table};
 use crate::fence::InflightGuard;
 use crate::metrics::Metrics;
-use crate::proxy::config::Upstream;
 use crate::proxy::upstream::{self, H1Body, H1Pool, SendError, StreamedBody, StreamedPool};
 use crate::proxy::{Body, BoxError};
 use crate::rt::timer::{Deadline, ReadTimeout};
@@ -1167,7 +1167,6 @@ impl Forwarder {
             // An authenticated peer hands on its client's forwarding headers.
             let trusted = conn.hop
                 || config
-                    .server
                     .trusted_proxies
                     .iter()
                     .any(|net| net.contains(peer.ip()));
@@ -1195,7 +1194,7 @@ impl Forwarder {
             // The peer credential is a cluster's own: never a client's, and never sent
             // upstream; a hop carries this cluster's. (A lone instance gives the header
             // no meaning and leaves it be.)
-            if config.cluster.is_some() {
+            if config.clustered {
                 parts.headers.remove(FENCEGATE_PEER);
             }
             if let Some(h) = &hop {

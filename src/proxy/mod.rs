@@ -15,6 +15,7 @@ pub mod hop;
 pub mod idempotency;
 pub mod problem;
 pub mod s3;
+pub mod settings;
 pub mod upstream;
 
 use std::future::Future;
@@ -27,7 +28,6 @@ use hyper::body::Incoming;
 
 use crate::fence::{Gates, InflightGuard, Proof, Refusal};
 use crate::metrics::{Metrics, Op, RouteRow};
-use crate::settings::Config;
 use crate::token::Token;
 pub(crate) use classify::classify;
 use classify::{Classified, Fenced};
@@ -35,13 +35,14 @@ use fence::{Conn, Fence, FenceLayer, Refusals, Typed};
 pub(crate) use forward::Forwarder;
 use idempotency::{Idempotency, IdempotencyLayer, Idempotent};
 pub use problem::{FENCING_RESULT, Outcome};
+pub use settings::Settings;
 
 pub use crate::body::{Body, BoxError};
 
-/// The routing table in force: a config and the metric rows of its routes. Swapped as a
+/// The routing table in force: the proxy's settings and the metric rows of its routes. Swapped as a
 /// whole on reload, so a request sees one table from start to end.
 pub struct Table {
-    pub config: Arc<Config>,
+    pub config: Arc<Settings>,
     rows: Vec<Arc<RouteRow>>,
     /// By upstream index: the own client of each https upstream (`None` for http ones,
     /// which share the forwarder's). Rebuilt with the table, so new TLS files apply.
@@ -51,7 +52,7 @@ pub struct Table {
 }
 
 impl Table {
-    pub(crate) fn new(config: Arc<Config>, refusals: &Arc<Refusals>) -> Table {
+    pub(crate) fn new(config: Arc<Settings>, refusals: &Arc<Refusals>) -> Table {
         let rows = config
             .routes
             .iter()
@@ -150,7 +151,7 @@ pub(crate) struct Plan {
 }
 
 impl Proxy {
-    pub fn new(config: Arc<Config>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
+    pub fn new(config: Arc<Settings>, gates: Arc<Gates>, metrics: Arc<Metrics>) -> Proxy {
         Proxy::build(
             config,
             gates,
@@ -161,7 +162,7 @@ impl Proxy {
     }
 
     fn build(
-        config: Arc<Config>,
+        config: Arc<Settings>,
         gates: Arc<Gates>,
         metrics: Arc<Metrics>,
         access: crate::access_log::AccessLog,
@@ -232,11 +233,12 @@ impl Proxy {
 
     /// New routes and upstreams for every request that starts from now on; requests
     /// under way finish with the table they started with.
-    pub fn reload(&self, config: Arc<Config>) {
+    pub fn reload(&self, config: Arc<Settings>) {
         self.stack.layer().reload(config);
     }
 
-    pub fn config(&self) -> Arc<Config> {
+    /// The settings in force (routes, upstreams and the values the proxy reads).
+    pub fn config(&self) -> Arc<Settings> {
         self.stack.layer().config()
     }
 
@@ -347,7 +349,7 @@ impl Proxy {
 /// (a body need not be `Sync`), and only what admission needs.
 pub(crate) async fn check(
     gates: &Gates,
-    config: &Config,
+    config: &Settings,
     classified: Result<Classified, (Option<usize>, Outcome)>,
     op: Op,
     placement: Option<&dyn hop::Placement>,
@@ -522,7 +524,7 @@ fn check_tree(
 /// owned the scope before).
 fn check_upload(
     gates: &Gates,
-    config: &Config,
+    config: &Settings,
     idx: usize,
     scope: &str,
     token: Token,

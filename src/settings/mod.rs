@@ -268,6 +268,20 @@ fn cluster_limits(
 }
 
 impl Config {
+    /// What the proxy reads of the file: its sections, not the whole (also what an
+    /// embedding service hands `FenceLayer::new`).
+    pub fn proxy_settings(&self) -> crate::proxy::Settings {
+        crate::proxy::Settings::from_sections(
+            self.routes.clone(),
+            self.upstreams.clone(),
+            self.fencing.clone(),
+            self.idempotency.clone(),
+            self.store.clone(),
+            self.server.trusted_proxies.clone(),
+            self.cluster.is_some(),
+        )
+    }
+
     /// Reads and validates a file. Relative paths in it are resolved against its directory.
     pub fn load(file: &Path) -> Result<Config, ConfigErrors> {
         let text = crate::config::value::read_bounded_text(file, crate::config::value::MAX_FILE)

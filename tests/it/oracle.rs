@@ -190,7 +190,7 @@ fn some_path(rng: &mut Rng, slash: usize) -> String {
     let names = ["a", "b", "c"];
     let mut segs: Vec<&str> = Vec::new();
     match rng.below(6) {
-        0 | 1 | 2 => segs.push("files"),
+        0..=2 => segs.push("files"),
         3 | 4 => {
             segs.push("trees");
             if !rng.chance(5) {
