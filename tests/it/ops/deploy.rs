@@ -108,7 +108,7 @@ async fn rules_and_dashboard_use_only_exported_metric_names() {
             "the {what} use metrics that fencegate does not export: {unknown:?}\nexported: {exported:?}"
         );
     }
-    // What each must watch (the brief of deploy/): a rename on either side shows here.
+    // What each must watch (what deploy/ is for): a rename on either side shows here.
     for name in [
         "fencegate_stale_rejections_total",
         "fencegate_store_failed",
