@@ -17,33 +17,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::support::{self, Client, nginx::Nginx};
+use crate::support::{self, Client, Rng, nginx::Nginx};
 use crate::webdav::WsgiDav;
-
-/// A small deterministic generator (SplitMix64): the same seed gives the same requests.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, in_n: usize) -> bool {
-        self.below(in_n) == 0
-    }
-
-    fn pick<T: Copy>(&mut self, of: &[T]) -> T {
-        of[self.below(of.len())]
-    }
-}
 
 /// The routes under test: one scope per file, one per tree (and the tree's top), and a
 /// pass-through catch-all over the same server, the set-up where a bypass would hide.
@@ -158,7 +133,7 @@ fn changed(
 /// A path from a few names, spelled as a client might: escapes in either case, a trailing
 /// slash, now and then a doubled slash, a dot segment or an escaped slash (which the
 /// fence refuses).
-fn spell(rng: &mut Rng, segments: &[&str], slash: usize) -> String {
+fn spell(rng: &mut Rng, segments: &[&str], slash: u64) -> String {
     let mut out = String::new();
     for s in segments {
         out.push('/');
@@ -186,7 +161,7 @@ fn spell(rng: &mut Rng, segments: &[&str], slash: usize) -> String {
 
 /// A path somewhere in the server's tree, with a trailing slash one time in `slash`. Few
 /// names, so that requests meet: a file written, then its collection deleted or moved.
-fn some_path(rng: &mut Rng, slash: usize) -> String {
+fn some_path(rng: &mut Rng, slash: u64) -> String {
     let names = ["a", "b", "c"];
     let mut segs: Vec<&str> = Vec::new();
     match rng.below(6) {
@@ -203,7 +178,7 @@ fn some_path(rng: &mut Rng, slash: usize) -> String {
             }
         }
     }
-    for _ in 0..rng.below(3) + usize::from(segs.first() == Some(&"files")) {
+    for _ in 0..rng.below(3) + u64::from(segs.first() == Some(&"files")) {
         segs.push(rng.pick(&names));
     }
     spell(rng, &segs, slash)

@@ -615,3 +615,29 @@ pub fn write_secret(path: impl AsRef<Path>, text: impl AsRef<[u8]>) {
     std::fs::write(path, text).expect("write a secret");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
 }
+
+/// A small deterministic generator (SplitMix64): the same seed gives
+/// the same requests (the desync streams, the object-identity oracle).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub fn chance(&mut self, in_n: u64) -> bool {
+        self.below(in_n) == 0
+    }
+
+    pub fn pick<T: Copy>(&mut self, of: &[T]) -> T {
+        of[self.below(of.len() as u64) as usize]
+    }
+}
