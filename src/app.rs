@@ -328,11 +328,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
 
     let https = tls.is_some();
     let proxy_app = app.clone();
-    let limits = ConnLimits::new(
-        config.server.max_connections,
-        config.server.max_connections_per_ip,
-        Some(config.server.send_timeout),
-    );
+    let limits = ConnLimits::for_server(&config.server);
     let proxy_tasks = spawn_workers(
         proxy_listener,
         config.server.workers,
@@ -517,6 +513,10 @@ fn flawed(flaw: Flaw) -> Outcome {
         },
         Flaw::LengthAndEncoding => Outcome::InvalidRequest {
             detail: "both Content-Length and Transfer-Encoding".into(),
+        },
+        Flaw::OverShare { share } => Outcome::UpstreamUnavailable {
+            scope: None,
+            detail: format!("this client (its address, or its IPv6 /64) holds its share of file descriptors ({share}: two per connection, one per open HTTP/2 stream); nothing was forwarded. Retry once one of its requests has ended"),
         },
         Flaw::Unfollowed => Outcome::InvalidRequest {
             detail: "the framing of an earlier request on this connection could not be followed (a length, a chunk or a head beyond what is checked); open a new connection".into(),

@@ -21,6 +21,10 @@ pub struct ServerConfig {
     /// Open client connections, in total and per client IP; more are closed at accept.
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
+    /// Descriptors one client may hold: its connections count two each (the connection
+    /// and the upstream connection its request may hold), its open HTTP/2 streams one
+    /// each. `None`: half the process's budget of descriptors (see `rt::fds`).
+    pub max_descriptors_per_ip: Option<usize>,
     /// Time allowed to send a request head (slowloris); also bounds idle keep-alive.
     pub header_read_timeout: Duration,
     /// Time a client may take none of its answer (no write to it makes progress, or an
@@ -97,6 +101,7 @@ pub(crate) struct RawServer {
     shutdown_timeout: Option<String>,
     max_connections: Option<usize>,
     max_connections_per_ip: Option<usize>,
+    max_descriptors_per_ip: Option<usize>,
     header_read_timeout: Option<String>,
     send_timeout: Option<String>,
     max_header_bytes: Option<String>,
@@ -191,6 +196,14 @@ pub(crate) fn parse(server: RawServer, base: &Path, errors: &mut Errors) -> Serv
             "server.max_connections_per_ip",
             errors,
         ),
+        max_descriptors_per_ip: match server.max_descriptors_per_ip {
+            // At least a connection's worth.
+            Some(n) if n < 2 => {
+                errors.push("server.max_descriptors_per_ip", "must be at least 2");
+                None
+            }
+            n => n.map(|n| positive(Some(n), n, "server.max_descriptors_per_ip", errors)),
+        },
         header_read_timeout: duration(
             server.header_read_timeout.as_deref(),
             Duration::from_secs(10),

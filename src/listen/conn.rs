@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-/// A flaw of a request head that hyper hides from the service.
+use super::limits::StreamHeld;
+
+/// Why the listener refuses a request before its handler: a flaw of the head that hyper
+/// hides from the service, or a client past its share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Flaw {
     /// The target has a `#fragment`, which a client must not send.
@@ -19,6 +22,9 @@ pub(crate) enum Flaw {
     /// chunk it does not read as hyper does): what the head holds is unchecked, so the
     /// request is refused and the connection closed rather than trusted.
     Unfollowed,
+    /// Not a flaw of the head: an HTTP/2 stream opened while its client holds its share
+    /// of descriptors (see [`super::limits`]); refused, nothing forwarded.
+    OverShare { share: usize },
 }
 
 /// The framing the scan read for the body after a head, noted for the fuzz targets
@@ -105,10 +111,11 @@ impl Streams {
         self.h2.store(true, Ordering::Release);
     }
 
-    /// Counts a request open until the answer is dropped.
-    pub fn open(self: &Arc<Self>) -> StreamOpen {
+    /// Counts a request open until the answer is dropped, and with it what it holds of
+    /// its client's share of descriptors, if anything.
+    pub(crate) fn open(self: &Arc<Self>, held: Option<StreamHeld>) -> StreamOpen {
         self.open.fetch_add(1, Ordering::AcqRel);
-        StreamOpen(self.clone())
+        StreamOpen(self.clone(), held)
     }
 
     /// Counts an HTTP/1 request while its handler runs (its answer's body is not followed:
@@ -182,7 +189,12 @@ impl Drop for InHandler {
 }
 
 /// An open request of an HTTP/2 connection (see [`Streams::open`]).
-pub struct StreamOpen(pub(super) Arc<Streams>);
+pub struct StreamOpen(
+    pub(super) Arc<Streams>,
+    /// Given back to the client's share when the answer is dropped.
+    #[allow(dead_code)]
+    Option<StreamHeld>,
+);
 
 impl Drop for StreamOpen {
     fn drop(&mut self) {

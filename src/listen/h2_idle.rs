@@ -430,7 +430,7 @@ mod tests {
         let connection = Arc::new(Count::default());
         *streams.waker.lock().unwrap() = Some(Waker::from(connection.clone()));
         let feed = Feed::default();
-        let mut body = OpenBody::new(feed.clone(), streams.open());
+        let mut body = OpenBody::new(feed.clone(), streams.open(None));
         // Not yet asked for anything: it waits for hyper, and the connection is told.
         assert_eq!(waiters(&streams), 1);
         assert_eq!(connection.0.load(Ordering::SeqCst), 1);
@@ -476,7 +476,7 @@ mod tests {
         let feed = Feed::default();
         feed.send(b"all of it");
         feed.end();
-        let mut body = OpenBody::new(feed.clone(), streams.open());
+        let mut body = OpenBody::new(feed.clone(), streams.open(None));
         let hyper = Waker::from(Arc::new(Count::default()));
         assert!(matches!(
             Pin::new(&mut body).poll_frame(&mut Context::from_waker(&hyper)),
@@ -494,7 +494,7 @@ mod tests {
     fn a_dropped_body_leaves_nothing_waiting() {
         let streams = Streams::new(Some(Duration::from_secs(1)));
         let feed = Feed::default();
-        let mut body = OpenBody::new(feed.clone(), streams.open());
+        let mut body = OpenBody::new(feed.clone(), streams.open(None));
         let hyper = Waker::from(Arc::new(Count::default()));
         assert!(
             Pin::new(&mut body)

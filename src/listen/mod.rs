@@ -7,19 +7,20 @@
 //! - [`h1_scan`]: what hyper hides of an HTTP/1 head (fragments, length and encoding)
 //! - [`h2_idle`]: HTTP/2 idle and closing bounds, stalled streams
 //! - [`conn`]: one connection's state, shared by the three
+//! - [`limits`]: connection admission, per client and in total, and a client's share of
+//!   descriptors
 
 pub mod config;
 pub(crate) mod conn;
 pub(crate) mod first_bytes;
 pub(crate) mod h1_scan;
 pub(crate) mod h2_idle;
+pub(crate) mod limits;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::body::Body;
@@ -39,6 +40,9 @@ use conn::Streams;
 use first_bytes::FirstBytes;
 use h1_scan::Scan;
 use h2_idle::{IdleConn, OpenBody};
+pub use limits::ConnLimits;
+use limits::ConnSlot;
+pub(crate) use limits::client_of;
 
 /// Serves one listener other than the proxy's (admin, authority) with the same code and
 /// bounds as the proxy's workers: `[server]`'s connection limits (a set of its own, so
@@ -60,11 +64,7 @@ where
 {
     tokio::spawn(serve(
         Source::Listener(listener),
-        Some(ConnLimits::new(
-            server.max_connections,
-            server.max_connections_per_ip,
-            Some(server.send_timeout),
-        )),
+        Some(ConnLimits::for_server(server)),
         stop,
         server.shutdown_timeout,
         ConnTimeouts {
@@ -120,188 +120,6 @@ where
             );
         }
         resp
-    }
-}
-
-/// Connection admission: a total bound and a per-client-IP bound, so one client cannot
-/// take every socket.
-///
-/// Out of slots, a listener makes room as nginx does with its "reusable" connections: it
-/// closes a connection that has nothing in hand (an HTTP/2 one with no open stream, else
-/// an HTTP/1 one with no request in its handler) and gives its slot to the new one. Idle
-/// connections are cheap to reopen and are what a client can hold the most of for the
-/// least; busy ones are bounded by the request timeouts. The per-client bound is not
-/// made room for: a client past it is refused, which costs only that client.
-pub struct ConnLimits {
-    total: Arc<Semaphore>,
-    per_ip: Mutex<HashMap<IpAddr, usize>>,
-    max_per_ip: usize,
-    /// The admitted connections' states (by slot; free slots listed), made at admission
-    /// so that one on its way to a worker can already make room.
-    conns: Mutex<Listed>,
-    /// For the connections' [`Streams`].
-    send_timeout: Option<Duration>,
-}
-
-/// The admitted connections' states, by slot, and the free slots.
-#[derive(Default)]
-struct Listed {
-    list: Vec<Option<Arc<Streams>>>,
-    free: Vec<usize>,
-}
-
-/// How long a new connection waits, at accept, for the slot of one asked to make room
-/// (which closes at its next poll).
-const RECLAIM_WAIT: Duration = Duration::from_millis(500);
-
-/// Why [`ConnLimits::admit`] refused.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Full {
-    Total,
-    PerClient,
-}
-
-/// Held by a connection's task; gives its slots back when the connection ends.
-pub(crate) struct ConnSlot {
-    _permit: OwnedSemaphorePermit,
-    limits: Arc<ConnLimits>,
-    ip: IpAddr,
-    /// The connection's state, and where it is listed in `limits.conns`.
-    streams: Arc<Streams>,
-    listed: usize,
-}
-
-impl ConnSlot {
-    /// The connection's state, which it keeps up to date.
-    pub(crate) fn streams(&self) -> &Arc<Streams> {
-        &self.streams
-    }
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        {
-            let mut conns = self.limits.conns.lock().unwrap_or_else(|p| p.into_inner());
-            conns.list[self.listed] = None;
-            conns.free.push(self.listed);
-        }
-        let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
-    }
-}
-
-impl ConnLimits {
-    /// `send_timeout`: the bound of the connections' HTTP/2 streams (see [`Streams`]).
-    pub fn new(total: usize, per_ip: usize, send_timeout: Option<Duration>) -> Arc<ConnLimits> {
-        Arc::new(ConnLimits {
-            total: Arc::new(Semaphore::new(total)),
-            per_ip: Mutex::new(HashMap::new()),
-            max_per_ip: per_ip,
-            conns: Mutex::default(),
-            send_timeout,
-        })
-    }
-
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, Full> {
-        let permit = self
-            .total
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Full::Total)?;
-        self.admit_with(permit, ip)
-    }
-
-    fn admit_with(
-        self: &Arc<Self>,
-        permit: OwnedSemaphorePermit,
-        ip: IpAddr,
-    ) -> Result<ConnSlot, Full> {
-        let ip = client_of(ip);
-        let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(ip).or_insert(0);
-        if *n >= self.max_per_ip {
-            return Err(Full::PerClient);
-        }
-        *n += 1;
-        drop(map);
-        let streams = Streams::new(self.send_timeout);
-        let listed = {
-            let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-            let Listed { list, free } = &mut *conns;
-            match free.pop() {
-                Some(i) => {
-                    list[i] = Some(streams.clone());
-                    i
-                }
-                None => {
-                    list.push(Some(streams.clone()));
-                    list.len() - 1
-                }
-            }
-        };
-        Ok(ConnSlot {
-            _permit: permit,
-            limits: self.clone(),
-            ip,
-            streams,
-            listed,
-        })
-    }
-
-    /// [`ConnLimits::admit`], and when every slot is taken, the slot of a connection with
-    /// nothing in hand, asked to close for it (waiting at most [`RECLAIM_WAIT`]).
-    pub(crate) async fn admit_or_reclaim(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, Full> {
-        match self.admit(ip) {
-            Err(Full::Total) => {}
-            other => return other,
-        }
-        if !self.reclaim_one() {
-            return Err(Full::Total);
-        }
-        match tokio::time::timeout(RECLAIM_WAIT, self.total.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => self.admit_with(permit, ip),
-            _ => Err(Full::Total),
-        }
-    }
-
-    /// Asks one connection with nothing in hand to close: an idle HTTP/2 one first (it
-    /// closes at once), else an HTTP/1 one between requests. Answers whether there was one.
-    fn reclaim_one(&self) -> bool {
-        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        let pick = [true, false].into_iter().find_map(|h2| {
-            conns
-                .list
-                .iter()
-                .flatten()
-                .find(|s| s.evictable(h2))
-                .cloned()
-        });
-        drop(conns);
-        match pick {
-            Some(streams) => {
-                streams.evict();
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// The client an address counts for in `max_connections_per_ip`: one IPv4 address, or one
-/// IPv6 /64 (a host is handed a whole /64 and may use any address in it); an IPv4-mapped
-/// IPv6 address is its IPv4 one. The idempotency records' per-client bounds count the
-/// same client.
-pub(crate) fn client_of(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
-            u128::from(v6) & !((1u128 << 64) - 1),
-        )),
-        v4 => v4,
     }
 }
 
@@ -574,6 +392,58 @@ where
     Ok(handles)
 }
 
+/// One request of a connection: counted open (an HTTP/2 stream until its answer is
+/// dropped, on its client's share too; an HTTP/1 request while in its handler), refused
+/// here when its head has a flaw or its client holds its share, else handed to `handler`.
+/// The counting is done when hyper calls the service, before the answer is polled.
+fn answer<F, Fut>(
+    req: hyper::Request<Incoming>,
+    handler: &F,
+    peer: SocketAddr,
+    counted: &Arc<Streams>,
+    held: Option<&Arc<limits::Held>>,
+    refuse: &Refuse,
+) -> impl Future<Output = Result<hyper::Response<Body>, Infallible>> + Send + use<F, Fut>
+where
+    F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
+{
+    let handler = handler.clone();
+    let (open, in_handler, refused) = if req.version() == http::Version::HTTP_2 {
+        // A stream counts on its client's share until its answer is dropped.
+        match held.map(|h| (h.stream(), h.share())) {
+            Some((None, share)) => (
+                None,
+                None,
+                Some(refuse(Flaw::OverShare { share }, req.method())),
+            ),
+            stream => (Some(counted.open(stream.and_then(|(s, _)| s))), None, None),
+        }
+    } else {
+        let in_handler = counted.in_handler();
+        let refused = counted.next_request_flaw().map(|flaw| {
+            let mut resp = refuse(flaw, req.method());
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            resp
+        });
+        (None, Some(in_handler), refused)
+    };
+    async move {
+        let resp = match refused {
+            None => handler(req, peer).await,
+            Some(refused) => refused,
+        };
+        drop(in_handler);
+        Ok::<_, Infallible>(match open {
+            None => resp,
+            Some(open) => resp.map(|inner| OpenBody::new(inner, open).boxed()),
+        })
+    }
+}
+
 /// The accept loop of one listener. On stop: close the listener, ask every connection to
 /// finish its in-flight requests, and wait at most `grace` for them (on a proxy worker,
 /// for its detached tasks too). A connection whose
@@ -630,36 +500,9 @@ async fn serve<F, Fut>(
             (timeouts.first_bytes, timeouts.send, timeouts.max_head);
         let refuse = timeouts.hooks.refuse.clone();
         let counted = streams.clone();
+        let held = slot.0.as_ref().map(|s| s.held().clone());
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
-            let handler = handler.clone();
-            let (open, in_handler, flaw) = if req.version() == http::Version::HTTP_2 {
-                (Some(counted.open()), None, None)
-            } else {
-                (
-                    None,
-                    Some(counted.in_handler()),
-                    counted.next_request_flaw(),
-                )
-            };
-            let refused = flaw.map(|flaw| {
-                let mut resp = refuse(flaw, req.method());
-                resp.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
-                resp
-            });
-            async move {
-                let resp = match refused {
-                    None => handler(req, peer).await,
-                    Some(refused) => refused,
-                };
-                drop(in_handler);
-                Ok::<_, Infallible>(match open {
-                    None => resp,
-                    Some(open) => resp.map(|inner| OpenBody::new(inner, open).boxed()),
-                })
-            }
+            answer(req, &handler, peer, &counted, held.as_ref(), &*refuse)
         });
         if let Some(tls) = &tls {
             // The handshake runs in the connection's own task, so a slow client delays only
@@ -719,33 +562,4 @@ async fn serve<F, Fut>(
         );
     }
     connections.shutdown().await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_client_is_an_ipv4_address_or_an_ipv6_slash_64() {
-        let limits = ConnLimits::new(100, 2, None);
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let a = limits.admit(ip("2001:db8:1:2::1")).expect("first");
-        let b = limits.admit(ip("2001:db8:1:2:ffff::9")).expect("second");
-        assert!(
-            limits.admit(ip("2001:db8:1:2:1:2:3:4")).is_err(),
-            "same /64"
-        );
-        assert!(limits.admit(ip("2001:db8:1:3::1")).is_ok(), "another /64");
-        drop(a);
-        assert!(limits.admit(ip("2001:db8:1:2::7")).is_ok(), "a slot freed");
-        drop(b);
-        let v4 = limits.admit(ip("192.0.2.7")).expect("v4");
-        let _mapped = limits.admit(ip("::ffff:192.0.2.7")).expect("mapped");
-        assert!(
-            limits.admit(ip("192.0.2.7")).is_err(),
-            "mapped counts as v4"
-        );
-        assert!(limits.admit(ip("192.0.2.8")).is_ok());
-        drop(v4);
-    }
 }

@@ -451,8 +451,9 @@ fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
 /// The reproduction with `ulimit -n 256`: one address holds requests open (each
 /// takes a client and an upstream descriptor) far past the limit. The connections past
 /// the budget are closed at accept or refused before any upstream connection is made;
-/// `accept` never fails for want of descriptors, the admin API still answers, and once
-/// the client lets go new clients are served.
+/// `accept` never fails for want of descriptors, the admin API still answers, another
+/// address is served while the first holds all it may (its share is half the budget: two
+/// per connection), and once the client lets go new clients are served.
 #[tokio::test]
 async fn one_client_cannot_take_every_file_descriptor() {
     let double = support::Double::start().await;
@@ -505,11 +506,16 @@ async fn one_client_cannot_take_every_file_descriptor() {
         });
     }
     let mut still_open = Vec::new();
+    // Answered connections are kept open too: the client holds every descriptor it got.
+    let mut kept = Vec::new();
     while let Some(look) = looks.join_next().await {
         let (s, seen) = look.expect("look");
         match seen {
             Err(_) => still_open.push(s),
-            Ok(Ok(text)) if !text.is_empty() => answered.push(text),
+            Ok(Ok(text)) if !text.is_empty() => {
+                answered.push(text);
+                kept.push(s);
+            }
             Ok(_) => refused_at_accept += 1,
         }
     }
@@ -527,15 +533,22 @@ async fn one_client_cannot_take_every_file_descriptor() {
     }
     // The reserve: the admin API is served while the budget is spent.
     assert_eq!(admin.get("/readyz").await.status, 200);
+    // The share: another client is served while the first holds all it may.
+    assert_eq!(
+        get_from("127.0.0.2", proc.proxy, "/public/other").await,
+        "HTTP/1.1 200",
+        "another address is served while one holds its share"
+    );
 
     // The client lets go; a new client is served.
     double.release("fds");
     drop(still_open);
-    let client = Client::new(proc.proxy);
+    drop(kept);
+    // (Until the proxy has seen the first client's connections close, a new one may still
+    // be closed at accept: looked at again, not taken for an answer.)
     let deadline = tokio::time::Instant::now() + BOUND;
     loop {
-        let r = client.send("GET", "/public/after", &[], "").await;
-        if r.status == 200 {
+        if get_from("127.0.0.1", proc.proxy, "/public/after").await == "HTTP/1.1 200" {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "never served again");
@@ -548,6 +561,127 @@ async fn one_client_cannot_take_every_file_descriptor() {
             .any(|l| l.contains("accept failed") || l.contains("Too many open files")),
         "{lines:#?}"
     );
+}
+
+/// The status line's first 12 bytes of a GET of `path` sent from the loopback address
+/// `from`, on a connection of its own.
+async fn get_from(from: &str, to: SocketAddr, path: &str) -> String {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::new(from.parse().expect("address"), 0))
+        .expect("bind a loopback address");
+    let mut s = tokio::time::timeout(BOUND, socket.connect(to))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("send");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out[..out.len().min(12)]).into_owned()
+}
+
+/// One client's HTTP/2 streams count on its share of descriptors (two per connection, one
+/// per open stream): past `server.max_descriptors_per_ip`, a new stream is answered 502
+/// `upstream_unavailable` saying why, nothing forwarded, while another client is served;
+/// once the held answers end, the client may open streams again.
+#[tokio::test]
+async fn a_clients_streams_count_on_its_share_of_descriptors() {
+    const SHARE: usize = 20;
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = support::write_config(dir.path(), double.addr);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("[server]\n"), "{text}");
+    std::fs::write(
+        &config,
+        text.replacen(
+            "[server]\n",
+            &format!("[server]\nmax_descriptors_per_ip = {SHARE}\n"),
+            1,
+        ),
+    )
+    .unwrap();
+    let (proc, _said) = spawn_limited(&config, p, a, "true");
+
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::new([127, 0, 0, 3].into(), 0))
+        .expect("bind");
+    let io = socket.connect(proc.proxy).await.expect("connect");
+    let (mut send, conn) = h2::client::handshake(io).await.expect("h2 handshake");
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    // 30 streams the upstream holds: the connection counts two, so 18 may be open.
+    let mut responses = Vec::new();
+    for i in 0..30 {
+        let req = http::Request::get(format!("http://x/public/s{i}"))
+            .header("x-test-hold", "share")
+            .body(())
+            .unwrap();
+        let (resp, _) = send.send_request(req, true).expect("send");
+        responses.push(resp);
+    }
+    // The 12 past the share are answered at once; the 18 others reach the upstream.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let inside = double
+            .seen()
+            .iter()
+            .filter(|s| s.target.starts_with("/public/s"))
+            .count();
+        if inside == SHARE - 2 {
+            break;
+        }
+        assert!(inside < SHARE - 2, "{inside} streams forwarded");
+        assert!(tokio::time::Instant::now() < deadline, "{inside} forwarded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut refused = 0;
+    for resp in responses {
+        match tokio::time::timeout(Duration::from_millis(500), resp).await {
+            Ok(Ok(r)) => {
+                assert_eq!(r.status(), 502);
+                assert_eq!(r.headers()["fencing-result"], "upstream_unavailable");
+                let mut body = r.into_body();
+                let mut text = Vec::new();
+                while let Some(chunk) = body.data().await {
+                    text.extend_from_slice(&chunk.expect("body"));
+                }
+                let text = String::from_utf8_lossy(&text).into_owned();
+                assert!(text.contains("share of file descriptors (20"), "{text}");
+                refused += 1;
+            }
+            Ok(Err(e)) => panic!("stream failed: {e}"),
+            Err(_) => {}
+        }
+    }
+    assert_eq!(refused, 30 - (SHARE - 2));
+    // Another client is served meanwhile.
+    assert_eq!(
+        get_from("127.0.0.4", proc.proxy, "/public/other").await,
+        "HTTP/1.1 200"
+    );
+    // The held answers end: the client may open streams again.
+    double.release("share");
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let req = http::Request::get("http://x/public/again")
+            .body(())
+            .unwrap();
+        let (resp, _) = send.send_request(req, true).expect("send");
+        let r = tokio::time::timeout(BOUND, resp)
+            .await
+            .expect("answered in time")
+            .expect("answer");
+        if r.status() == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    driver.abort();
 }
 
 /// An upstream that answers every GET 200 with `size` bytes, counting the requests for
@@ -882,7 +1016,7 @@ fn the_bounds_are_checked_and_default_as_documented() {
     let errors = fencegate::settings::Config::parse(
         &text(
             "min_free = \"lots\"",
-            "max_concurrent_streams = 5000",
+            "max_concurrent_streams = 5000\nmax_descriptors_per_ip = 1",
             "max_records_per_client = 0\nmax_record_bytes_per_scope = \"100KiB\"",
         ),
         dir.path(),
@@ -891,6 +1025,7 @@ fn the_bounds_are_checked_and_default_as_documented() {
     let paths: Vec<&str> = errors.0.iter().map(|e| e.path.as_str()).collect();
     for path in [
         "server.max_concurrent_streams",
+        "server.max_descriptors_per_ip",
         "store.min_free",
         "idempotency.max_records_per_client",
         "idempotency.max_record_bytes_per_scope",
@@ -900,6 +1035,8 @@ fn the_bounds_are_checked_and_default_as_documented() {
     let config =
         fencegate::settings::Config::parse(&text("", "", ""), dir.path()).expect("defaults");
     assert_eq!(config.server.max_concurrent_streams, 128);
+    // Half the descriptor budget, found at start.
+    assert_eq!(config.server.max_descriptors_per_ip, None);
     assert_eq!(config.store.min_free, 64 << 20);
     let i = &config.idempotency;
     assert_eq!(
