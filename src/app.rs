@@ -328,7 +328,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
 
     let https = tls.is_some();
     let proxy_app = app.clone();
-    let limits = ConnLimits::for_server(&config.server);
+    let limits = ConnLimits::for_server(&config.server, crate::rt::fds::Pool::Proxy);
     let proxy_tasks = spawn_workers(
         proxy_listener,
         config.server.workers,
@@ -340,7 +340,7 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         proxy_hooks(&app),
         move |req, peer| {
             let app = proxy_app.clone();
-            async move { app.proxy.handle(req, peer, https).await }
+            async move { app.proxy.handle(req, peer.addr, https).await }
         },
     )
     .map_err(|source| StartError::Bind {
@@ -514,14 +514,21 @@ fn flawed(flaw: Flaw) -> Outcome {
         Flaw::LengthAndEncoding => Outcome::InvalidRequest {
             detail: "both Content-Length and Transfer-Encoding".into(),
         },
-        Flaw::OverShare { share } => Outcome::UpstreamUnavailable {
+        Flaw::OverShare { held } => Outcome::UpstreamUnavailable {
             scope: None,
-            detail: format!("this client (its address, or its IPv6 /64) holds its share of file descriptors ({share}: two per connection, one per open HTTP/2 stream); nothing was forwarded. Retry once one of its requests has ended"),
+            detail: over_share(held),
         },
         Flaw::Unfollowed => Outcome::InvalidRequest {
             detail: "the framing of an earlier request on this connection could not be followed (a length, a chunk or a head beyond what is checked); open a new connection".into(),
         },
     }
+}
+
+/// Why a client past its share of descriptors is refused (see `listen::limits`).
+pub(crate) fn over_share(held: usize) -> String {
+    format!(
+        "this client (its address, or its IPv6 /64) holds {held} file descriptors, as many as it may (two per connection, one per open HTTP/2 stream or exchange going on without its client, and never more than are left free for other clients); nothing was forwarded. Retry once one of its requests has ended"
+    )
 }
 
 /// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new

@@ -469,14 +469,23 @@ fn builtin_roots() -> RootCertStore {
 
 /// The connector of an https upstream's client: TLS per `tls` (plain-HTTP upstreams go
 /// through the pool in `proxy::upstream::pool`).
-pub fn connector(mut http: HttpConnector, tls: &UpstreamTls) -> HttpsConnector<HttpConnector> {
+pub fn connector(
+    mut http: HttpConnector,
+    tls: &UpstreamTls,
+) -> HttpsConnector<crate::rt::fds::Counted<HttpConnector>> {
     // The TLS layer decides the scheme; the TCP layer must let https URIs through.
     http.enforce_http(false);
     let resolver: Arc<dyn ResolveServerName + Send + Sync> = match &tls.server_name {
         Some(name) => Arc::new(FixedServerNameResolver::new(name.clone())),
         None => Arc::new(DefaultServerNameResolver::default()),
     };
-    HttpsConnector::new(http, tls.config.clone(), true, resolver)
+    // Each connection counts against the process's budget of descriptors.
+    HttpsConnector::new(
+        crate::rt::fds::Counted(http),
+        tls.config.clone(),
+        true,
+        resolver,
+    )
 }
 
 /// Keeps a value, or notes its error under `path`.

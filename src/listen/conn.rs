@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use super::limits::StreamHeld;
+use super::share::Unit;
 
 /// Why the listener refuses a request before its handler: a flaw of the head that hyper
 /// hides from the service, or a client past its share.
@@ -24,7 +24,7 @@ pub(crate) enum Flaw {
     Unfollowed,
     /// Not a flaw of the head: an HTTP/2 stream opened while its client holds its share
     /// of descriptors (see [`super::limits`]); refused, nothing forwarded.
-    OverShare { share: usize },
+    OverShare { held: usize },
 }
 
 /// The framing the scan read for the body after a head, noted for the fuzz targets
@@ -113,7 +113,7 @@ impl Streams {
 
     /// Counts a request open until the answer is dropped, and with it what it holds of
     /// its client's share of descriptors, if anything.
-    pub(crate) fn open(self: &Arc<Self>, held: Option<StreamHeld>) -> StreamOpen {
+    pub(crate) fn open(self: &Arc<Self>, held: Option<Unit>) -> StreamOpen {
         self.open.fetch_add(1, Ordering::AcqRel);
         StreamOpen(self.clone(), held)
     }
@@ -193,7 +193,7 @@ pub struct StreamOpen(
     pub(super) Arc<Streams>,
     /// Given back to the client's share when the answer is dropped.
     #[allow(dead_code)]
-    Option<StreamHeld>,
+    Option<Unit>,
 );
 
 impl Drop for StreamOpen {

@@ -5,13 +5,16 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::config::ServerConfig;
 use super::conn::Streams;
+pub use super::share::Held;
+use super::share::{PER_CONNECTION, Unlist};
+use crate::rt::fds::Pool;
 
 /// Connection admission: a total bound and a per-client-IP bound, so one client cannot
 /// take every socket.
@@ -25,17 +28,22 @@ use super::conn::Streams;
 ///
 /// A client's share of descriptors: each of its connections counts two (itself, and the
 /// upstream connection its request may hold: one at a time over HTTP/1), each open HTTP/2
-/// stream one more (the upstream connection it may hold until its answer's body is done).
-/// A connection past the share is closed at accept; a stream past it is answered a refusal
-/// (see [`Flaw::OverShare`](super::Flaw::OverShare)) and nothing is forwarded. By default
-/// the share is half the process's budget of descriptors ([`crate::rt::fds`]), so that one
-/// address can never take them all.
+/// stream one more (the upstream connection it may hold until its answer's body is done),
+/// each exchange that goes on after its client has gone one more (see
+/// [`Held::exchange`]). A client holds at most `server.max_descriptors_per_ip` (no bound
+/// by default) and never more than the process's budget has left free
+/// ([`Pool::free`]): one address alone takes at most half the budget, and n
+/// addresses leave at least 1/(n+1) of it to everyone else. A connection past it is closed
+/// at accept; a stream past it is answered a refusal (see
+/// [`Flaw::OverShare`](super::Flaw::OverShare)) and nothing is forwarded.
 pub struct ConnLimits {
     total: Arc<Semaphore>,
     per_ip: Mutex<HashMap<IpAddr, PerClient>>,
     max_per_ip: usize,
     /// Descriptors one client may hold through this listener.
     share: usize,
+    /// The budget of descriptors the listener's connections draw on.
+    pool: Pool,
     /// The admitted connections' states (by slot; free slots listed), made at admission
     /// so that one on its way to a worker can already make room.
     conns: Mutex<Listed>,
@@ -61,6 +69,8 @@ pub(crate) enum Full {
     PerClient,
     /// The client holds its share of descriptors.
     Share,
+    /// The listener's budget of descriptors is spent ([`crate::rt::fds`]).
+    Descriptors,
 }
 
 /// One client's connections, and the descriptors they hold (shared with its connections,
@@ -70,48 +80,11 @@ struct PerClient {
     held: Arc<Held>,
 }
 
-/// Descriptors a client holds, against its share.
-#[derive(Debug)]
-pub(crate) struct Held {
-    n: AtomicUsize,
-    share: usize,
-}
-
-/// What a connection counts against its client's share: itself and the upstream
-/// connection its request may hold.
-const PER_CONNECTION: usize = 2;
-
-impl Held {
-    /// One more for an HTTP/2 stream, until the answer is dropped; `None` when the client
-    /// holds its share.
-    pub(crate) fn stream(self: &Arc<Self>) -> Option<StreamHeld> {
-        self.n
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.share).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| StreamHeld(self.clone()))
-    }
-
-    /// The client's share.
-    pub(crate) fn share(&self) -> usize {
-        self.share
-    }
-}
-
-/// An open HTTP/2 stream's count on its client's share.
-#[derive(Debug)]
-pub(crate) struct StreamHeld(Arc<Held>);
-
-impl Drop for StreamHeld {
-    fn drop(&mut self) {
-        self.0.n.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Held by a connection's task; gives its slots back when the connection ends.
 pub(crate) struct ConnSlot {
     _permit: OwnedSemaphorePermit,
+    /// The connection's descriptor, counted against its listener's budget.
+    _fd: crate::rt::fds::Fd,
     limits: Arc<ConnLimits>,
     ip: IpAddr,
     /// The client's count of descriptors, on which this connection holds
@@ -128,7 +101,8 @@ impl ConnSlot {
         &self.streams
     }
 
-    /// The client's count of descriptors, for its HTTP/2 streams.
+    /// The client's count of descriptors, for its HTTP/2 streams and the exchanges that go
+    /// on without it.
     pub(crate) fn held(&self) -> &Arc<Held> {
         &self.held
     }
@@ -141,30 +115,28 @@ impl Drop for ConnSlot {
             conns.list[self.listed] = None;
             conns.free.push(self.listed);
         }
-        self.held.n.fetch_sub(PER_CONNECTION, Ordering::AcqRel);
-        let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = map.get_mut(&self.ip) {
-            client.conns -= 1;
-            if client.conns == 0 {
-                map.remove(&self.ip);
+        {
+            let mut map = self.limits.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(client) = map.get_mut(&self.ip) {
+                client.conns -= 1;
             }
         }
+        self.held.give_back(PER_CONNECTION);
     }
 }
 
 impl ConnLimits {
     /// `[server]`'s bounds: `max_connections`, `max_connections_per_ip`,
-    /// `max_descriptors_per_ip` (by default half the budget of [`crate::rt::fds`], once set)
-    /// and `send_timeout`.
-    pub fn for_server(server: &ServerConfig) -> Arc<ConnLimits> {
-        let share = server
-            .max_descriptors_per_ip
-            .unwrap_or_else(|| crate::rt::fds::limits().map_or(usize::MAX, |l| l.budget / 2));
-        ConnLimits::new(
+    /// `max_descriptors_per_ip` and `send_timeout`.
+    /// `pool`: the budget of descriptors its connections draw on.
+    pub fn for_server(server: &ServerConfig, pool: Pool) -> Arc<ConnLimits> {
+        let share = server.max_descriptors_per_ip.unwrap_or(usize::MAX);
+        ConnLimits::in_pool(
             server.max_connections,
             server.max_connections_per_ip,
             share,
             Some(server.send_timeout),
+            pool,
         )
     }
 
@@ -177,11 +149,22 @@ impl ConnLimits {
         share: usize,
         send_timeout: Option<Duration>,
     ) -> Arc<ConnLimits> {
+        ConnLimits::in_pool(total, per_ip, share, send_timeout, Pool::Proxy)
+    }
+
+    fn in_pool(
+        total: usize,
+        per_ip: usize,
+        share: usize,
+        send_timeout: Option<Duration>,
+        pool: Pool,
+    ) -> Arc<ConnLimits> {
         Arc::new(ConnLimits {
             total: Arc::new(Semaphore::new(total)),
             per_ip: Mutex::new(HashMap::new()),
             max_per_ip: per_ip,
             share: share.max(PER_CONNECTION),
+            pool,
             conns: Mutex::default(),
             send_timeout,
         })
@@ -202,12 +185,18 @@ impl ConnLimits {
         ip: IpAddr,
     ) -> Result<ConnSlot, Full> {
         let ip = client_of(ip);
+        // Past the budget the connection is closed here, so that the reserve stays for the
+        // listeners, the store and the log.
+        let fd = self.pool.take().ok_or(Full::Descriptors)?;
         let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let client = map.entry(ip).or_insert_with(|| PerClient {
             conns: 0,
             held: Arc::new(Held {
                 n: AtomicUsize::new(0),
                 share: self.share,
+                ip,
+                limits: Arc::downgrade(self) as Weak<dyn Unlist>,
+                pool: self.pool,
             }),
         });
         if client.conns >= self.max_per_ip {
@@ -215,15 +204,8 @@ impl ConnLimits {
         }
         // Under the map's lock no other connection of the client is admitted; its streams
         // may take (never beyond the share) or give back meanwhile.
-        if client
-            .held
-            .n
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n + PER_CONNECTION <= self.share).then_some(n + PER_CONNECTION)
-            })
-            .is_err()
-        {
-            if client.conns == 0 {
+        if client.held.take(PER_CONNECTION).is_err() {
+            if client.conns == 0 && client.held.n.load(Ordering::Acquire) == 0 {
                 map.remove(&ip);
             }
             return Err(Full::Share);
@@ -248,6 +230,7 @@ impl ConnLimits {
         };
         Ok(ConnSlot {
             _permit: permit,
+            _fd: fd,
             limits: self.clone(),
             ip,
             held,
@@ -291,6 +274,23 @@ impl ConnLimits {
                 true
             }
             None => false,
+        }
+    }
+}
+
+impl Unlist for ConnLimits {
+    /// Unlists a client with no connection left and nothing held: its exchanges went on
+    /// after its last connection closed, and the last of them has ended. (Both are looked
+    /// at under the map's lock, where admission counts them, so a client admitted again
+    /// meanwhile is kept.)
+    fn unlist_if_idle(&self, held: &Arc<Held>) {
+        let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = map.get(&held.ip)
+            && client.conns == 0
+            && Arc::ptr_eq(&client.held, held)
+            && held.n.load(Ordering::Acquire) == 0
+        {
+            map.remove(&held.ip);
         }
     }
 }
@@ -347,8 +347,7 @@ mod tests {
         assert_eq!(limits.admit(ip("192.0.2.1")).err(), Some(Full::Share));
         drop(c);
         let streams: Vec<_> = (0..2).map(|_| a.held().stream().expect("stream")).collect();
-        assert!(b.held().stream().is_none(), "one client, one share");
-        assert_eq!(a.held().share(), 6);
+        assert_eq!(b.held().stream().err(), Some(6), "one client, one share");
         // Another client has its own.
         let _other = limits.admit(ip("192.0.2.2")).expect("another client");
         drop(streams);

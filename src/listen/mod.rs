@@ -7,8 +7,8 @@
 //! - [`h1_scan`]: what hyper hides of an HTTP/1 head (fragments, length and encoding)
 //! - [`h2_idle`]: HTTP/2 idle and closing bounds, stalled streams
 //! - [`conn`]: one connection's state, shared by the three
-//! - [`limits`]: connection admission, per client and in total, and a client's share of
-//!   descriptors
+//! - [`limits`]: connection admission, per client and in total
+//! - [`share`]: a client's share of descriptors
 
 pub mod config;
 pub(crate) mod conn;
@@ -16,6 +16,7 @@ pub(crate) mod first_bytes;
 pub(crate) mod h1_scan;
 pub(crate) mod h2_idle;
 pub(crate) mod limits;
+pub(crate) mod share;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -64,7 +65,10 @@ where
 {
     tokio::spawn(serve(
         Source::Listener(listener),
-        Some(ConnLimits::for_server(server)),
+        Some(ConnLimits::for_server(
+            server,
+            crate::rt::fds::Pool::Services,
+        )),
         stop,
         server.shutdown_timeout,
         ConnTimeouts {
@@ -75,8 +79,17 @@ where
         },
         http_builder(server),
         tls,
-        handler,
+        move |req, peer: Peer| handler(req, peer.addr),
     ))
+}
+
+/// Who sent a request: its connection's peer and, on a listener with connection limits,
+/// its client's count of descriptors (on which work that goes on after the client has
+/// gone must count: see [`share::Held::exchange`]).
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub held: Option<Arc<share::Held>>,
 }
 
 /// The service's answer to a request head with a flaw (see [`Hooks::refuse`]).
@@ -196,9 +209,9 @@ struct Handed {
     open: OpenCount,
 }
 
-/// Counts a connection as open on its worker, and its descriptor against the process's
-/// budget ([`crate::rt::fds`]), while it lives.
-struct OpenCount(Arc<AtomicUsize>, #[allow(dead_code)] crate::rt::fds::Fd);
+/// Counts a connection as open on its worker while it lives (its descriptor is counted
+/// by its [`ConnSlot`]).
+struct OpenCount(Arc<AtomicUsize>);
 
 impl Drop for OpenCount {
     fn drop(&mut self) {
@@ -287,7 +300,7 @@ pub(crate) fn spawn_workers<F, Fut>(
     handler: F,
 ) -> std::io::Result<Vec<JoinHandle<()>>>
 where
-    F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(hyper::Request<Incoming>, Peer) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
     let mut handles = Vec::with_capacity(workers + 1);
@@ -356,12 +369,6 @@ where
             else {
                 break;
             };
-            // Past the budget of descriptors the connection is closed here, so that the
-            // reserve stays for the listeners, the store and the log.
-            let Some(fd) = crate::rt::fds::take() else {
-                tracing::debug!(%peer, "no file descriptor to spare; closing");
-                continue;
-            };
             let Ok(stream) = stream.into_std() else {
                 continue;
             };
@@ -381,7 +388,7 @@ where
                 stream,
                 peer,
                 slot,
-                open: OpenCount(open.clone(), fd),
+                open: OpenCount(open.clone()),
             };
             if tx.send(handed).is_err() {
                 tracing::warn!(worker = lane, "worker gone; connection dropped");
@@ -401,23 +408,24 @@ fn answer<F, Fut>(
     handler: &F,
     peer: SocketAddr,
     counted: &Arc<Streams>,
-    held: Option<&Arc<limits::Held>>,
+    held: Option<&Arc<share::Held>>,
     refuse: &Refuse,
 ) -> impl Future<Output = Result<hyper::Response<Body>, Infallible>> + Send + use<F, Fut>
 where
-    F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(hyper::Request<Incoming>, Peer) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
     let handler = handler.clone();
+    let client = held.cloned();
     let (open, in_handler, refused) = if req.version() == http::Version::HTTP_2 {
         // A stream counts on its client's share until its answer is dropped.
-        match held.map(|h| (h.stream(), h.share())) {
-            Some((None, share)) => (
+        match held.map(|h| h.stream()).transpose() {
+            Err(held) => (
                 None,
                 None,
-                Some(refuse(Flaw::OverShare { share }, req.method())),
+                Some(refuse(Flaw::OverShare { held }, req.method())),
             ),
-            stream => (Some(counted.open(stream.and_then(|(s, _)| s))), None, None),
+            Ok(unit) => (Some(counted.open(unit)), None, None),
         }
     } else {
         let in_handler = counted.in_handler();
@@ -433,7 +441,13 @@ where
     };
     async move {
         let resp = match refused {
-            None => handler(req, peer).await,
+            None => {
+                let peer = Peer {
+                    addr: peer,
+                    held: client,
+                };
+                handler(req, peer).await
+            }
             Some(refused) => refused,
         };
         drop(in_handler);
@@ -460,7 +474,7 @@ async fn serve<F, Fut>(
     tls: Option<Arc<crate::tls::Listener>>,
     handler: F,
 ) where
-    F: Fn(hyper::Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(hyper::Request<Incoming>, Peer) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
     let graceful = crate::rt::drain::Drain::new();

@@ -32,7 +32,7 @@ use crate::proxy::{Body, BoxError};
 use crate::rt::timer::{Deadline, ReadTimeout};
 use crate::tls::UpstreamTls;
 
-pub type Client = HyperClient<HttpsConnector<HttpConnector>, Body>;
+pub type Client = HyperClient<HttpsConnector<crate::rt::fds::Counted<HttpConnector>>, Body>;
 
 thread_local! {
     /// The plain-HTTP upstreams' connections, one pool per thread: a worker's connections

@@ -650,7 +650,10 @@ async fn a_clients_streams_count_on_its_share_of_descriptors() {
                     text.extend_from_slice(&chunk.expect("body"));
                 }
                 let text = String::from_utf8_lossy(&text).into_owned();
-                assert!(text.contains("share of file descriptors (20"), "{text}");
+                assert!(
+                    text.contains("holds 20 file descriptors, as many as it may"),
+                    "{text}"
+                );
                 refused += 1;
             }
             Ok(Err(e)) => panic!("stream failed: {e}"),
@@ -1046,4 +1049,330 @@ fn the_bounds_are_checked_and_default_as_documented() {
     for per in [i.max_records_per_scope, i.max_records_per_client] {
         assert_eq!((per.records, per.bytes), (10_000, 256 << 20));
     }
+}
+
+/// [`support::write_config`] with `server` lines added to `[server]` and the upstream's
+/// timeout raised (held requests must not time out while a test looks at them).
+fn share_config(dir: &Path, upstream: SocketAddr, server: &str) -> (PathBuf, u16, u16) {
+    let (config, p, a) = support::write_config(dir, upstream);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text
+        .replacen("[server]\n", &format!("[server]\n{server}\n"), 1)
+        .replace("\ntimeout = \"10s\"", "\ntimeout = \"300s\"");
+    assert!(text.contains("\ntimeout = \"300s\""), "{text}");
+    std::fs::write(&config, text).unwrap();
+    (config, p, a)
+}
+
+/// An HTTP/2 connection from the loopback address `from` to `to`, driven by a task.
+async fn h2_from(
+    from: &str,
+    to: SocketAddr,
+) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::new(from.parse().expect("address"), 0))
+        .expect("bind a loopback address");
+    let io = socket.connect(to).await.expect("connect");
+    let (send, conn) = h2::client::handshake(io).await.expect("h2 handshake");
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (send, driver)
+}
+
+/// Sends a keyed PUT to its own scope on `send`, waits (bounded) until the upstream holds
+/// it, then resets the stream (both handles dropped: RST_STREAM CANCEL). Answers whether
+/// it reached the upstream (else how fencegate answered).
+async fn keyed_then_reset(
+    send: &mut h2::client::SendRequest<Bytes>,
+    double: &support::Double,
+    i: usize,
+) -> Result<(), String> {
+    let before = double.seen().len();
+    let req = http::Request::put(format!("http://x/idem/d{i}"))
+        .header("fencing-token", "1")
+        .header("idempotency-key", format!("\"d{i}\""))
+        .header("x-test-hold", "detached")
+        .header("content-length", "2")
+        .body(())
+        .unwrap();
+    let mut send = tokio::time::timeout(BOUND, send.clone().ready())
+        .await
+        .expect("ready in time")
+        .expect("ready");
+    let (resp, mut body) = send.send_request(req, false).expect("send");
+    body.send_data(Bytes::from_static(b"hi"), true)
+        .expect("body");
+    let mut resp = std::pin::pin!(resp);
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        if double.seen().len() > before {
+            return Ok(());
+        }
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(5), resp.as_mut()).await {
+            return Err(match r {
+                Ok(r) => format!("{} {:?}", r.status(), r.headers().get("fencing-result")),
+                Err(e) => e.to_string(),
+            });
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "request {i} never arrived"
+        );
+    }
+    // (Dropping `resp` and `body` here resets the stream.)
+}
+
+/// The same, with the process's budget small (`ulimit -n 256`): one client, one HTTP/2
+/// connection, takes every upstream descriptor of the budget with reset keyed streams,
+/// and another client's request is refused for want of one.
+#[tokio::test]
+async fn reset_keyed_streams_cannot_starve_another_client() {
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = share_config(dir.path(), double.addr, "");
+    let (proc, _said) = spawn_limited(&config, p, a, "ulimit -n 256");
+    let (mut send, driver) = h2_from("127.0.0.8", proc.proxy).await;
+    let mut reached = 0;
+    let mut refused = None;
+    for i in 0..300 {
+        match keyed_then_reset(&mut send, &double, i).await {
+            Ok(()) => reached += 1,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let other = get_from("127.0.0.9", proc.proxy, "/public/other").await;
+    double.release("detached");
+    driver.abort();
+    assert_eq!(
+        other, "HTTP/1.1 200",
+        "another client refused after one held {reached} upstream connections (then: {refused:?})"
+    );
+}
+
+/// The admin listener's connections are not counted in the budget (they live on the
+/// reserve), yet one client may open a share of them (half the budget, two each): with the
+/// budget spent by proxy traffic, one client's idle admin connections take the reserve, and
+/// the admin API itself (and the store, the log) find no descriptor.
+#[tokio::test]
+async fn one_clients_admin_connections_cannot_take_the_reserve() {
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = share_config(dir.path(), double.addr, "");
+    let (proc, said) = spawn_limited(&config, p, a, "ulimit -n 256");
+    // Two clients spend the budget with held requests (each within its share).
+    let mut held = Vec::new();
+    for (c, from) in ["127.0.0.12", "127.0.0.13"].iter().enumerate() {
+        for i in 0..70 {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind(SocketAddr::new(from.parse().unwrap(), 0))
+                .expect("bind");
+            let Ok(mut s) = socket.connect(proc.proxy).await else {
+                continue;
+            };
+            let req =
+                format!("GET /public/r{c}-{i} HTTP/1.1\r\nhost: x\r\nx-test-hold: res\r\n\r\n");
+            if s.write_all(req.as_bytes()).await.is_ok() {
+                held.push(s);
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let admin = Client::new(proc.admin);
+    let metrics = admin.get("/metrics").await.body;
+    let fds = support::metric_value(&metrics, "fencegate_connection_fds");
+    let budget = support::metric_value(&metrics, "fencegate_connection_fds_budget");
+    // A third client opens idle connections to the admin listener.
+    let mut idle = Vec::new();
+    for _ in 0..80 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::new([127, 0, 0, 14].into(), 0))
+            .expect("bind");
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_secs(1), socket.connect(proc.admin)).await
+        {
+            idle.push(s);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Which of them the admin listener kept: those it closed read EOF at once.
+    let mut kept = 0;
+    for s in &mut idle {
+        let mut b = [0u8; 1];
+        if tokio::time::timeout(Duration::from_millis(20), s.read(&mut b))
+            .await
+            .is_err()
+        {
+            kept += 1;
+        }
+    }
+    let open = std::fs::read_dir(format!("/proc/{}/fd", proc.child.id()))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    // On a connection of its own (the client's pooled one is already accepted).
+    let ready = get_from("127.0.0.1", proc.admin, "/readyz").await;
+    double.release("res");
+    let lines = said.lines();
+    let emfile = lines.iter().filter(|l| l.contains("accept failed")).count();
+    assert!(
+        ready == "HTTP/1.1 200" && emfile == 0,
+        "budget {budget}, {fds} taken; one client opened {kept} idle admin connections; \
+         {open} descriptors open; /readyz: {ready:?}; {emfile} 'accept failed' lines, e.g. {:?}",
+        lines.iter().find(|l| l.contains("accept failed"))
+    );
+}
+
+/// A client that drops its HTTP/2 connection while streams are held upstream, then opens
+/// another at once: the old streams end with the connection (their upstream connections
+/// let go), so the fresh share the new connection finds is not on top of them.
+#[tokio::test]
+async fn a_dropped_connections_streams_end_with_it() {
+    const SHARE: usize = 6;
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = share_config(
+        dir.path(),
+        double.addr,
+        &format!("max_descriptors_per_ip = {SHARE}"),
+    );
+    let (proc, _said) = spawn_limited(&config, p, a, "true");
+    let admin = Client::new(proc.admin);
+    let fds = || async {
+        support::metric_value(
+            &admin.get("/metrics").await.body,
+            "fencegate_connection_fds",
+        )
+    };
+    let mut most = 0.0f64;
+    for round in 0..5 {
+        let (send, driver) = h2_from("127.0.0.15", proc.proxy).await;
+        let mut responses = Vec::new();
+        for i in 0..SHARE - 2 {
+            let req = http::Request::get(format!("http://x/public/r{round}-{i}"))
+                .header("x-test-hold", "drop")
+                .body(())
+                .unwrap();
+            let mut send = send.clone().ready().await.expect("ready");
+            responses.push(send.send_request(req, true).expect("send"));
+        }
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while double
+            .seen()
+            .iter()
+            .filter(|s| s.target.starts_with(&format!("/public/r{round}-")))
+            .count()
+            < SHARE - 2
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: never forwarded"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        most = most.max(fds().await);
+        driver.abort();
+        drop((send, responses));
+        // The proxy sees the close (a connection it has not is closed at accept).
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while fds().await > 0.0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: never let go"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = fds().await;
+    double.release("drop");
+    // One client connection and SHARE - 2 upstream ones at most, and nothing left after.
+    assert!(
+        most <= (SHARE - 1) as f64,
+        "{most} descriptors counted at once"
+    );
+    assert_eq!(after, 0.0, "left counted after the client went");
+}
+
+/// Connections that end every odd way give their count back: closed at once, silent past
+/// the first-bytes bound, a malformed head, an HTTP/2 preface then nothing, reset streams,
+/// a held request abandoned. With a share of one connection, the client is served after.
+#[tokio::test]
+async fn abandoned_connections_give_their_share_back() {
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = share_config(
+        dir.path(),
+        double.addr,
+        "max_descriptors_per_ip = 3\nheader_read_timeout = \"200ms\"",
+    );
+    let (proc, _said) = spawn_limited(&config, p, a, "true");
+    let proc = &proc;
+    let from = "127.0.0.16";
+    let connect = || async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::new(from.parse().unwrap(), 0))
+            .expect("bind");
+        socket.connect(proc.proxy).await.expect("connect")
+    };
+    // Served again (within the bound): nothing of the client's share is left held. (Idle
+    // upstream connections stay counted in the process's total, not in the share.)
+    let settle = |step: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + BOUND;
+        loop {
+            if get_from(from, proc.proxy, "/public/settle").await == "HTTP/1.1 200" {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never let go: {step}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    settle("start").await;
+    for round in 0..3 {
+        drop(connect().await);
+        settle("step1").await;
+        let mut s = connect().await;
+        let mut sink = Vec::new();
+        let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut sink)).await;
+        settle("step2").await;
+        let mut s = connect().await;
+        let _ = s.write_all(b"GARBAGE\r\n\r\n").await;
+        let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut sink)).await;
+        settle("step3").await;
+        let mut s = connect().await;
+        let _ = s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+        let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut sink)).await;
+        settle("step4").await;
+        let (send, driver) = h2_from(from, proc.proxy).await;
+        for i in 0..3 {
+            let req = http::Request::get(format!("http://x/public/a{round}-{i}"))
+                .header("x-test-hold", "abandon")
+                .body(())
+                .unwrap();
+            let mut send = send.clone().ready().await.expect("ready");
+            let (resp, _) = send.send_request(req, true).expect("send");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(resp);
+        }
+        driver.abort();
+        drop(send);
+        settle("step5").await;
+        let mut s = connect().await;
+        let _ = s
+            .write_all(b"GET /public/held HTTP/1.1\r\nhost: x\r\nx-test-hold: abandon\r\n\r\n")
+            .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(s);
+        settle("step6").await;
+    }
+    double.release("abandon");
 }

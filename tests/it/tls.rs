@@ -1057,3 +1057,53 @@ async fn the_benchs_nginx_tls_baseline_resumes_only_when_told_to() {
         assert_eq!(kind, Some(want), "resumption = {resumption}");
     }
 }
+
+/// The budget of descriptors counts every connection, "the clients' and the upstream
+/// ones": an https upstream's connections too. Ten requests whose https answers stall hold
+/// ten client and ten upstream connections.
+#[tokio::test]
+async fn https_upstream_connections_count_against_the_budget() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("private ca");
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    ca.client("fencegate").write(dir.path(), "client");
+    let upstream = TlsUpstream::start(&ca.server("upstream", &["upstream.test"]), &ca).await;
+    let running = proxy_to_https_within(
+        dir.path(),
+        upstream.addr,
+        r#"tls = { ca = "ca.pem", server_name = "upstream.test", cert = "client.pem", key = "client.key" }"#,
+        "60s",
+    )
+    .await;
+    let admin = support::Client::new(running.admin_addr);
+    let before = support::metric_value(
+        &admin.get("/metrics").await.body,
+        "fencegate_connection_fds",
+    );
+    let mut held = Vec::new();
+    for i in 0..10 {
+        let mut s = TcpStream::connect(running.proxy_addr).await.unwrap();
+        s.write_all(
+            format!("GET /reports/stall/x{i} HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        // The head and the first bytes: the upstream connection is held.
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(BOUND, s.read(&mut chunk))
+            .await
+            .expect("answer in time")
+            .unwrap();
+        assert!(chunk[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(s);
+    }
+    let counted = support::metric_value(
+        &admin.get("/metrics").await.body,
+        "fencegate_connection_fds",
+    ) - before;
+    drop(held);
+    running.shutdown().await;
+    assert_eq!(counted, 20.0, "counted against the budget");
+}
