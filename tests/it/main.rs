@@ -20,6 +20,7 @@ mod lockset;
 mod nginx_harness;
 mod ops;
 mod oracle;
+mod oracle_s3;
 mod pool;
 mod responses;
 mod s3;

@@ -12,11 +12,10 @@
 //! they hold nothing until a fenced write fills them.
 
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
+use crate::support::oracle::{changed, next_line, seed, snapshot, steps};
 use crate::support::{self, Client, Rng, nginx::Nginx};
 use crate::webdav::WsgiDav;
 
@@ -76,60 +75,6 @@ fn own_scope(rel: &[String]) -> Option<String> {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Object {
-    File(u64),
-    Dir,
-}
-
-/// Every file (by a hash of its bytes) and directory under `root`.
-fn snapshot(root: &Path) -> BTreeMap<Vec<String>, Object> {
-    fn walk(dir: &Path, rel: &mut Vec<String>, out: &mut BTreeMap<Vec<String>, Object>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            rel.push(name);
-            let path = e.path();
-            if path.is_dir() {
-                out.insert(rel.clone(), Object::Dir);
-                walk(&path, rel, out);
-            } else if let Ok(bytes) = std::fs::read(&path) {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                bytes.hash(&mut h);
-                out.insert(rel.clone(), Object::File(h.finish()));
-            }
-            rel.pop();
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, &mut Vec::new(), &mut out);
-    out
-}
-
-/// The objects changed between two snapshots: files written, replaced or removed, and
-/// collections removed (not collections made: see the module's note).
-fn changed(
-    before: &BTreeMap<Vec<String>, Object>,
-    after: &BTreeMap<Vec<String>, Object>,
-) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    for (k, v) in after {
-        match (before.get(k), v) {
-            (Some(old), new) if old == new => {}
-            (None, Object::Dir) => {}
-            _ => out.push(k.clone()),
-        }
-    }
-    for k in before.keys() {
-        if !after.contains_key(k) {
-            out.push(k.clone());
-        }
-    }
-    out
-}
-
 /// A path from a few names, spelled as a client might: escapes in either case, a trailing
 /// slash, now and then a doubled slash, a dot segment or an escaped slash (which the
 /// fence refuses).
@@ -182,23 +127,6 @@ fn some_path(rng: &mut Rng, slash: u64) -> String {
         segs.push(rng.pick(&names));
     }
     spell(rng, &segs, slash)
-}
-
-/// Waits for the access log's next line (the request's): what fencegate decided.
-async fn next_line(log: &Path, seen: &mut usize) -> Option<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        if lines.len() > *seen {
-            *seen = lines.len();
-            return serde_json::from_str(lines[lines.len() - 1]).ok();
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Runs `steps` random requests against the server at `upstream` whose tree is `root`.
@@ -302,28 +230,14 @@ async fn run(server: &str, upstream: SocketAddr, root: &Path, seed: u64, steps: 
     proxy.shutdown().await;
 }
 
-fn seed() -> u64 {
-    std::env::var("ORACLE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed)
-}
-
-fn steps() -> usize {
-    std::env::var("ORACLE_STEPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_object_nginx_changes_was_decided_in_its_scope() {
     let dav = Nginx::webdav().expect("nginx with WebDAV (run scripts/test.sh)");
-    run("nginx", dav.addr(), dav.root(), seed(), steps()).await;
+    run("nginx", dav.addr(), dav.root(), seed(), steps(300)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_object_wsgidav_changes_was_decided_in_its_scope() {
     let dav = WsgiDav::start();
-    run("wsgidav", dav.addr, dav.root.path(), seed() ^ 1, steps()).await;
+    run("wsgidav", dav.addr, dav.root.path(), seed() ^ 1, steps(300)).await;
 }

@@ -77,6 +77,11 @@ impl S3sFs {
         }
         server
     }
+
+    /// Where it keeps its buckets, objects and uploads (as files).
+    pub(super) fn root(&self) -> &Path {
+        self._root.path()
+    }
 }
 
 impl Drop for S3sFs {

@@ -4,7 +4,9 @@
 pub mod disk;
 pub mod etcd;
 pub mod nginx;
+pub mod oracle;
 pub mod power;
+pub mod sigv4;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
