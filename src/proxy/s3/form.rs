@@ -283,13 +283,44 @@ where
             if key.is_some() {
                 return Err("the form has two key fields".into());
             }
-            key = Some(field.text().await.map_err(bad)?);
+            let headers = field.headers().clone();
+            let bytes = field.bytes().await.map_err(bad)?;
+            key = Some(key_value(&headers, &bytes)?);
         } else {
             field.bytes().await.map_err(bad)?;
         }
         parts += 1;
     }
     Err("the form has no file field".into())
+}
+
+/// The key field's value: its bytes as UTF-8, as S3 servers read a field (s3s takes
+/// them as they are). Refused where readers differ: a part whose `Content-Type` names a
+/// charset other than UTF-8 (multer's `text` decodes by it: `victim` in UTF-16 is
+/// another key), or a value that starts with a byte order mark (which decoders drop:
+/// `\u{feff}k` would be `k` to the fence and itself to the server).
+fn key_value(headers: &http::HeaderMap, bytes: &[u8]) -> Result<String, String> {
+    for value in headers.get_all(http::header::CONTENT_TYPE) {
+        let value = value
+            .to_str()
+            .map_err(|_| "the key part's Content-Type is not ASCII".to_string())?;
+        let other = value.split(';').skip(1).any(|p| {
+            p.split_once('=').is_some_and(|(n, v)| {
+                n.trim().eq_ignore_ascii_case("charset")
+                    && !v.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+            })
+        });
+        if other {
+            return Err(format!(
+                "the key part names a charset other than UTF-8 ({value}): readers differ on it"
+            ));
+        }
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| "the key field is not UTF-8".to_string())?;
+    if text.starts_with('\u{feff}') {
+        return Err("the key starts with a byte order mark: readers differ on it".into());
+    }
+    Ok(text.to_string())
 }
 
 /// The key as written and, if it has S3's `${filename}`, with it replaced by the file
@@ -427,5 +458,35 @@ mod tests {
         let ct = HeaderValue::from_static("application/xml");
         let (key, _) = read_key(Some(&ct), Full::new(Bytes::from_static(b"<x/>"))).await;
         assert!(key.is_err());
+    }
+
+    /// The key field as s3s reads it: its bytes as UTF-8. A charset on its part, or a
+    /// byte order mark, would make multer's text another key (the object-identity
+    /// oracle's finding: `\u{feff}é` written while `é` was decided).
+    #[tokio::test]
+    async fn the_key_is_its_bytes_as_utf8() {
+        let with_type = |t: &str, value: &str| {
+            format!(
+                "--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\nContent-Type: {t}\r\n\r\n{value}\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--XyZ--\r\n"
+            )
+        };
+        for refused in [
+            with_type("text/plain; charset=iso-8859-1", "\u{e9}"),
+            with_type("text/plain; charset=utf-16le", "victim"),
+            with_type("text/plain; Charset=\"UTF-16\"", "victim"),
+            form(&[("key", None, "\u{feff}\u{e9}"), ("file", None, "x")]),
+        ] {
+            let (key, _) = key_of(refused.clone()).await;
+            assert!(key.is_err(), "{refused:?}: {key:?}");
+        }
+        for (body, expected) in [
+            (with_type("text/plain; charset=UTF-8", "\u{e9}"), "\u{e9}"),
+            (with_type("text/plain", "a\u{feff}"), "a\u{feff}"),
+        ] {
+            let (key, _) = key_of(body).await;
+            assert_eq!(key, Ok(vec![expected.to_string()]));
+        }
+        let headers = http::HeaderMap::new();
+        assert!(key_value(&headers, b"\xc3").is_err(), "not UTF-8");
     }
 }
