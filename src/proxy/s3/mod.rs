@@ -90,12 +90,40 @@ pub fn operation(
     })
 }
 
-/// Is this a DeleteBucket (a DELETE on the bucket with no sub-resource)?
+/// Is this a DeleteBucket: a DELETE on the bucket whose query names none of the
+/// sub-resources S3 deletes instead ([`BUCKET_DELETES`])?
+///
+/// S3 servers take a DELETE on a bucket for a DeleteBucket whatever else its query holds
+/// (s3s: `?versionId=1`, `?delete`, `?Tagging` all delete the bucket, and s3s-fs its
+/// objects with it), so only a sub-resource's name, spelled exactly, makes it something
+/// else. A name in another case or escaped is not one here: a server that reads it as the
+/// sub-resource deletes less than the fence checked for.
 pub fn deletes_bucket(method: &Method, query: Option<&str>) -> bool {
     *method == Method::DELETE
-        && query_names(query.unwrap_or(""))
-            .is_ok_and(|names| names.iter().all(|n| n.eq_ignore_ascii_case("x-id")))
+        && !query
+            .unwrap_or("")
+            .split('&')
+            .map(|pair| pair.split('=').next().unwrap_or_default())
+            .any(|name| BUCKET_DELETES.contains(&name))
 }
+
+/// The sub-resources of a bucket a DELETE removes instead of the bucket.
+const BUCKET_DELETES: [&str; 14] = [
+    "analytics",
+    "cors",
+    "encryption",
+    "intelligent-tiering",
+    "inventory",
+    "lifecycle",
+    "metadataTable",
+    "metrics",
+    "ownershipControls",
+    "policy",
+    "publicAccessBlock",
+    "replication",
+    "tagging",
+    "website",
+];
 
 /// The object scopes of a bucket under the route's scope template (`caps` holds the
 /// bucket only): the one scope of all its objects when the template does not use the
@@ -543,6 +571,39 @@ mod tests {
             operation(&Method::PUT, None, 2, true),
             Ok(Operation::Object)
         );
+    }
+
+    /// A finding of the object-identity oracle: `DELETE /bkt?versionId=1` was fenced as
+    /// a request on the bucket's settings, while s3s reads it as a DeleteBucket and
+    /// s3s-fs removes the bucket's objects with it.
+    #[test]
+    fn a_delete_on_the_bucket_is_a_delete_bucket_but_for_a_sub_resource() {
+        for q in [
+            None,
+            Some(""),
+            Some("x-id=DeleteBucket"),
+            Some("versionId=1"),
+            Some("delete"),
+            Some("Tagging"),
+            Some("%74agging"),
+            Some("tagging%3D"),
+            Some("uploads"),
+        ] {
+            assert!(deletes_bucket(&Method::DELETE, q), "{q:?}");
+        }
+        for q in [
+            "tagging",
+            "tagging=",
+            "x-id=DeleteBucketTagging&tagging",
+            "policy",
+            "cors",
+            "lifecycle",
+            "website",
+            "publicAccessBlock",
+        ] {
+            assert!(!deletes_bucket(&Method::DELETE, Some(q)), "{q}");
+        }
+        assert!(!deletes_bucket(&Method::PUT, None));
     }
 
     #[test]
