@@ -25,7 +25,7 @@ pub enum StartError {
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error("lease authority: {0}")]
-    Authority(String),
+    Authority(#[source] crate::authority::EngineError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

@@ -291,7 +291,7 @@ impl Etcd {
         }
     }
 
-    pub async fn status(&self, scope: &str) -> Result<LockStatus, String> {
+    pub async fn status(&self, scope: &str) -> Result<LockStatus, etcd_client::Error> {
         let key = lock_key(scope);
         let resp = self
             .members
@@ -299,8 +299,7 @@ impl Etcd {
                 let key = key.clone();
                 async move { c.get(key, Some(GetOptions::new())).await }
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let Some(kv) = resp.kvs().first() else {
             return Ok(LockStatus {
                 scope: scope.to_string(),
