@@ -73,6 +73,42 @@ fn tree_above<'r>(
     })
 }
 
+/// Why a request's `Destination` (or a header naming a second target) is refused (its
+/// text is the refusal's detail).
+#[derive(Debug, thiserror::Error)]
+enum DestinationError {
+    #[error("{0} would make the backend act on a target that was not routed")]
+    Retarget(&'static http::HeaderName),
+    #[error("more than one Destination header")]
+    Many,
+    #[error("Destination is not ASCII")]
+    NotAscii,
+    #[error("Destination has a `#`: servers differ on whether it ends the path")]
+    Fragment,
+    #[error("Destination has a query: servers differ on whether it is part of the name")]
+    Query,
+    #[error(
+        "Destination has an escaped `#`, `?` or `;` (%23, %3F, %3B): a server that decodes it before splitting it reads another path"
+    )]
+    EscapedDelimiter,
+    #[error("Destination is not a URI: {0}")]
+    NotAUri(#[source] http::uri::InvalidUri),
+    #[error("Destination has the scheme {0}")]
+    Scheme(String),
+    #[error("Destination's host is not valid: {0}")]
+    BadHost(&'static str),
+    #[error("Destination names another host than the request")]
+    OtherHost,
+    #[error("Destination has no absolute path")]
+    NoAbsolutePath,
+    #[error("Destination: {0}")]
+    Path(#[source] route::PathError),
+    #[error("Destination matches no route")]
+    NoRoute,
+    #[error("Destination is on a route of another upstream")]
+    OtherUpstream,
+}
+
 /// The target named by a request's `Destination` header, routed with the request's host
 /// (a backend such as nginx's WebDAV module writes the destination's path on the server
 /// the request reached, whatever host the header names, so another host is refused), on
@@ -90,26 +126,20 @@ fn destination<B>(
     host: Option<&str>,
     upstream: usize,
     seen: Seen<'_>,
-) -> Result<Destination, String> {
+) -> Result<Destination, DestinationError> {
     if let Some(h) = RETARGETS.iter().find(|h| req.headers().contains_key(*h)) {
-        return Err(format!(
-            "{h} would make the backend act on a target that was not routed"
-        ));
+        return Err(DestinationError::Retarget(h));
     }
     let value = match seen {
         Seen::None => return Ok(Destination::None),
-        Seen::Many => return Err("more than one Destination header".into()),
-        Seen::One(v) => v
-            .to_str()
-            .map_err(|_| "Destination is not ASCII".to_string())?,
+        Seen::Many => return Err(DestinationError::Many),
+        Seen::One(v) => v.to_str().map_err(|_| DestinationError::NotAscii)?,
     };
     if value.contains('#') {
-        return Err("Destination has a `#`: servers differ on whether it ends the path".into());
+        return Err(DestinationError::Fragment);
     }
     if value.contains('?') {
-        return Err(
-            "Destination has a query: servers differ on whether it is part of the name".into(),
-        );
+        return Err(DestinationError::Query);
     }
     if ["%23", "%3f", "%3b"].iter().any(|e| {
         value
@@ -117,25 +147,19 @@ fn destination<B>(
             .windows(3)
             .any(|w| w.eq_ignore_ascii_case(e.as_bytes()))
     }) {
-        return Err(
-            "Destination has an escaped `#`, `?` or `;` (%23, %3F, %3B): a server that decodes it before splitting it reads another path"
-                .into(),
-        );
+        return Err(DestinationError::EscapedDelimiter);
     }
-    let uri: http::Uri = value
-        .parse()
-        .map_err(|e| format!("Destination is not a URI: {e}"))?;
+    let uri: http::Uri = value.parse().map_err(DestinationError::NotAUri)?;
     if let Some(scheme) = uri.scheme_str()
         && !scheme.eq_ignore_ascii_case("http")
         && !scheme.eq_ignore_ascii_case("https")
     {
-        return Err(format!("Destination has the scheme {scheme}"));
+        return Err(DestinationError::Scheme(scheme.to_string()));
     }
     if let Some(authority) = uri.authority() {
-        let named = route::host_of(authority.as_str())
-            .map_err(|e| format!("Destination's host is not valid: {e}"))?;
+        let named = route::host_of(authority.as_str()).map_err(DestinationError::BadHost)?;
         if host.is_some_and(|h| !h.eq_ignore_ascii_case(named)) {
-            return Err("Destination names another host than the request".into());
+            return Err(DestinationError::OtherHost);
         }
     }
     // `path()` of a bare `?x` would read as `/`: the path must be spelled out.
@@ -143,9 +167,9 @@ fn destination<B>(
         .path_and_query()
         .is_some_and(|p| p.as_str().starts_with('/'))
     {
-        return Err("Destination has no absolute path".into());
+        return Err(DestinationError::NoAbsolutePath);
     }
-    let segments = route::canonicalize(uri.path()).map_err(|e| format!("Destination: {e}"))?;
+    let segments = route::canonicalize(uri.path()).map_err(DestinationError::Path)?;
     if let Some((r, one)) = tree_above(config, upstream, &segments) {
         return Ok(match one {
             // Writing onto it writes objects of that one scope.
@@ -154,10 +178,8 @@ fn destination<B>(
         });
     }
     match route::find(&config.routes, host, &segments) {
-        None => Err("Destination matches no route".into()),
-        Some((_, r, _)) if r.upstream != upstream => {
-            Err("Destination is on a route of another upstream".into())
-        }
+        None => Err(DestinationError::NoRoute),
+        Some((_, r, _)) if r.upstream != upstream => Err(DestinationError::OtherUpstream),
         Some((_, r, _)) if !r.fenced => Ok(Destination::Unfenced),
         Some((_, r, caps)) => Ok(Destination::Scope(r.scope.render(&caps))),
     }
@@ -185,8 +207,11 @@ pub(crate) fn classify<B>(config: &Settings, req: &Request<B>) -> Result<Classif
     // A COPY or MOVE writes its Destination too: that target must be fenced by this
     // request's own scope, or be a pass-through route's.
     let destination = if head.retarget {
-        destination(config, req, host, route.upstream, head.destination)
-            .map_err(|detail| at(Outcome::InvalidRequest { detail }))?
+        destination(config, req, host, route.upstream, head.destination).map_err(|e| {
+            at(Outcome::InvalidRequest {
+                detail: e.to_string(),
+            })
+        })?
     } else {
         Destination::None
     };

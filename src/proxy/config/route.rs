@@ -188,7 +188,7 @@ fn templates(
         .ok();
     let scope = match (&template, &raw.scope) {
         (Some(t), Some(s)) => ScopeTemplate::parse(s, t)
-            .map_err(|e| errors.push(format!("{path}.scope"), e))
+            .map_err(|e| errors.push(format!("{path}.scope"), e.to_string()))
             .ok(),
         (Some(t), None) if !fenced => ScopeTemplate::parse("-", t).ok(),
         (_, None) => {
