@@ -195,7 +195,7 @@ async fn serve_call(
     let query = req.uri().query().map(str::to_string);
     let allowed = match allowed_method(&path, req.method()) {
         Ok(allowed) => allowed,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     // Before the body is read: an unknown caller gets nothing of the authority's time.
     let caller = match policy.authenticate(req.headers()) {
@@ -246,17 +246,17 @@ async fn serve_call(
 }
 
 /// The method a call's path answers, or the refusal of another path or method.
-fn allowed_method(path: &str, method: &http::Method) -> Result<&'static str, Response<Body>> {
+fn allowed_method(path: &str, method: &http::Method) -> Result<&'static str, Box<Response<Body>>> {
     let allowed = match path {
         "/v1/locks/acquire" | "/v1/locks/renew" | "/v1/locks/release" => "POST",
         "/v1/locks" => "GET",
         _ => {
-            return Err(problem(
+            return Err(Box::new(problem(
                 StatusCode::NOT_FOUND,
                 "not_found",
                 "No such call",
                 json_map(),
-            ));
+            )));
         }
     };
     if method.as_str() != allowed {
@@ -268,7 +268,7 @@ fn allowed_method(path: &str, method: &http::Method) -> Result<&'static str, Res
         );
         r.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static(allowed));
-        return Err(r);
+        return Err(Box::new(r));
     }
     Ok(allowed)
 }
