@@ -1,8 +1,7 @@
 //! The keys of a route that depend on its backend's API (SPEC §15, §16): an `api = "s3"`
 //! route's S3 table, and what an `api = "webdav"` route must fence.
 
-use super::route::RawRoute;
-use super::{Keys, S3Api};
+use super::{Keys, RawRoute, S3Api};
 use crate::config::error::Errors;
 use crate::route::{PathTemplate, ScopeTemplate, Segment};
 

@@ -6,6 +6,7 @@
 //! object, one policy per scope).
 
 use http::{Method, Uri};
+use serde::Deserialize;
 
 use crate::fence::policy::EqualPolicy;
 use crate::proxy::idempotency::config::{Mode, OnUnknown};
@@ -169,6 +170,30 @@ impl RouteMatch for Route {
     fn takes_prefixes(&self) -> bool {
         matches!(self.api, Api::S3(_))
     }
+}
+
+/// One `[[route]]` table as written, read by `route` (and by `api` for the API's keys).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub(super) name: String,
+    pub(super) path: String,
+    pub(super) scope: Option<String>,
+    pub(super) upstream: String,
+    pub(super) host: Option<String>,
+    pub(super) fenced: Option<bool>,
+    pub(super) methods: Option<Vec<String>>,
+    pub(super) equal: Option<String>,
+    pub(super) idempotency: Option<String>,
+    pub(super) idempotency_unknown: Option<String>,
+    pub(super) max_body: Option<String>,
+    pub(super) proof: Option<String>,
+    pub(super) sequence: Option<String>,
+    pub(super) errors: Option<String>,
+    pub(super) api: Option<String>,
+    pub(super) virtual_host_domain: Option<String>,
+    pub(super) bucket_scope: Option<String>,
+    pub(super) keys: Option<String>,
 }
 
 #[cfg(test)]

@@ -2,39 +2,15 @@
 //! `[[route]]` array as a whole (names unique, the rules across routes of `checks`).
 
 use http::Method;
-use serde::Deserialize;
 
 use super::upstream::UpstreamDraft;
-use super::{Api, ProofMode, Route, SequenceMode, api, checks};
+use super::{Api, ProofMode, RawRoute, Route, SequenceMode, api, checks};
 use crate::config::error::Errors;
 use crate::config::value::{array, parse_size, section};
 use crate::fence::policy::EqualPolicy;
 use crate::proxy::idempotency::config::{Mode, OnUnknown};
 use crate::proxy::problem::Dialect;
 use crate::route::{PathTemplate, ScopeTemplate};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRoute {
-    pub(super) name: String,
-    pub(super) path: String,
-    pub(super) scope: Option<String>,
-    pub(super) upstream: String,
-    pub(super) host: Option<String>,
-    pub(super) fenced: Option<bool>,
-    pub(super) methods: Option<Vec<String>>,
-    pub(super) equal: Option<String>,
-    pub(super) idempotency: Option<String>,
-    pub(super) idempotency_unknown: Option<String>,
-    pub(super) max_body: Option<String>,
-    pub(super) proof: Option<String>,
-    pub(super) sequence: Option<String>,
-    pub(super) errors: Option<String>,
-    pub(super) api: Option<String>,
-    pub(super) virtual_host_domain: Option<String>,
-    pub(super) bucket_scope: Option<String>,
-    pub(super) keys: Option<String>,
-}
 
 /// What the routes are checked against, from the other sections.
 pub(crate) struct RouteContext<'a> {
