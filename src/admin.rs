@@ -82,15 +82,28 @@ pub trait ClusterView: Send + Sync {
     fn metrics(&self, out: &mut String);
 }
 
+/// Why [`not_from_a_browser`] refused a request (its text is the refusal's title).
+#[derive(Debug, thiserror::Error)]
+enum FromABrowser {
+    #[error("the admin API does not answer requests from web pages (Origin)")]
+    Origin,
+    #[error("Host: {0}")]
+    BadHost(&'static str),
+    #[error(
+        "Host {0} is not an address: without admin.token_file the admin API answers only requests to an IP address or localhost"
+    )]
+    NamedHost(String),
+}
+
 /// The admin API is for operators' tools, not for web pages. A page the operator visits
 /// can send requests to a loopback listener (a POST with a body a browser calls text is
 /// sent without asking first) and, by rebinding a name of its own to 127.0.0.1, read the
 /// answers. Browsers mark such requests with `Origin`, refused here; and without a token
 /// (so on loopback only), a `Host` that names neither an address nor `localhost` (a
 /// rebound name) is refused too.
-fn not_from_a_browser(app: &State, req: &Request<Incoming>) -> Result<(), String> {
+fn not_from_a_browser(app: &State, req: &Request<Incoming>) -> Result<(), FromABrowser> {
     if req.headers().contains_key(header::ORIGIN) {
-        return Err("the admin API does not answer requests from web pages (Origin)".into());
+        return Err(FromABrowser::Origin);
     }
     if app.config.admin.token.is_some() {
         return Ok(());
@@ -103,14 +116,12 @@ fn not_from_a_browser(app: &State, req: &Request<Incoming>) -> Result<(), String
     let Some(named) = named else {
         return Ok(());
     };
-    let host = crate::route::host_of(named).map_err(|e| format!("Host: {e}"))?;
+    let host = crate::route::host_of(named).map_err(FromABrowser::BadHost)?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok() {
         Ok(())
     } else {
-        Err(format!(
-            "Host {host} is not an address: without admin.token_file the admin API answers only requests to an IP address or localhost"
-        ))
+        Err(FromABrowser::NamedHost(host.to_string()))
     }
 }
 
@@ -171,6 +182,9 @@ fn mark_json(scope: &str, mark: Option<Token>) -> serde_json::Value {
     })
 }
 
+/// The admin listener's one entry: the probes answer anyone, everything else needs a
+/// bearer token and a request no browser could have been made to send; each endpoint
+/// group is a function of its own.
 pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
@@ -179,21 +193,11 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
         (&Method::GET | &Method::HEAD, "/healthz") => {
             return respond(StatusCode::OK, "text/plain", "ok\n");
         }
-        (&Method::GET | &Method::HEAD, "/readyz") => {
-            return if app.store.is_failed() {
-                respond(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "not ready: the mark store has failed\n",
-                )
-            } else {
-                respond(StatusCode::OK, "text/plain", "ready\n")
-            };
-        }
+        (&Method::GET | &Method::HEAD, "/readyz") => return readyz(app),
         _ => {}
     }
     if let Err(why) = not_from_a_browser(app, &req) {
-        return problem(StatusCode::FORBIDDEN, &why);
+        return problem(StatusCode::FORBIDDEN, &why.to_string());
     }
     if !authorized(app, &req) {
         let mut r = problem(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
@@ -202,60 +206,7 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
         return r;
     }
     match (&method, path.as_str()) {
-        (&Method::GET, "/metrics") => {
-            let floor = app.store.floor() as f64;
-            let records = app.store.record_usage("", "").0;
-            let text = app.metrics.render(
-                &[app.store.stats(), &*app.authority],
-                &[
-                    (
-                        "fencegate_hot_scopes",
-                        "Scopes with a gate in memory.",
-                        app.gates.len() as f64,
-                    ),
-                    (
-                        "fencegate_store_failed",
-                        "1 when the mark store has failed closed.",
-                        f64::from(u8::from(app.store.is_failed())),
-                    ),
-                    (
-                        "fencegate_epoch_floor",
-                        "Tokens of a lower epoch are stale everywhere.",
-                        floor,
-                    ),
-                    (
-                        "fencegate_idempotency_buffered_bytes",
-                        "Bytes of bodies held in memory for requests with an Idempotency-Key (bounded by idempotency.max_buffered).",
-                        app.proxy.idempotency().buffered() as f64,
-                    ),
-                    (
-                        "fencegate_idempotency_records",
-                        "Idempotency records on disk (bounded by idempotency.max_records).",
-                        records.records as f64,
-                    ),
-                    (
-                        "fencegate_idempotency_record_bytes",
-                        "Bytes the idempotency records count for (bounded by idempotency.max_record_bytes).",
-                        records.bytes as f64,
-                    ),
-                    (
-                        "fencegate_connection_fds",
-                        "Descriptors held by client and upstream connections (bounded by fencegate_connection_fds_budget).",
-                        crate::rt::fds::open() as f64,
-                    ),
-                    (
-                        "fencegate_connection_fds_budget",
-                        "Descriptors connections may hold: the open-file limit less a reserve.",
-                        crate::rt::fds::limits().map_or(0.0, |l| l.budget as f64),
-                    ),
-                ],
-            );
-            let mut text = text;
-            if let Some(cluster) = &app.cluster {
-                cluster.metrics(&mut text);
-            }
-            respond(StatusCode::OK, "text/plain; version=0.0.4", text)
-        }
+        (&Method::GET, "/metrics") => metrics(app),
         (&Method::GET, "/v1/cluster") => match &app.cluster {
             Some(cluster) => json(StatusCode::OK, cluster.status()),
             None => problem(
@@ -269,104 +220,187 @@ pub async fn handle(app: &State, req: Request<Incoming>) -> Response<Body> {
             StatusCode::NOT_IMPLEMENTED,
             "not in cluster mode: the marks are in etcd (see GET /v1/cluster and etcdctl get --prefix /fencegate/cluster/<cluster>/marks/)",
         ),
-        (&Method::GET, "/v1/scopes") => {
-            let prefix = query_param(&req, "prefix").unwrap_or_default();
-            let after = query_param(&req, "after");
-            let limit = match query_param(&req, "limit").map(|l| l.parse::<usize>()) {
-                None => 100,
-                Some(Ok(l)) if (1..=MAX_LIMIT).contains(&l) => l,
-                Some(_) => return problem(StatusCode::BAD_REQUEST, "limit must be 1..=10000"),
-            };
-            // redb alone shows every acknowledged mark once the journal is applied.
-            let listed = checkpoint(app)
-                .await
-                .and_then(|_| app.store.list(&prefix, after.as_deref(), limit));
-            match listed {
-                Ok(marks) => {
-                    let next = (!crate::store::marks::listed_all(&marks, limit))
-                        .then(|| marks.last().map(|m| m.0.clone()))
-                        .flatten();
-                    let scopes: Vec<_> =
-                        marks.iter().map(|(s, t)| mark_json(s, Some(*t))).collect();
-                    json(
-                        StatusCode::OK,
-                        serde_json::json!({"scopes": scopes, "next_after": next}),
-                    )
-                }
-                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-            }
-        }
+        (&Method::GET, "/v1/scopes") => list_scopes(app, &req).await,
         (&Method::GET, "/v1/floor") => json(
             StatusCode::OK,
             serde_json::json!({"epoch": app.store.floor()}),
         ),
-        (&Method::PUT, "/v1/floor") => {
-            #[derive(Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct Floor {
-                epoch: u64,
-            }
-            let f: Floor = match read_json(req).await {
-                Ok(f) => f,
-                Err(r) => return r,
-            };
-            match app.store.raise_floor(f.epoch).await {
-                Ok(epoch) => json(StatusCode::OK, serde_json::json!({"epoch": epoch})),
-                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-            }
-        }
+        (&Method::PUT, "/v1/floor") => raise_floor(app, req).await,
         (&Method::GET, "/v1/backup") => backup(app).await,
         (m, p) if p.starts_with("/v1/scopes/") => {
-            let rest = &p["/v1/scopes/".len()..];
-            let (raw_scope, raise) = match (m, rest.strip_suffix("/raise")) {
-                (&Method::POST, Some(s)) => (s, true),
-                (&Method::GET, _) => (rest, false),
-                _ => {
-                    return problem(
-                        StatusCode::METHOD_NOT_ALLOWED,
-                        "GET a scope, or POST .../raise",
-                    );
-                }
-            };
-            let scope = match percent_decode_str(raw_scope).decode_utf8() {
-                Ok(s) if !s.is_empty() => s.into_owned(),
-                _ => {
-                    return problem(
-                        StatusCode::BAD_REQUEST,
-                        "scope must be non-empty UTF-8 (percent-encoded)",
-                    );
-                }
-            };
-            if !raise {
-                return match app.gates.mark_with_sequence(&scope) {
-                    Ok(m) => {
-                        let mut v = mark_json(&scope, m.map(|m| m.token));
-                        // As a string, as tokens are (SPEC §11).
-                        v["highest_sequence"] =
-                            m.and_then(|m| m.sequence).map(|n| n.to_string()).into();
-                        json(StatusCode::OK, v)
-                    }
-                    Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-                };
-            }
-            #[derive(Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct Raise {
-                token: Token,
-            }
-            let r: Raise = match read_json(req).await {
-                Ok(r) => r,
-                Err(r) => return r,
-            };
-            match app.gates.raise(&scope, r.token).await {
-                Ok(m) => json(StatusCode::OK, mark_json(&scope, Some(m))),
-                Err(Refusal::Unavailable) | Err(_) => problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the mark could not be made durable",
-                ),
-            }
+            let m = m.clone();
+            one_scope(app, &m, &p["/v1/scopes/".len()..], req).await
         }
         _ => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+/// `/readyz`: ready while the mark store has not failed closed.
+fn readyz(app: &State) -> Response<Body> {
+    if app.store.is_failed() {
+        respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: the mark store has failed\n",
+        )
+    } else {
+        respond(StatusCode::OK, "text/plain", "ready\n")
+    }
+}
+
+/// `GET /metrics`: the registry's counters, the gauges read here, and the cluster's.
+fn metrics(app: &State) -> Response<Body> {
+    let floor = app.store.floor() as f64;
+    let records = app.store.record_usage("", "").0;
+    let mut text = app.metrics.render(
+        &[app.store.stats(), &*app.authority],
+        &[
+            (
+                "fencegate_hot_scopes",
+                "Scopes with a gate in memory.",
+                app.gates.len() as f64,
+            ),
+            (
+                "fencegate_store_failed",
+                "1 when the mark store has failed closed.",
+                f64::from(u8::from(app.store.is_failed())),
+            ),
+            (
+                "fencegate_epoch_floor",
+                "Tokens of a lower epoch are stale everywhere.",
+                floor,
+            ),
+            (
+                "fencegate_idempotency_buffered_bytes",
+                "Bytes of bodies held in memory for requests with an Idempotency-Key (bounded by idempotency.max_buffered).",
+                app.proxy.idempotency().buffered() as f64,
+            ),
+            (
+                "fencegate_idempotency_records",
+                "Idempotency records on disk (bounded by idempotency.max_records).",
+                records.records as f64,
+            ),
+            (
+                "fencegate_idempotency_record_bytes",
+                "Bytes the idempotency records count for (bounded by idempotency.max_record_bytes).",
+                records.bytes as f64,
+            ),
+            (
+                "fencegate_connection_fds",
+                "Descriptors held by client and upstream connections (bounded by fencegate_connection_fds_budget).",
+                crate::rt::fds::open() as f64,
+            ),
+            (
+                "fencegate_connection_fds_budget",
+                "Descriptors connections may hold: the open-file limit less a reserve.",
+                crate::rt::fds::limits().map_or(0.0, |l| l.budget as f64),
+            ),
+        ],
+    );
+    if let Some(cluster) = &app.cluster {
+        cluster.metrics(&mut text);
+    }
+    respond(StatusCode::OK, "text/plain; version=0.0.4", text)
+}
+
+/// `GET /v1/scopes`: the marks under `prefix`, `limit` at a time after `after`.
+async fn list_scopes(app: &State, req: &Request<Incoming>) -> Response<Body> {
+    let prefix = query_param(req, "prefix").unwrap_or_default();
+    let after = query_param(req, "after");
+    let limit = match query_param(req, "limit").map(|l| l.parse::<usize>()) {
+        None => 100,
+        Some(Ok(l)) if (1..=MAX_LIMIT).contains(&l) => l,
+        Some(_) => return problem(StatusCode::BAD_REQUEST, "limit must be 1..=10000"),
+    };
+    // redb alone shows every acknowledged mark once the journal is applied.
+    let listed = checkpoint(app)
+        .await
+        .and_then(|_| app.store.list(&prefix, after.as_deref(), limit));
+    match listed {
+        Ok(marks) => {
+            let next = (!crate::store::marks::listed_all(&marks, limit))
+                .then(|| marks.last().map(|m| m.0.clone()))
+                .flatten();
+            let scopes: Vec<_> = marks.iter().map(|(s, t)| mark_json(s, Some(*t))).collect();
+            json(
+                StatusCode::OK,
+                serde_json::json!({"scopes": scopes, "next_after": next}),
+            )
+        }
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// `PUT /v1/floor`: tokens of a lower epoch are stale from now on, everywhere.
+async fn raise_floor(app: &State, req: Request<Incoming>) -> Response<Body> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Floor {
+        epoch: u64,
+    }
+    let f: Floor = match read_json(req).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    match app.store.raise_floor(f.epoch).await {
+        Ok(epoch) => json(StatusCode::OK, serde_json::json!({"epoch": epoch})),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// `GET /v1/scopes/{scope}` (its mark and sequence) and `POST /v1/scopes/{scope}/raise`
+/// (the mark raised to a token); `rest` is the path after `/v1/scopes/`.
+async fn one_scope(
+    app: &State,
+    method: &Method,
+    rest: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (raw_scope, raise) = match (method, rest.strip_suffix("/raise")) {
+        (&Method::POST, Some(s)) => (s, true),
+        (&Method::GET, _) => (rest, false),
+        _ => {
+            return problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "GET a scope, or POST .../raise",
+            );
+        }
+    };
+    let scope = match percent_decode_str(raw_scope).decode_utf8() {
+        Ok(s) if !s.is_empty() => s.into_owned(),
+        _ => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "scope must be non-empty UTF-8 (percent-encoded)",
+            );
+        }
+    };
+    if !raise {
+        return match app.gates.mark_with_sequence(&scope) {
+            Ok(m) => {
+                let mut v = mark_json(&scope, m.map(|m| m.token));
+                // As a string, as tokens are (SPEC §11).
+                v["highest_sequence"] = m.and_then(|m| m.sequence).map(|n| n.to_string()).into();
+                json(StatusCode::OK, v)
+            }
+            Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        };
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Raise {
+        token: Token,
+    }
+    let r: Raise = match read_json(req).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    match app.gates.raise(&scope, r.token).await {
+        Ok(m) => json(StatusCode::OK, mark_json(&scope, Some(m))),
+        Err(Refusal::Unavailable) | Err(_) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the mark could not be made durable",
+        ),
     }
 }
 

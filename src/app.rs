@@ -25,7 +25,7 @@ pub enum StartError {
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error("lease authority: {0}")]
-    Authority(String),
+    Authority(#[source] crate::authority::EngineError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -147,55 +147,21 @@ impl Running {
     }
 }
 
-/// Opens the store (unless one is given), binds both listeners and starts serving.
+/// Opens the store (unless one is given), binds both listeners and starts serving. The
+/// steps, in order: the files read (TLS) before anything is opened or bound, so bad files
+/// fail the start cleanly; the store; the cluster joined; the gates; the listeners bound;
+/// the state they share; then each listener and the housekeeping spawned.
 pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, StartError> {
-    // Once per process: the soft open-file limit raised to the hard one, and the budget
-    // of connections under it.
-    let fds = crate::rt::fds::raise();
-    if fds.was != fds.limit {
-        tracing::info!(from = fds.was, to = fds.limit, "open-file limit raised");
-    }
-    tracing::debug!(
-        limit = fds.limit,
-        budget = fds.budget,
-        "connections' file descriptors"
-    );
-    // Read before anything is opened or bound, so bad files fail the start cleanly.
-    let load = |files: Option<&crate::tls::ListenerFiles>| -> Result<_, StartError> {
-        Ok(match files {
-            Some(files) => Some(Arc::new(crate::tls::Listener::load(
-                files.clone(),
-                // A handshake is part of getting a request in: the same slowloris bound.
-                config.server.header_read_timeout,
-            )?)),
-            None => None,
-        })
-    };
-    let tls = load(config.server.tls.as_ref())?;
-    let admin_tls = load(config.admin.tls.as_ref())?;
-    let authority_tls = load(config.authority.as_ref().and_then(|a| a.tls.as_ref()))?;
-    let all_tls: Vec<_> = [&tls, &admin_tls, &authority_tls]
-        .into_iter()
-        .flatten()
-        .cloned()
-        .collect();
+    raise_fd_limit();
+    let tls = ListenerTls::load(&config)?;
     let metrics = Arc::new(Metrics::new(config.routes.iter().map(|r| r.name.clone())));
     let store = match store {
         Some(s) => s,
         None => MarkStore::open(&config.store.path)?,
     };
     let config = Arc::new(config);
-    // In a cluster, the gates decide on the marks of the shards this instance owns, in
-    // etcd (SPEC §10).
     #[cfg(feature = "etcd")]
-    let joining = match &config.cluster {
-        Some(c) => Some(
-            crate::cluster::node::Joining::connect(c)
-                .await
-                .map_err(|e| StartError::Cluster(e.to_string()))?,
-        ),
-        None => None,
-    };
+    let joining = connect_cluster(&config).await?;
     #[cfg(not(feature = "etcd"))]
     if config.cluster.is_some() {
         return Err(StartError::Cluster(
@@ -212,93 +178,35 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         config.fencing.max_inflight_per_scope,
         config.fencing.max_waiters_per_scope,
     );
+    // In a cluster, the gates decide on the marks of the shards this instance owns, in
+    // etcd (SPEC §10).
     #[cfg(feature = "etcd")]
     let gates = match &joining {
         Some(j) => gates.with_source(Arc::new(j.owned().clone())),
         None => gates,
     };
     let gates = Arc::new(gates);
-    let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind { addr, source })
-    };
-    let peer_listener = match &config.cluster {
-        Some(c) => Some(bind(c.peer_listen).await?),
-        None => None,
-    };
-    let peer_addr = match &peer_listener {
-        Some(l) => Some(l.local_addr().map_err(|source| StartError::Bind {
-            addr: l.local_addr().unwrap_or(config.server.listen),
-            source,
-        })?),
-        None => None,
-    };
+    let peer = bind_peer(&config).await?;
+    let peer_addr = peer.as_ref().map(|(_, addr)| *addr);
     #[cfg(feature = "etcd")]
-    let cluster = match (joining, peer_addr) {
-        (Some(joining), Some(peer_addr)) => {
-            let busy: crate::cluster::member::Busy = {
-                let (gates, owned) = (gates.clone(), joining.owned().clone());
-                Arc::new(move |shard| gates.busy(|scope| owned.shard_of(scope) == shard))
-            };
-            let longest = config
-                .upstreams
-                .iter()
-                .map(|u| u.timeout)
-                .max()
-                .unwrap_or_default();
-            Some(
-                joining
-                    .join(
-                        peer_addr,
-                        busy,
-                        longest,
-                        config.fencing.settle,
-                        config.fencing.drain_timeout,
-                    )
-                    .await
-                    .map_err(|e| StartError::Cluster(e.to_string()))?,
-            )
-        }
-        _ => None,
-    };
+    let cluster = join_cluster(joining, peer_addr, &gates, &config).await?;
     let proxy_listener = bind(config.server.listen).await?;
     let admin_listener = bind(config.admin.listen).await?;
-    let proxy_addr = proxy_listener
-        .local_addr()
-        .map_err(|source| StartError::Bind {
-            addr: config.server.listen,
-            source,
-        })?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .map_err(|source| StartError::Bind {
-            addr: config.admin.listen,
-            source,
-        })?;
-    let access_log = crate::access_log::AccessLog::open(&config.log.access).map_err(|source| {
-        StartError::AccessLog {
-            path: match &config.log.access {
-                crate::access_log::Sink::File(p) => p.display().to_string(),
-                _ => "stdout".into(),
-            },
-            source,
-        }
-    })?;
+    let proxy_addr = local_addr(&proxy_listener, config.server.listen)?;
+    let admin_addr = local_addr(&admin_listener, config.admin.listen)?;
+    let access_log = open_access_log(&config)?;
+    let proxy = Proxy::new(
+        Arc::new(config.proxy_settings()),
+        gates.clone(),
+        metrics.clone(),
+    );
+    #[cfg(feature = "etcd")]
+    let proxy = match &cluster {
+        Some(node) => proxy.with_placement(node.placement()),
+        None => proxy,
+    };
     let app = Arc::new(State {
-        proxy: {
-            let proxy = Proxy::new(
-                Arc::new(config.proxy_settings()),
-                gates.clone(),
-                metrics.clone(),
-            );
-            #[cfg(feature = "etcd")]
-            let proxy = match &cluster {
-                Some(node) => proxy.with_placement(node.placement()),
-                None => proxy,
-            };
-            proxy.with_access_log(access_log)
-        },
+        proxy: proxy.with_access_log(access_log),
         config: config.clone(),
         store,
         gates: gates.clone(),
@@ -311,9 +219,184 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
         cluster: None,
     });
     let (stop, stop_rx) = watch::channel(false);
-    let grace = config.server.shutdown_timeout;
-    // Each second, the count of refusal warnings the last second left out (if any).
-    let warnings = Arc::downgrade(&app);
+    spawn_warning_flush(&app);
+    let mut tasks = spawn_proxy(
+        &app,
+        proxy_listener,
+        proxy_addr,
+        tls.proxy.clone(),
+        &stop_rx,
+    )?;
+    let admin_task = spawn_admin(&app, admin_listener, tls.admin.clone(), &stop_rx);
+    if let (Some((listener, _)), Some(c)) = (peer, &config.cluster) {
+        tasks.push((
+            "peer listener",
+            spawn_peer(&app, listener, c.peer_key.clone(), &stop_rx),
+        ));
+    }
+    let mut authority_addr = None;
+    if let Some(auth) = &config.authority {
+        let (addr, task) = serve_authority(&app, auth, tls.authority.clone(), &stop_rx).await?;
+        authority_addr = Some(addr);
+        tasks.push(("lease authority", task));
+    }
+    let sweeper = spawn_housekeeping(app.clone(), gates, stop_rx);
+    tracing::info!(%proxy_addr, %admin_addr, "fencegate listening");
+    tasks.extend([("admin listener", admin_task), ("housekeeping", sweeper)]);
+    Ok(Running {
+        proxy_addr,
+        admin_addr,
+        authority_addr,
+        peer_addr,
+        #[cfg(feature = "etcd")]
+        cluster,
+        app,
+        tls: tls.all(),
+        stop,
+        tasks,
+    })
+}
+
+/// Once per process: the soft open-file limit raised to the hard one, and the budget of
+/// connections under it.
+fn raise_fd_limit() {
+    let fds = crate::rt::fds::raise();
+    if fds.was != fds.limit {
+        tracing::info!(from = fds.was, to = fds.limit, "open-file limit raised");
+    }
+    tracing::debug!(
+        limit = fds.limit,
+        budget = fds.budget,
+        "connections' file descriptors"
+    );
+}
+
+/// The listeners' TLS (`server.tls`, `admin.tls`, `authority.tls`), each when set.
+struct ListenerTls {
+    proxy: Option<Arc<crate::tls::Listener>>,
+    admin: Option<Arc<crate::tls::Listener>>,
+    authority: Option<Arc<crate::tls::Listener>>,
+}
+
+impl ListenerTls {
+    fn load(config: &Config) -> Result<ListenerTls, StartError> {
+        let load = |files: Option<&crate::tls::ListenerFiles>| -> Result<_, StartError> {
+            Ok(match files {
+                Some(files) => Some(Arc::new(crate::tls::Listener::load(
+                    files.clone(),
+                    // A handshake is part of getting a request in: the same slowloris bound.
+                    config.server.header_read_timeout,
+                )?)),
+                None => None,
+            })
+        };
+        Ok(ListenerTls {
+            proxy: load(config.server.tls.as_ref())?,
+            admin: load(config.admin.tls.as_ref())?,
+            authority: load(config.authority.as_ref().and_then(|a| a.tls.as_ref()))?,
+        })
+    }
+
+    /// Those set, for their files to be re-read on reload.
+    fn all(&self) -> Vec<Arc<crate::tls::Listener>> {
+        [&self.proxy, &self.admin, &self.authority]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+/// The address a listener bound to `addr` (port 0 in tests) took.
+fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, StartError> {
+    listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+/// With `[cluster]`: the listener on which the other instances hand this one requests,
+/// and its address.
+async fn bind_peer(config: &Config) -> Result<Option<(TcpListener, SocketAddr)>, StartError> {
+    let Some(c) = &config.cluster else {
+        return Ok(None);
+    };
+    let listener = bind(c.peer_listen).await?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: listener.local_addr().unwrap_or(config.server.listen),
+        source,
+    })?;
+    Ok(Some((listener, addr)))
+}
+
+/// With `[cluster]`: connected to etcd, before the gates that decide on its shards.
+#[cfg(feature = "etcd")]
+async fn connect_cluster(
+    config: &Config,
+) -> Result<Option<crate::cluster::node::Joining>, StartError> {
+    match &config.cluster {
+        Some(c) => Ok(Some(
+            crate::cluster::node::Joining::connect(c)
+                .await
+                .map_err(|e| StartError::Cluster(e.to_string()))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// With `[cluster]`: this instance joined, its peer listener bound; a shard is busy while
+/// a gate of one of its scopes is.
+#[cfg(feature = "etcd")]
+async fn join_cluster(
+    joining: Option<crate::cluster::node::Joining>,
+    peer_addr: Option<SocketAddr>,
+    gates: &Arc<Gates>,
+    config: &Config,
+) -> Result<Option<crate::cluster::node::Node>, StartError> {
+    let (Some(joining), Some(peer_addr)) = (joining, peer_addr) else {
+        return Ok(None);
+    };
+    let busy: crate::cluster::member::Busy = {
+        let (gates, owned) = (gates.clone(), joining.owned().clone());
+        Arc::new(move |shard| gates.busy(|scope| owned.shard_of(scope) == shard))
+    };
+    let longest = config
+        .upstreams
+        .iter()
+        .map(|u| u.timeout)
+        .max()
+        .unwrap_or_default();
+    let node = joining
+        .join(
+            peer_addr,
+            busy,
+            longest,
+            config.fencing.settle,
+            config.fencing.drain_timeout,
+        )
+        .await
+        .map_err(|e| StartError::Cluster(e.to_string()))?;
+    Ok(Some(node))
+}
+
+fn open_access_log(config: &Config) -> Result<crate::access_log::AccessLog, StartError> {
+    crate::access_log::AccessLog::open(&config.log.access).map_err(|source| StartError::AccessLog {
+        path: match &config.log.access {
+            crate::access_log::Sink::File(p) => p.display().to_string(),
+            _ => "stdout".into(),
+        },
+        source,
+    })
+}
+
+/// Each second, the count of refusal warnings the last second left out (if any).
+fn spawn_warning_flush(app: &Arc<State>) {
+    let warnings = Arc::downgrade(app);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -325,34 +408,50 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
             }
         }
     });
+}
 
+/// The proxy's listener, served by `server.workers` workers.
+fn spawn_proxy(
+    app: &Arc<State>,
+    listener: TcpListener,
+    addr: SocketAddr,
+    tls: Option<Arc<crate::tls::Listener>>,
+    stop: &watch::Receiver<bool>,
+) -> Result<Vec<(&'static str, JoinHandle<()>)>, StartError> {
+    let config = &app.config;
     let https = tls.is_some();
     let proxy_app = app.clone();
     let limits = ConnLimits::for_server(&config.server, crate::rt::fds::Pool::Proxy);
-    let proxy_tasks = spawn_workers(
-        proxy_listener,
+    let tasks = spawn_workers(
+        listener,
         config.server.workers,
-        &stop_rx,
-        grace,
+        stop,
+        config.server.shutdown_timeout,
         &config.server,
         limits,
-        tls.clone(),
-        proxy_hooks(&app),
+        tls,
+        proxy_hooks(app),
         move |req, peer| {
             let app = proxy_app.clone();
             async move { app.proxy.handle(req, peer.addr, https).await }
         },
     )
-    .map_err(|source| StartError::Bind {
-        addr: proxy_addr,
-        source,
-    })?;
+    .map_err(|source| StartError::Bind { addr, source })?;
+    Ok(tasks.into_iter().map(|t| ("proxy listener", t)).collect())
+}
+
+fn spawn_admin(
+    app: &Arc<State>,
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::Listener>>,
+    stop: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
     let admin_app = app.clone();
-    let admin_task = spawn_listener(
-        admin_listener,
-        &config.server,
-        admin_tls,
-        stop_rx.clone(),
+    spawn_listener(
+        listener,
+        &app.config.server,
+        tls,
+        stop.clone(),
         service_hooks(),
         move |req, _peer| {
             let app = admin_app.clone();
@@ -360,63 +459,71 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
                 crate::admin::handle(&app, req).await
             })
         },
-    );
-    let mut tasks: Vec<_> = proxy_tasks
-        .into_iter()
-        .map(|t| ("proxy listener", t))
-        .collect();
-    if let (Some(listener), Some(c)) = (peer_listener, &config.cluster) {
-        let peer_app = app.clone();
-        let key = c.peer_key.clone();
-        tasks.push((
-            "peer listener",
-            spawn_listener(
-                listener,
-                &config.server,
-                None,
-                stop_rx.clone(),
-                service_hooks(),
-                move |req, peer| {
-                    let app = peer_app.clone();
-                    let key = key.clone();
-                    async move {
-                        let proven = req
-                            .headers()
-                            .get(crate::proxy::hop::FENCEGATE_PEER)
-                            .is_some_and(|v| key.matches(v.as_bytes()));
-                        if !proven {
-                            return closing_if_unread(req, |_| async { not_a_peer() }).await;
-                        }
-                        app.proxy.handle_peer(req, peer).await
-                    }
-                },
-            ),
-        ));
-    }
-    let mut authority_addr = None;
-    if let Some(auth) = &config.authority {
-        let (addr, task) = crate::authority::serve(
-            auth,
-            &config.server,
-            &app.store,
-            authority_tls,
-            stop_rx.clone(),
-            app.authority.clone(),
-            service_hooks(),
-        )
-        .await
-        .map_err(|e| match e {
-            crate::authority::ServeError::Engine(e) => StartError::Authority(e),
-            crate::authority::ServeError::Bind { addr, source } => {
-                StartError::Bind { addr, source }
+    )
+}
+
+/// The peer listener: requests the other instances hand this one, each proven by the
+/// cluster's credential (`Fencegate-Peer`).
+fn spawn_peer(
+    app: &Arc<State>,
+    listener: TcpListener,
+    key: crate::cluster::config::PeerKey,
+    stop: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let peer_app = app.clone();
+    spawn_listener(
+        listener,
+        &app.config.server,
+        None,
+        stop.clone(),
+        service_hooks(),
+        move |req, peer| {
+            let app = peer_app.clone();
+            let key = key.clone();
+            async move {
+                let proven = req
+                    .headers()
+                    .get(crate::proxy::hop::FENCEGATE_PEER)
+                    .is_some_and(|v| key.matches(v.as_bytes()));
+                if !proven {
+                    return closing_if_unread(req, |_| async { not_a_peer() }).await;
+                }
+                app.proxy.handle_peer(req, peer).await
             }
-        })?;
-        authority_addr = Some(addr);
-        tasks.push(("lease authority", task));
-    }
-    let mut sweep_stop = stop_rx;
-    let housekeeping = app.clone();
-    let sweeper = tokio::spawn(async move {
+        },
+    )
+}
+
+/// The lease authority's listener, with `[authority]`.
+async fn serve_authority(
+    app: &Arc<State>,
+    auth: &crate::authority::AuthorityConfig,
+    tls: Option<Arc<crate::tls::Listener>>,
+    stop: &watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+    crate::authority::serve(
+        auth,
+        &app.config.server,
+        &app.store,
+        tls,
+        stop.clone(),
+        app.authority.clone(),
+        service_hooks(),
+    )
+    .await
+    .map_err(|e| match e {
+        crate::authority::ServeError::Engine(e) => StartError::Authority(e),
+        crate::authority::ServeError::Bind { addr, source } => StartError::Bind { addr, source },
+    })
+}
+
+/// Housekeeping: the gates swept every 10 s, expired idempotency records collected.
+fn spawn_housekeeping(
+    app: Arc<State>,
+    gates: Arc<Gates>,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         let mut collect = tokio::time::interval(crate::proxy::idempotency::COLLECT_EVERY);
         loop {
@@ -427,30 +534,16 @@ pub async fn start(config: Config, store: Option<MarkStore>) -> Result<Running, 
                     // not hold shutdown up. (A batch already queued commits, or not, by
                     // itself; the next start collects what is left.)
                     let n = tokio::select! {
-                        n = housekeeping.proxy.idempotency().collect() => n,
-                        _ = sweep_stop.changed() => return,
+                        n = app.proxy.idempotency().collect() => n,
+                        _ = stop.changed() => return,
                     };
                     if n > 0 {
                         tracing::debug!(records = n, "expired idempotency records collected");
                     }
                 }
-                _ = sweep_stop.changed() => return,
+                _ = stop.changed() => return,
             }
         }
-    });
-    tracing::info!(%proxy_addr, %admin_addr, "fencegate listening");
-    tasks.extend([("admin listener", admin_task), ("housekeeping", sweeper)]);
-    Ok(Running {
-        proxy_addr,
-        admin_addr,
-        authority_addr,
-        peer_addr,
-        #[cfg(feature = "etcd")]
-        cluster,
-        app,
-        tls: all_tls,
-        stop,
-        tasks,
     })
 }
 

@@ -29,7 +29,7 @@
 //!   the store, the authority and the cluster render their own series for `/metrics`;
 //!   [`access_log`]: one line per request, and refusal warnings
 //! - [`authority`]: the lease authority (SPEC §8), `local` (redb) or `etcd` backend behind
-//!   one HTTP API
+//!   one HTTP API; the etcd backend is a folder (acquire, lease, the client per member)
 //! - [`cluster`]: several instances on one fence through etcd (SPEC §10): shards and
 //!   their owners, marks in etcd, hops to the owner, hand-offs and takeovers
 //! - [`client`]: the Rust client: leases as capabilities, background renewal, fenced
@@ -38,7 +38,8 @@
 //!   key path, the value checks); each subsystem reads its own section with it
 //! - [`settings`]: the TOML file assembled from the subsystems' sections and validated
 //!   (SPEC §5); above the domain, imported by the wiring, the commands and the runtime
-//!   types that hold the whole file
+//!   types that hold the whole file. The routes and upstreams are the proxy's own section,
+//!   [`proxy::config`]: a folder (types, upstream, route, api, checks across routes)
 //! - [`rt`]: runtime plumbing: coarse timers and deadlines, drain
 //! - [`app`]: the wiring (start, reload, shutdown), imported only by `main` and [`cli`];
 //!   [`cli`]: the commands (SPEC §6) and the demo

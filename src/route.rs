@@ -38,6 +38,43 @@ pub enum PathError {
     Semicolon,
 }
 
+/// Why a route's path or scope template is refused (its text follows the key's place in
+/// `check-config`'s output).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TemplateError {
+    #[error("must start with `/`")]
+    NoLeadingSlash,
+    #[error("capture `{0}` is named twice")]
+    NamedTwice(String),
+    #[error("has an empty segment")]
+    EmptySegment,
+    #[error("capture `{0}` needs a name of letters, digits and `_`")]
+    CaptureName(String),
+    #[error("`{0}` must be the last segment")]
+    RestNotLast(String),
+    #[error("segment `{0}` mixes text and a capture; a capture is a whole segment")]
+    Mixed(String),
+    #[error("segment `{0}` has `%`: write literal segments decoded, they match decoded paths")]
+    Escaped(String),
+    #[error("segment `{segment}`: {source}")]
+    Segment {
+        segment: String,
+        #[source]
+        source: PathError,
+    },
+    #[error("must not be empty")]
+    Empty,
+    #[error("must not contain control characters")]
+    Control,
+    #[error("unclosed `{{` in `{0}`")]
+    Unclosed(String),
+    #[error("`{{{0}}}` is not a capture of the path template")]
+    NotACapture(String),
+    #[error("stray `}}` in `{0}`")]
+    Stray(String),
+}
+
 /// Splits an origin-form path (no query) into percent-decoded segments.
 ///
 /// `/` is the empty list. One trailing slash is ignored (`/a/` and `/a` share a scope,
@@ -183,10 +220,8 @@ impl fmt::Display for PathTemplate {
 }
 
 impl PathTemplate {
-    pub fn parse(raw: &str) -> Result<PathTemplate, String> {
-        let rest = raw
-            .strip_prefix('/')
-            .ok_or_else(|| "must start with `/`".to_string())?;
+    pub fn parse(raw: &str) -> Result<PathTemplate, TemplateError> {
+        let rest = raw.strip_prefix('/').ok_or(TemplateError::NoLeadingSlash)?;
         let mut segments = Vec::new();
         if !rest.is_empty() {
             let parts: Vec<&str> = rest.split('/').collect();
@@ -204,7 +239,7 @@ impl PathTemplate {
             .collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(format!("capture `{}` is named twice", w[0]));
+            return Err(TemplateError::NamedTwice(w[0].to_string()));
         }
         Ok(PathTemplate {
             segments,
@@ -410,9 +445,9 @@ impl PathTemplate {
     }
 }
 
-fn parse_template_segment(part: &str, last: bool) -> Result<Segment, String> {
+fn parse_template_segment(part: &str, last: bool) -> Result<Segment, TemplateError> {
     if part.is_empty() {
-        return Err("has an empty segment".into());
+        return Err(TemplateError::EmptySegment);
     }
     if let Some(inner) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
         let (name, catch_all) = match inner.strip_prefix('*') {
@@ -420,12 +455,10 @@ fn parse_template_segment(part: &str, last: bool) -> Result<Segment, String> {
             None => (inner, false),
         };
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(format!(
-                "capture `{part}` needs a name of letters, digits and `_`"
-            ));
+            return Err(TemplateError::CaptureName(part.to_string()));
         }
         if catch_all && !last {
-            return Err(format!("`{part}` must be the last segment"));
+            return Err(TemplateError::RestNotLast(part.to_string()));
         }
         return Ok(if catch_all {
             Segment::CatchAll(name.to_string())
@@ -434,18 +467,17 @@ fn parse_template_segment(part: &str, last: bool) -> Result<Segment, String> {
         });
     }
     if part.contains(['{', '}']) {
-        return Err(format!(
-            "segment `{part}` mixes text and a capture; a capture is a whole segment"
-        ));
+        return Err(TemplateError::Mixed(part.to_string()));
     }
     if part.contains('%') {
-        return Err(format!(
-            "segment `{part}` has `%`: write literal segments decoded, they match decoded paths"
-        ));
+        return Err(TemplateError::Escaped(part.to_string()));
     }
     match decode_segment(part) {
         Ok(text) => Ok(Segment::Literal(text.into_owned())),
-        Err(e) => Err(format!("segment `{part}`: {e}")),
+        Err(source) => Err(TemplateError::Segment {
+            segment: part.to_string(),
+            source,
+        }),
     }
 }
 
@@ -477,14 +509,14 @@ impl fmt::Display for ScopeTemplate {
 }
 
 impl ScopeTemplate {
-    pub fn parse(raw: &str, path: &PathTemplate) -> Result<ScopeTemplate, String> {
+    pub fn parse(raw: &str, path: &PathTemplate) -> Result<ScopeTemplate, TemplateError> {
         if raw.is_empty() {
-            return Err("must not be empty".into());
+            return Err(TemplateError::Empty);
         }
         // No request's scope can hold one (a path segment with one is refused), and the
         // store's other records are told from marks' by a leading NUL.
         if raw.chars().any(char::is_control) {
-            return Err("must not contain control characters".into());
+            return Err(TemplateError::Control);
         }
         let names: Vec<&str> = path.captures().collect();
         let mut parts = Vec::new();
@@ -496,17 +528,17 @@ impl ScopeTemplate {
             let after = &rest[open + 1..];
             let close = after
                 .find('}')
-                .ok_or_else(|| format!("unclosed `{{` in `{raw}`"))?;
+                .ok_or_else(|| TemplateError::Unclosed(raw.to_string()))?;
             let name = &after[..close];
             let idx = names
                 .iter()
                 .position(|n| *n == name)
-                .ok_or_else(|| format!("`{{{name}}}` is not a capture of the path template"))?;
+                .ok_or_else(|| TemplateError::NotACapture(name.to_string()))?;
             parts.push(ScopePart::Capture(idx));
             rest = &after[close + 1..];
         }
         if rest.contains('}') {
-            return Err(format!("stray `}}` in `{raw}`"));
+            return Err(TemplateError::Stray(raw.to_string()));
         }
         if !rest.is_empty() {
             parts.push(ScopePart::Text(rest.to_string()));

@@ -182,6 +182,8 @@ enum Call {
     Other,
 }
 
+/// One call: its path and method checked, its caller authenticated before its body is
+/// read, then the call itself.
 async fn serve_call(
     engine: &Engine,
     policy: &Policy,
@@ -191,44 +193,14 @@ async fn serve_call(
 ) -> Response<Body> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().map(str::to_string);
-    let method = req.method().clone();
-    let allowed = match path.as_str() {
-        "/v1/locks/acquire" | "/v1/locks/renew" | "/v1/locks/release" => "POST",
-        "/v1/locks" => "GET",
-        _ => {
-            return problem(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "No such call",
-                json_map(),
-            );
-        }
+    let allowed = match allowed_method(&path, req.method()) {
+        Ok(allowed) => allowed,
+        Err(refused) => return *refused,
     };
-    if method.as_str() != allowed {
-        let mut r = problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            &format!("{path} answers {allowed} only"),
-            json_map(),
-        );
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static(allowed));
-        return r;
-    }
     // Before the body is read: an unknown caller gets nothing of the authority's time.
     let caller = match policy.authenticate(req.headers()) {
         Ok(c) => c,
         Err(()) => return unauthenticated(),
-    };
-    let max_ttl = policy.max_ttl;
-    let out_of_bounds = |scope: &str| {
-        caller.filter(|c| !c.allows(scope)).map(|c| {
-            forbidden(format!(
-                "client `{}` may not use scope `{scope}` (its scopes: {})",
-                c.name,
-                c.scopes.join(", ")
-            ))
-        })
     };
     let body = if allowed == "POST" {
         match read_body(req.into_body(), body_timeout).await {
@@ -240,58 +212,24 @@ async fn serve_call(
     };
     let result = match path.as_str() {
         "/v1/locks" => match query_param(query.as_deref(), "scope") {
-            Some(scope) if !scope.is_empty() => {
-                if let Some(refused) = out_of_bounds(&scope) {
-                    return refused;
-                }
-                match engine.status(&scope).await {
-                    Ok(status) => return status_json(&status, caller),
-                    Err(detail) => Ok(Outcome::Unavailable {
-                        retry_after: Duration::from_secs(1),
-                        detail,
-                    }),
-                }
-            }
+            Some(scope) if !scope.is_empty() => return status_call(engine, &scope, caller).await,
             _ => Err(BadRequest("the query needs scope=S".into())),
         },
-        "/v1/locks/acquire" => match parse_json::<RawAcquire>(&body) {
-            Ok(raw) => match acquire_request(raw, max_ttl, caller) {
-                Ok(a) => {
-                    if let Some(refused) = out_of_bounds(&a.scope) {
-                        return refused;
-                    }
-                    let outcome = engine.acquire(&a, stop).await;
-                    if let Outcome::Acquired(g) = &outcome {
-                        policy.metrics.granted(g.token.epoch, g.token.counter);
-                    }
-                    tracing::debug!(scope = %a.scope, holder = %a.holder, ?outcome, "acquire");
-                    Ok(outcome)
-                }
-                Err(AcquireRefusal::Bad(e)) => Err(e),
-                Err(AcquireRefusal::OtherHolder(detail)) => return forbidden(detail),
-            },
-            Err(e) => Err(e),
-        },
+        "/v1/locks/acquire" => {
+            match parse_json::<RawAcquire>(&body)
+                .map(|raw| acquire_request(raw, policy.max_ttl, caller))
+            {
+                Ok(Ok(a)) => return acquire_call(engine, policy, &a, caller, stop).await,
+                Ok(Err(AcquireRefusal::Bad(e))) | Err(e) => Err(e),
+                Ok(Err(AcquireRefusal::OtherHolder(detail))) => return forbidden(detail),
+            }
+        }
         renew_or_release => {
             let renew = renew_or_release == "/v1/locks/renew";
-            // With clients, only the lease's holder renews or releases it: another
-            // client's call with the right (lease_id, token) is `lost` too (not 403,
-            // which would tell it that the lease exists), and changes nothing.
-            let holder = caller.map(|c| c.name.as_str());
-            let call =
-                parse_json::<RawLease>(&body).and_then(|raw| lease_call(raw, renew, max_ttl));
-            if let Ok((scope, ..)) = &call
-                && let Some(refused) = out_of_bounds(scope)
-            {
-                return refused;
-            }
+            let call = parse_json::<RawLease>(&body)
+                .and_then(|raw| lease_call(raw, renew, policy.max_ttl));
             match call {
-                Ok((scope, lease_id, token, Some(ttl))) => {
-                    Ok(engine.renew(&scope, &lease_id, token, ttl, holder).await)
-                }
-                Ok((scope, lease_id, token, None)) => {
-                    Ok(engine.release(&scope, &lease_id, token, holder).await)
-                }
+                Ok(call) => return renew_or_release_call(engine, policy, call, caller).await,
                 Err(e) => Err(e),
             }
         }
@@ -305,6 +243,102 @@ async fn serve_call(
             json_map(),
         ),
     }
+}
+
+/// The method a call's path answers, or the refusal of another path or method.
+fn allowed_method(path: &str, method: &http::Method) -> Result<&'static str, Box<Response<Body>>> {
+    let allowed = match path {
+        "/v1/locks/acquire" | "/v1/locks/renew" | "/v1/locks/release" => "POST",
+        "/v1/locks" => "GET",
+        _ => {
+            return Err(Box::new(problem(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "No such call",
+                json_map(),
+            )));
+        }
+    };
+    if method.as_str() != allowed {
+        let mut r = problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            &format!("{path} answers {allowed} only"),
+            json_map(),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allowed));
+        return Err(Box::new(r));
+    }
+    Ok(allowed)
+}
+
+/// With clients: the refusal of a scope outside the caller's.
+fn out_of_bounds(caller: Option<&Client>, scope: &str) -> Option<Response<Body>> {
+    caller.filter(|c| !c.allows(scope)).map(|c| {
+        forbidden(format!(
+            "client `{}` may not use scope `{scope}` (its scopes: {})",
+            c.name,
+            c.scopes.join(", ")
+        ))
+    })
+}
+
+/// `GET /v1/locks?scope=S`.
+async fn status_call(engine: &Engine, scope: &str, caller: Option<&Client>) -> Response<Body> {
+    if let Some(refused) = out_of_bounds(caller, scope) {
+        return refused;
+    }
+    match engine.status(scope).await {
+        Ok(status) => status_json(&status, caller),
+        Err(e) => answer(
+            Outcome::Unavailable {
+                retry_after: Duration::from_secs(1),
+                detail: e.to_string(),
+            },
+            None,
+        ),
+    }
+}
+
+/// `POST /v1/locks/acquire`, its request read.
+async fn acquire_call(
+    engine: &Engine,
+    policy: &Policy,
+    a: &AcquireRequest,
+    caller: Option<&Client>,
+    stop: watch::Receiver<bool>,
+) -> Response<Body> {
+    if let Some(refused) = out_of_bounds(caller, &a.scope) {
+        return refused;
+    }
+    let outcome = engine.acquire(a, stop).await;
+    if let Outcome::Acquired(g) = &outcome {
+        policy.metrics.granted(g.token.epoch, g.token.counter);
+    }
+    tracing::debug!(scope = %a.scope, holder = %a.holder, ?outcome, "acquire");
+    answer(outcome, policy.signing_key.as_deref())
+}
+
+/// `POST /v1/locks/renew` (with a ttl) or `/v1/locks/release` (without), its request read.
+async fn renew_or_release_call(
+    engine: &Engine,
+    policy: &Policy,
+    (scope, lease_id, token, ttl): (String, String, Token, Option<Duration>),
+    caller: Option<&Client>,
+) -> Response<Body> {
+    if let Some(refused) = out_of_bounds(caller, &scope) {
+        return refused;
+    }
+    // With clients, only the lease's holder renews or releases it: another client's call
+    // with the right (lease_id, token) is `lost` too (not 403, which would tell it that
+    // the lease exists), and changes nothing.
+    let holder = caller.map(|c| c.name.as_str());
+    let outcome = match ttl {
+        Some(ttl) => engine.renew(&scope, &lease_id, token, ttl, holder).await,
+        None => engine.release(&scope, &lease_id, token, holder).await,
+    };
+    answer(outcome, policy.signing_key.as_deref())
 }
 
 fn name(value: Option<String>, what: &str) -> Result<String, BadRequest> {

@@ -32,18 +32,34 @@ const PENDING_RETRY: Duration = Duration::from_millis(5);
 /// How soon to retry after the store failed.
 const STORE_RETRY: Duration = Duration::from_secs(1);
 
+/// Why the `local` backend failed: its store (redb, or the blocking task that ran it),
+/// the store file for `bump-epoch`, or a counter at its end.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LocalError {
     #[error("authority store: {0}")]
-    Store(String),
-    #[error("cannot open {path}: {reason} (is the server still running? stop it first)")]
-    Open { path: String, reason: String },
+    Store(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot open {path}: {source} (is the server still running? stop it first)")]
+    Open {
+        path: String,
+        #[source]
+        source: OpenError,
+    },
     #[error("the token counter of scope `{0}` is exhausted")]
     Exhausted(String),
 }
 
-fn store_err(e: impl std::fmt::Display) -> LocalError {
-    LocalError::Store(e.to_string())
+/// Why `bump-epoch` could not open the store file.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("no such file")]
+    Missing,
+    #[error(transparent)]
+    Database(#[from] redb::DatabaseError),
+}
+
+fn store_err(e: impl std::error::Error + Send + Sync + 'static) -> LocalError {
+    LocalError::Store(Box::new(e))
 }
 
 /// What the authority knows of one scope in memory.
@@ -387,8 +403,8 @@ impl Local {
         }
     }
 
-    pub fn status(&self, scope: &str) -> Result<LockStatus, String> {
-        let last_issued = self.last_issued(scope).map_err(|e| e.to_string())?;
+    pub fn status(&self, scope: &str) -> Result<LockStatus, LocalError> {
+        let last_issued = self.last_issued(scope)?;
         let now = Instant::now();
         let held = match self.slots().get(scope) {
             Some(Slot::Held(l)) if l.deadline > now => Some(l.clone()),
@@ -526,14 +542,14 @@ pub fn bump_epoch(path: &Path) -> Result<u64, LocalError> {
 /// [`bump_epoch`] to an epoch of at least `min` (`store recover`: new tokens must pass the
 /// floor it raised).
 pub fn bump_epoch_at_least(path: &Path, min: u64) -> Result<u64, LocalError> {
-    let open_err = |reason: String| LocalError::Open {
+    let open_err = |source: OpenError| LocalError::Open {
         path: path.display().to_string(),
-        reason,
+        source,
     };
     if !path.exists() {
-        return Err(open_err("no such file".into()));
+        return Err(open_err(OpenError::Missing));
     }
-    let db = Database::open(path).map_err(|e| open_err(e.to_string()))?;
+    let db = Database::open(path).map_err(|e| open_err(e.into()))?;
     let txn = write_txn(&db)?;
     let epoch = {
         txn.open_table(COUNTERS).map_err(store_err)?;

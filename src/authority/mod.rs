@@ -130,11 +130,11 @@ impl Engine {
         }
     }
 
-    pub async fn status(&self, scope: &str) -> Result<LockStatus, String> {
+    pub async fn status(&self, scope: &str) -> Result<LockStatus, StatusError> {
         match self {
-            Engine::Local(l) => l.status(scope),
+            Engine::Local(l) => Ok(l.status(scope)?),
             #[cfg(feature = "etcd")]
-            Engine::Etcd(e) => e.status(scope).await,
+            Engine::Etcd(e) => Ok(e.status(scope).await?),
         }
     }
 
@@ -149,12 +149,39 @@ impl Engine {
     }
 }
 
+/// Why a scope's status could not be read (its text is the 503's detail).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatusError {
+    #[error(transparent)]
+    Local(#[from] local::LocalError),
+    #[cfg(feature = "etcd")]
+    #[error(transparent)]
+    Etcd(#[from] etcd_client::Error),
+}
+
+/// Why the configured backend could not be opened or reached.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    #[error("the mark store is being reopened")]
+    StoreReopening,
+    #[error(transparent)]
+    Local(#[from] local::LocalError),
+    #[cfg(feature = "etcd")]
+    #[error(transparent)]
+    Etcd(#[from] etcd::EtcdError),
+    #[cfg(not(feature = "etcd"))]
+    #[error("backend = \"etcd\" needs a build with `--features etcd`")]
+    EtcdNotBuilt,
+}
+
 /// Why the authority could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// Its backend could not be opened or reached.
-    #[error("{0}")]
-    Engine(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -169,24 +196,19 @@ pub async fn engine(
     metrics: Arc<AuthorityMetrics>,
 ) -> Result<Engine, ServeError> {
     match &config.backend {
-        Backend::Local => local::Local::open(
-            store
-                .database()
-                .ok_or_else(|| ServeError::Engine("the mark store is being reopened".into()))?,
-            config,
-        )
-        .await
-        .map(|l| Engine::Local(l.with_metrics(metrics)))
-        .map_err(|e| ServeError::Engine(e.to_string())),
+        Backend::Local => {
+            local::Local::open(store.database().ok_or(EngineError::StoreReopening)?, config)
+                .await
+                .map(|l| Engine::Local(l.with_metrics(metrics)))
+                .map_err(|e| EngineError::from(e).into())
+        }
         #[cfg(feature = "etcd")]
         Backend::Etcd { endpoints } => etcd::Etcd::connect(endpoints, config)
             .await
             .map(|e| Engine::Etcd(Box::new(e.with_metrics(metrics))))
-            .map_err(|e| ServeError::Engine(e.to_string())),
+            .map_err(|e| EngineError::from(e).into()),
         #[cfg(not(feature = "etcd"))]
-        Backend::Etcd { .. } => Err(ServeError::Engine(
-            "backend = \"etcd\" needs a build with `--features etcd`".into(),
-        )),
+        Backend::Etcd { .. } => Err(EngineError::EtcdNotBuilt.into()),
     }
 }
 
@@ -280,20 +302,35 @@ pub fn lease_secret() -> String {
 /// `fencegate authority bump-epoch`: every later token compares above every earlier one.
 /// Answers the new epoch. With `local`, run it with the server stopped (it opens the
 /// store file); with `etcd`, it writes the cluster's epoch key and authorities may run.
-pub fn bump_epoch(config: &Config) -> Result<u64, String> {
+pub fn bump_epoch(config: &Config) -> Result<u64, BumpError> {
     match config.authority.as_ref().map(|a| &a.backend) {
-        None => Err("the configuration has no [authority] section".into()),
+        None => Err(BumpError::NoAuthority),
         #[cfg(feature = "etcd")]
-        Some(Backend::Etcd { endpoints }) => tokio::runtime::Builder::new_current_thread()
+        Some(Backend::Etcd { endpoints }) => Ok(tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the runtime: {e}"))?
-            .block_on(etcd::bump_epoch(endpoints))
-            .map_err(|e| e.to_string()),
+            .map_err(BumpError::Runtime)?
+            .block_on(etcd::bump_epoch(endpoints))?),
         #[cfg(not(feature = "etcd"))]
-        Some(Backend::Etcd { .. }) => {
-            Err("backend = \"etcd\" needs a build with `--features etcd`".into())
-        }
-        Some(Backend::Local) => local::bump_epoch(&config.store.path).map_err(|e| e.to_string()),
+        Some(Backend::Etcd { .. }) => Err(BumpError::EtcdNotBuilt),
+        Some(Backend::Local) => Ok(local::bump_epoch(&config.store.path)?),
     }
+}
+
+/// Why `fencegate authority bump-epoch` could not raise the epoch.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BumpError {
+    #[error("the configuration has no [authority] section")]
+    NoAuthority,
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Local(#[from] local::LocalError),
+    #[cfg(feature = "etcd")]
+    #[error(transparent)]
+    Etcd(#[from] etcd::EtcdError),
+    #[cfg(not(feature = "etcd"))]
+    #[error("backend = \"etcd\" needs a build with `--features etcd`")]
+    EtcdNotBuilt,
 }

@@ -648,8 +648,8 @@ impl LastLine {
 
 /// The marks in a streamed backup of `lines` lines whose last line is `last`: the end
 /// line must close it and count every line between it and the header.
-fn streamed_marks(last: Option<&[u8]>, lines: usize) -> Result<u64, String> {
-    let last = last.ok_or("it does not end with a whole line")?;
+fn streamed_marks(last: Option<&[u8]>, lines: usize) -> Result<u64, Incomplete> {
+    let last = last.ok_or(Incomplete::CutLine)?;
     match serde_json::from_slice::<BackupLine>(last) {
         Ok(BackupLine::End {
             fencegate_backup_end,
@@ -658,12 +658,23 @@ fn streamed_marks(last: Option<&[u8]>, lines: usize) -> Result<u64, String> {
         }
         Ok(BackupLine::End {
             fencegate_backup_end,
-        }) => Err(format!(
-            "its end line counts {fencegate_backup_end} marks, but {} mark lines came before it",
-            lines.saturating_sub(2)
-        )),
-        _ => Err("it does not end with its end line".to_string()),
+        }) => Err(Incomplete::Count {
+            counted: fencegate_backup_end,
+            lines: lines.saturating_sub(2),
+        }),
+        _ => Err(Incomplete::NoEnd),
     }
+}
+
+/// Why a streamed backup is not whole (its text follows "the backup ... is incomplete").
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum Incomplete {
+    #[error("it does not end with a whole line")]
+    CutLine,
+    #[error("its end line counts {counted} marks, but {lines} mark lines came before it")]
+    Count { counted: u64, lines: usize },
+    #[error("it does not end with its end line")]
+    NoEnd,
 }
 
 /// A backup line of exactly one kind: a line with the fields of two (a header that also

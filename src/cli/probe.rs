@@ -47,17 +47,20 @@ pub enum Found {
 
 /// Probes the bucket at `bucket_url` (`http://host:port/bucket`); prints a line per
 /// spelling and the `keys` setting the backend needs. Answers whether `opaque` is safe.
-pub async fn keys(bucket_url: &str, creds: Option<&Credentials>) -> Result<bool, String> {
+pub async fn keys(bucket_url: &str, creds: Option<&Credentials>) -> Result<bool, ProbeError> {
     let base: Uri = bucket_url
         .trim_end_matches('/')
         .parse()
-        .map_err(|e| format!("{bucket_url}: {e}"))?;
+        .map_err(|source| ProbeError::Url {
+            url: bucket_url.to_string(),
+            source,
+        })?;
     let (Some(authority), Some("http")) = (base.authority().cloned(), base.scheme_str()) else {
-        return Err(format!("{bucket_url}: give an http://host:port/bucket URL"));
+        return Err(ProbeError::NotHttp(bucket_url.to_string()));
     };
     let bucket_path = base.path().trim_end_matches('/').to_string();
     if bucket_path.is_empty() || bucket_path[1..].contains('/') {
-        return Err(format!("{bucket_url}: the URL's path must name the bucket"));
+        return Err(ProbeError::NoBucket(bucket_url.to_string()));
     }
     let client = Client {
         http: hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -93,11 +96,47 @@ pub async fn keys(bucket_url: &str, creds: Option<&Credentials>) -> Result<bool,
     Ok(opaque)
 }
 
+/// Why the probe could not finish (nothing is concluded about the backend).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProbeError {
+    #[error("{url}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("{0}: give an http://host:port/bucket URL")]
+    NotHttp(String),
+    #[error("{0}: the URL's path must name the bucket")]
+    NoBucket(String),
+    #[error("PUT {key}: {status}: cannot write to this bucket")]
+    CannotWrite { key: String, status: u16 },
+    #[error("{0}")]
+    Request(#[source] http::Error),
+    #[error("{method} {path}: no answer in 30 s")]
+    Timeout { method: Method, path: String },
+    #[error("{method} {path}: {source}")]
+    Send {
+        method: Method,
+        path: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("{method} {path}: {source}")]
+    Body {
+        method: Method,
+        path: String,
+        #[source]
+        source: hyper::Error,
+    },
+}
+
 async fn run(
     client: &Client<'_>,
     prefix: &str,
     written: &mut Vec<String>,
-) -> Result<Vec<Found>, String> {
+) -> Result<Vec<Found>, ProbeError> {
     let mut found = Vec::new();
     for (i, (spelling, like)) in SPELLINGS.iter().enumerate() {
         let base = format!("{prefix}/{i}/{like}");
@@ -107,7 +146,7 @@ async fn run(
             .await?
             .0;
         if !(200..300).contains(&status) {
-            return Err(format!("PUT {base}: {status}: cannot write to this bucket"));
+            return Err(ProbeError::CannotWrite { key: base, status });
         }
         written.push(base.clone());
         let status = client
@@ -144,7 +183,12 @@ struct Client<'c> {
 
 impl Client<'_> {
     /// `method` on `key` (as sent), signed when there are credentials; status and body.
-    async fn send(&self, method: Method, key: &str, body: Bytes) -> Result<(u16, String), String> {
+    async fn send(
+        &self,
+        method: Method,
+        key: &str,
+        body: Bytes,
+    ) -> Result<(u16, String), ProbeError> {
         let path = format!("{}/{key}", self.bucket_path);
         let payload = hex(&Sha256::digest(&body));
         let mut req = Request::builder()
@@ -159,17 +203,28 @@ impl Client<'_> {
                 .header("x-amz-date", amz_date)
                 .header("authorization", auth);
         }
-        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        let req = req.body(Full::new(body)).map_err(ProbeError::Request)?;
         let resp = tokio::time::timeout(std::time::Duration::from_secs(30), self.http.request(req))
             .await
-            .map_err(|_| format!("{method} {path}: no answer in 30 s"))?
-            .map_err(|e| format!("{method} {path}: {e}"))?;
+            .map_err(|_| ProbeError::Timeout {
+                method: method.clone(),
+                path: path.clone(),
+            })?
+            .map_err(|source| ProbeError::Send {
+                method: method.clone(),
+                path: path.clone(),
+                source,
+            })?;
         let status = resp.status().as_u16();
         let bytes = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| format!("{method} {path}: {e}"))?
+            .map_err(|source| ProbeError::Body {
+                method,
+                path,
+                source,
+            })?
             .to_bytes();
         Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
     }

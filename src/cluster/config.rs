@@ -168,46 +168,8 @@ pub(crate) fn parse(
     );
     let name = name(raw.name, None, "cluster.name", e);
     let cluster_name = name_or_default(raw.cluster_name, e);
-    let etcd_endpoints = raw.etcd_endpoints.unwrap_or_default();
-    if etcd_endpoints.is_empty() {
-        e.push(
-            "cluster.etcd_endpoints",
-            "missing: at least one etcd member, e.g. [\"http://127.0.0.1:2379\"]",
-        );
-    }
-    for (i, url) in etcd_endpoints.iter().enumerate() {
-        let rest = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"));
-        if rest.is_none_or(|r| r.is_empty() || r.contains('/')) {
-            e.push(
-                format!("cluster.etcd_endpoints[{i}]"),
-                format!("{url:?} is not http(s)://host:port"),
-            );
-        }
-    }
-    if raw.peer_listen.is_none() {
-        e.push(
-            "cluster.peer_listen",
-            "missing: where the other instances reach this one, e.g. \"127.0.0.1:7401\"",
-        );
-    }
-    let peer_listen = socket_addr(
-        raw.peer_listen.as_deref(),
-        "127.0.0.1:0",
-        "cluster.peer_listen",
-        e,
-    );
-    // Registered as the address the other instances connect to: it must name this host.
-    if raw.peer_listen.is_some() && peer_listen.ip().is_unspecified() {
-        e.push(
-            "cluster.peer_listen",
-            format!(
-                "{peer_listen}: the other instances connect to this address, so it must be one \
-                 of this host's (not 0.0.0.0 or ::)"
-            ),
-        );
-    }
+    let etcd_endpoints = etcd_endpoints(raw.etcd_endpoints, e);
+    let peer_listen = peer_listen(raw.peer_listen.as_deref(), e);
     let shards = raw.shards.unwrap_or(64);
     if !(1..=MAX_SHARDS).contains(&shards) {
         e.push(
@@ -217,30 +179,8 @@ pub(crate) fn parse(
             ),
         );
     }
-    let ownership_ttl = duration(
-        raw.ownership_ttl.as_deref(),
-        Duration::from_secs(5),
-        "cluster.ownership_ttl",
-        e,
-    );
-    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&ownership_ttl) {
-        e.push(
-            "cluster.ownership_ttl",
-            "must be 1s to 1h (etcd leases count whole seconds)",
-        );
-    }
-    let drift_margin = duration(
-        raw.drift_margin.as_deref(),
-        Duration::from_millis(250),
-        "cluster.drift_margin",
-        e,
-    );
-    if drift_margin * 2 > ownership_ttl {
-        e.push(
-            "cluster.drift_margin",
-            format!("{drift_margin:?} must be at most half of ownership_ttl ({ownership_ttl:?})"),
-        );
-    }
+    let (ownership_ttl, drift_margin) =
+        ownership_timings(raw.ownership_ttl.as_deref(), raw.drift_margin.as_deref(), e);
     let secret_at = e.place();
     let peer_secret_file = match raw.peer_secret_file {
         Some(p) if !p.is_empty() => base.join(p),
@@ -283,6 +223,84 @@ pub(crate) fn parse(
         fence_timeout,
     };
     Some(ClusterDraft { config, secret_at })
+}
+
+/// `cluster.etcd_endpoints`: at least one, each `http(s)://host:port`.
+fn etcd_endpoints(raw: Option<Vec<String>>, e: &mut Errors) -> Vec<String> {
+    let etcd_endpoints = raw.unwrap_or_default();
+    if etcd_endpoints.is_empty() {
+        e.push(
+            "cluster.etcd_endpoints",
+            "missing: at least one etcd member, e.g. [\"http://127.0.0.1:2379\"]",
+        );
+    }
+    for (i, url) in etcd_endpoints.iter().enumerate() {
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        if rest.is_none_or(|r| r.is_empty() || r.contains('/')) {
+            e.push(
+                format!("cluster.etcd_endpoints[{i}]"),
+                format!("{url:?} is not http(s)://host:port"),
+            );
+        }
+    }
+    etcd_endpoints
+}
+
+/// `cluster.peer_listen`: given, and one of this host's addresses.
+fn peer_listen(raw: Option<&str>, e: &mut Errors) -> SocketAddr {
+    if raw.is_none() {
+        e.push(
+            "cluster.peer_listen",
+            "missing: where the other instances reach this one, e.g. \"127.0.0.1:7401\"",
+        );
+    }
+    let peer_listen = socket_addr(raw, "127.0.0.1:0", "cluster.peer_listen", e);
+    // Registered as the address the other instances connect to: it must name this host.
+    if raw.is_some() && peer_listen.ip().is_unspecified() {
+        e.push(
+            "cluster.peer_listen",
+            format!(
+                "{peer_listen}: the other instances connect to this address, so it must be one \
+                 of this host's (not 0.0.0.0 or ::)"
+            ),
+        );
+    }
+    peer_listen
+}
+
+/// `cluster.ownership_ttl` (1 s to 1 h) and `cluster.drift_margin` (at most half of it).
+fn ownership_timings(
+    ownership_ttl: Option<&str>,
+    drift_margin: Option<&str>,
+    e: &mut Errors,
+) -> (Duration, Duration) {
+    let ownership_ttl = duration(
+        ownership_ttl,
+        Duration::from_secs(5),
+        "cluster.ownership_ttl",
+        e,
+    );
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&ownership_ttl) {
+        e.push(
+            "cluster.ownership_ttl",
+            "must be 1s to 1h (etcd leases count whole seconds)",
+        );
+    }
+    let drift_margin = duration(
+        drift_margin,
+        Duration::from_millis(250),
+        "cluster.drift_margin",
+        e,
+    );
+    if drift_margin * 2 > ownership_ttl {
+        e.push(
+            "cluster.drift_margin",
+            format!("{drift_margin:?} must be at most half of ownership_ttl ({ownership_ttl:?})"),
+        );
+    }
+    (ownership_ttl, drift_margin)
 }
 
 fn name_or_default(raw: Option<String>, errors: &mut Errors) -> String {

@@ -114,15 +114,26 @@ pub fn encode(mark: &Mark) -> Vec<u8> {
     out
 }
 
+/// Why a stored value is not a mark.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("token: {0}")]
+    Token(#[source] crate::token::TokenError),
+    #[error("sequence: {0}")]
+    Sequence(#[source] crate::token::TokenError),
+    #[error("more than a token and a sequence")]
+    TooManyParts,
+}
+
 /// The inverse of [`encode`], strictly: one spelling per mark.
-pub fn decode(value: &[u8]) -> Result<Mark, String> {
+pub fn decode(value: &[u8]) -> Result<Mark, DecodeError> {
     let mut parts = value.splitn(3, |b| *b == b' ');
     let token = parts.next().unwrap_or_default();
-    let token = Token::parse(token).map_err(|e| format!("token: {e}"))?;
+    let token = Token::parse(token).map_err(DecodeError::Token)?;
     let sequence = match (parts.next(), parts.next()) {
         (None, _) => None,
-        (Some(s), None) => Some(parse_sequence(s).map_err(|e| format!("sequence: {e}"))?),
-        (Some(_), Some(_)) => return Err("more than a token and a sequence".into()),
+        (Some(s), None) => Some(parse_sequence(s).map_err(DecodeError::Sequence)?),
+        (Some(_), Some(_)) => return Err(DecodeError::TooManyParts),
     };
     Ok(Mark { token, sequence })
 }
@@ -289,7 +300,7 @@ impl EtcdMarks {
         decode(value).map_err(|reason| ReadError::Corrupt {
             key: String::from_utf8_lossy(key).into_owned(),
             value: String::from_utf8_lossy(value).into_owned(),
-            reason,
+            reason: reason.to_string(),
         })
     }
 }

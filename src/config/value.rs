@@ -182,7 +182,7 @@ pub fn read_private(file: &Path, max: u64) -> Result<Vec<u8>, String> {
     let cannot = |e: std::io::Error| format!("cannot read {}: {e}", file.display());
     let f = std::fs::File::open(file).map_err(cannot)?;
     #[cfg(unix)]
-    private_meta(file, &f.metadata().map_err(cannot)?)?;
+    private_meta(file, &f.metadata().map_err(cannot)?).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     f.take(max + 1).read_to_end(&mut out).map_err(cannot)?;
     if out.len() as u64 > max {
@@ -197,15 +197,15 @@ pub fn read_private(file: &Path, max: u64) -> Result<Vec<u8>, String> {
 /// [`read_private`]'s check of a file's metadata. A file owned by another user than this
 /// process's (and not root) is refused too: its owner could change the secret.
 #[cfg(unix)]
-fn private_meta(file: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+fn private_meta(file: &Path, meta: &std::fs::Metadata) -> Result<(), NotPrivate> {
     use std::os::unix::fs::MetadataExt;
     let me = rustix::process::geteuid().as_raw();
     if meta.uid() != 0 && meta.uid() != me {
-        return Err(format!(
-            "{} is owned by user {}, not by this process's ({me}) nor root: its owner could change a secret or private key",
-            file.display(),
-            meta.uid()
-        ));
+        return Err(NotPrivate::Owner {
+            file: file.display().to_string(),
+            owner: meta.uid(),
+            me,
+        });
     }
     let mode = meta.mode() & 0o777;
     let open = if meta.uid() == 0 { 0o027 } else { 0o077 };
@@ -217,16 +217,35 @@ fn private_meta(file: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
     } else {
         "its group"
     };
-    Err(format!(
-        "{} is open to {who} (mode {mode:04o}): a secret or private key must be readable by its \
-         owner only (chmod 600){}",
-        file.display(),
-        if meta.uid() == 0 {
+    Err(NotPrivate::Open {
+        file: file.display().to_string(),
+        who,
+        mode,
+        root_group: if meta.uid() == 0 {
             ", or also by its group when root owns it (0640)"
         } else {
             ""
-        }
-    ))
+        },
+    })
+}
+
+/// Why [`private_meta`] refused a file: another user owns it, or others may read it.
+#[cfg(unix)]
+#[derive(Debug, thiserror::Error)]
+enum NotPrivate {
+    #[error(
+        "{file} is owned by user {owner}, not by this process's ({me}) nor root: its owner could change a secret or private key"
+    )]
+    Owner { file: String, owner: u32, me: u32 },
+    #[error(
+        "{file} is open to {who} (mode {mode:04o}): a secret or private key must be readable by its owner only (chmod 600){root_group}"
+    )]
+    Open {
+        file: String,
+        who: &'static str,
+        mode: u32,
+        root_group: &'static str,
+    },
 }
 
 /// Writes a file only its owner may read or write: the tests' secrets and keys.

@@ -7,7 +7,7 @@
 use http::{HeaderValue, Method, Request, header};
 
 use super::Settings;
-use super::config::{ProofMode, Route, SequenceMode};
+use super::config::{ProofMode, Route, S3Api, SequenceMode};
 use super::s3::{self, Operation};
 use super::{Outcome, Plan};
 use crate::metrics::Op;
@@ -73,6 +73,42 @@ fn tree_above<'r>(
     })
 }
 
+/// Why a request's `Destination` (or a header naming a second target) is refused (its
+/// text is the refusal's detail).
+#[derive(Debug, thiserror::Error)]
+enum DestinationError {
+    #[error("{0} would make the backend act on a target that was not routed")]
+    Retarget(&'static http::HeaderName),
+    #[error("more than one Destination header")]
+    Many,
+    #[error("Destination is not ASCII")]
+    NotAscii,
+    #[error("Destination has a `#`: servers differ on whether it ends the path")]
+    Fragment,
+    #[error("Destination has a query: servers differ on whether it is part of the name")]
+    Query,
+    #[error(
+        "Destination has an escaped `#`, `?` or `;` (%23, %3F, %3B): a server that decodes it before splitting it reads another path"
+    )]
+    EscapedDelimiter,
+    #[error("Destination is not a URI: {0}")]
+    NotAUri(#[source] http::uri::InvalidUri),
+    #[error("Destination has the scheme {0}")]
+    Scheme(String),
+    #[error("Destination's host is not valid: {0}")]
+    BadHost(&'static str),
+    #[error("Destination names another host than the request")]
+    OtherHost,
+    #[error("Destination has no absolute path")]
+    NoAbsolutePath,
+    #[error("Destination: {0}")]
+    Path(#[source] route::PathError),
+    #[error("Destination matches no route")]
+    NoRoute,
+    #[error("Destination is on a route of another upstream")]
+    OtherUpstream,
+}
+
 /// The target named by a request's `Destination` header, routed with the request's host
 /// (a backend such as nginx's WebDAV module writes the destination's path on the server
 /// the request reached, whatever host the header names, so another host is refused), on
@@ -90,26 +126,20 @@ fn destination<B>(
     host: Option<&str>,
     upstream: usize,
     seen: Seen<'_>,
-) -> Result<Destination, String> {
+) -> Result<Destination, DestinationError> {
     if let Some(h) = RETARGETS.iter().find(|h| req.headers().contains_key(*h)) {
-        return Err(format!(
-            "{h} would make the backend act on a target that was not routed"
-        ));
+        return Err(DestinationError::Retarget(h));
     }
     let value = match seen {
         Seen::None => return Ok(Destination::None),
-        Seen::Many => return Err("more than one Destination header".into()),
-        Seen::One(v) => v
-            .to_str()
-            .map_err(|_| "Destination is not ASCII".to_string())?,
+        Seen::Many => return Err(DestinationError::Many),
+        Seen::One(v) => v.to_str().map_err(|_| DestinationError::NotAscii)?,
     };
     if value.contains('#') {
-        return Err("Destination has a `#`: servers differ on whether it ends the path".into());
+        return Err(DestinationError::Fragment);
     }
     if value.contains('?') {
-        return Err(
-            "Destination has a query: servers differ on whether it is part of the name".into(),
-        );
+        return Err(DestinationError::Query);
     }
     if ["%23", "%3f", "%3b"].iter().any(|e| {
         value
@@ -117,25 +147,19 @@ fn destination<B>(
             .windows(3)
             .any(|w| w.eq_ignore_ascii_case(e.as_bytes()))
     }) {
-        return Err(
-            "Destination has an escaped `#`, `?` or `;` (%23, %3F, %3B): a server that decodes it before splitting it reads another path"
-                .into(),
-        );
+        return Err(DestinationError::EscapedDelimiter);
     }
-    let uri: http::Uri = value
-        .parse()
-        .map_err(|e| format!("Destination is not a URI: {e}"))?;
+    let uri: http::Uri = value.parse().map_err(DestinationError::NotAUri)?;
     if let Some(scheme) = uri.scheme_str()
         && !scheme.eq_ignore_ascii_case("http")
         && !scheme.eq_ignore_ascii_case("https")
     {
-        return Err(format!("Destination has the scheme {scheme}"));
+        return Err(DestinationError::Scheme(scheme.to_string()));
     }
     if let Some(authority) = uri.authority() {
-        let named = route::host_of(authority.as_str())
-            .map_err(|e| format!("Destination's host is not valid: {e}"))?;
+        let named = route::host_of(authority.as_str()).map_err(DestinationError::BadHost)?;
         if host.is_some_and(|h| !h.eq_ignore_ascii_case(named)) {
-            return Err("Destination names another host than the request".into());
+            return Err(DestinationError::OtherHost);
         }
     }
     // `path()` of a bare `?x` would read as `/`: the path must be spelled out.
@@ -143,9 +167,9 @@ fn destination<B>(
         .path_and_query()
         .is_some_and(|p| p.as_str().starts_with('/'))
     {
-        return Err("Destination has no absolute path".into());
+        return Err(DestinationError::NoAbsolutePath);
     }
-    let segments = route::canonicalize(uri.path()).map_err(|e| format!("Destination: {e}"))?;
+    let segments = route::canonicalize(uri.path()).map_err(DestinationError::Path)?;
     if let Some((r, one)) = tree_above(config, upstream, &segments) {
         return Ok(match one {
             // Writing onto it writes objects of that one scope.
@@ -154,23 +178,91 @@ fn destination<B>(
         });
     }
     match route::find(&config.routes, host, &segments) {
-        None => Err("Destination matches no route".into()),
-        Some((_, r, _)) if r.upstream != upstream => {
-            Err("Destination is on a route of another upstream".into())
-        }
+        None => Err(DestinationError::NoRoute),
+        Some((_, r, _)) if r.upstream != upstream => Err(DestinationError::OtherUpstream),
         Some((_, r, _)) if !r.fenced => Ok(Destination::Unfenced),
         Some((_, r, caps)) => Ok(Destination::Scope(r.scope.render(&caps))),
     }
 }
 
+/// A refusal of [`classify`]: the route it was on (when it got that far) and why.
+type Refusal = (Option<usize>, Outcome);
+
 /// [`check`](super::check) up to the gate: routes the request, refuses what is unsafe, and
-/// says what a fenced request asks the gate for.
-pub(crate) fn classify<B>(
-    config: &Settings,
-    req: &Request<B>,
-) -> Result<Classified, (Option<usize>, Outcome)> {
+/// says what a fenced request asks the gate for. The questions in order: is the target in
+/// origin form, which route, does it write a tree of another route's objects, is the route
+/// fenced, and (on an S3 route) which operation it is.
+pub(crate) fn classify<B>(config: &Settings, req: &Request<B>) -> Result<Classified, Refusal> {
+    refuse_target(req).map_err(|o| (None, o))?;
+    let head = HeadScan::of(req.headers(), &config.fencing.header);
+    let (host, segments) = routed_path(config, req, &head)?;
+    let (idx, route, caps) =
+        route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
+    let at = |o: Outcome| (Some(idx), o);
+    if let Some(limit) = route.max_body
+        && content_length(req).is_some_and(|len| len > limit)
+    {
+        return Err(at(Outcome::PayloadTooLarge { limit }));
+    }
+    // A COPY or MOVE writes its Destination too: that target must be fenced by this
+    // request's own scope, or be a pass-through route's.
+    let destination = if head.retarget {
+        destination(config, req, host, route.upstream, head.destination).map_err(|e| {
+            at(Outcome::InvalidRequest {
+                detail: e.to_string(),
+            })
+        })?
+    } else {
+        Destination::None
+    };
+    refuse_tree_change(
+        config,
+        req.method(),
+        (route, &caps),
+        &segments,
+        &destination,
+    )
+    .map_err(at)?;
+    if !route.fenced {
+        if let Destination::Scope(theirs) = &destination {
+            return Err(at(Outcome::InvalidRequest {
+                detail: format!(
+                    "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
+                ),
+            }));
+        }
+        return Ok(unfenced(idx, req.method()));
+    }
+    if head.suspect {
+        refuse_unfenceable(req).map_err(|e| {
+            at(Outcome::InvalidRequest {
+                detail: e.to_string(),
+            })
+        })?;
+    }
+    let scope = match route.s3() {
+        None => route.scope.render(&caps),
+        Some(api) => match s3_scope(config, req, &head, (idx, route, &caps), api, &destination)? {
+            S3Scope::Scope(scope) => scope,
+            S3Scope::Decided(classified) => return Ok(classified),
+        },
+    };
+    decide(
+        config,
+        req.method(),
+        &head,
+        (idx, route),
+        scope,
+        &destination,
+    )
+}
+
+/// CONNECT, and a request target not in origin form, are refused before any header is
+/// read.
+#[inline]
+fn refuse_target<B>(req: &Request<B>) -> Result<(), Outcome> {
     if req.method() == Method::CONNECT {
-        return Err((None, Outcome::MethodNotAllowed));
+        return Err(Outcome::MethodNotAllowed);
     }
     // h2 always carries scheme and authority; in HTTP/1.x they mean absolute form. An
     // h2 `:path` must begin with `/` too: `?x` would be routed as `/` and forwarded as
@@ -181,14 +273,22 @@ pub(crate) fn classify<B>(
             .path_and_query()
             .is_some_and(|p| p.as_str().starts_with('/'))
     {
-        return Err((
-            None,
-            Outcome::InvalidPath {
-                detail: "the request target is not in origin form".into(),
-            },
-        ));
+        return Err(Outcome::InvalidPath {
+            detail: "the request target is not in origin form".into(),
+        });
     }
-    let head = HeadScan::of(req.headers(), &config.fencing.header);
+    Ok(())
+}
+
+/// The host and the canonical segments a request is routed on: its own host and path, or
+/// on an S3 route's host, the route's endpoint and the bucket the Host names in front of
+/// the path.
+#[inline]
+fn routed_path<'a, B>(
+    config: &'a Settings,
+    req: &'a Request<B>,
+    head: &HeadScan<'a>,
+) -> Result<(Option<&'a str>, route::Segments<'a>), Refusal> {
     if let Some(name) = head.alias {
         return Err((
             None,
@@ -224,7 +324,7 @@ pub(crate) fn classify<B>(
             },
         )
     };
-    let (host, segments) = match on_s3 {
+    Ok(match on_s3 {
         None => (
             host,
             route::canonicalize(req.uri().path()).map_err(bad_path)?,
@@ -233,173 +333,143 @@ pub(crate) fn classify<B>(
             Some(s.endpoint),
             s3::segments(req.uri().path(), s.bucket, s.keys).map_err(bad_path)?,
         ),
-    };
-    let (idx, route, caps) =
-        route::find(&config.routes, host, &segments).ok_or((None, Outcome::NoRoute))?;
-    let at = |o: Outcome| (Some(idx), o);
-    if let Some(limit) = route.max_body
-        && content_length(req).is_some_and(|len| len > limit)
-    {
-        return Err(at(Outcome::PayloadTooLarge { limit }));
-    }
-    let unfenced = || unfenced(idx, req.method());
-    // A COPY or MOVE writes its Destination too: that target must be fenced by this
-    // request's own scope, or be a pass-through route's.
-    let destination = if head.retarget {
-        destination(config, req, host, route.upstream, head.destination)
-            .map_err(|detail| at(Outcome::InvalidRequest { detail }))?
-    } else {
-        Destination::None
-    };
-    if let Destination::AboveTree(name) = &destination {
-        return Err(at(Outcome::MultiScope {
+    })
+}
+
+/// A request that would change the fenced objects of an `api = "webdav"` route's tree
+/// without their tokens (SPEC §16): a Destination onto a collection above them, or a
+/// method that may change a collection's members on one that holds them.
+#[inline]
+fn refuse_tree_change(
+    config: &Settings,
+    method: &Method,
+    (route, caps): (&Route, &[route::Capture<'_>]),
+    segments: &[std::borrow::Cow<'_, str>],
+    destination: &Destination,
+) -> Result<(), Outcome> {
+    if let Destination::AboveTree(name) = destination {
+        return Err(Outcome::MultiScope {
             detail: format!(
                 "Destination is a collection that holds the fenced objects of route {name}: this request would change them"
             ),
-        }));
+        });
     }
-    if !changes_one(req.method())
-        && let Some((r, one)) = tree_above(config, route.upstream, &segments)
+    if !changes_one(method)
+        && let Some((r, one)) = tree_above(config, route.upstream, segments)
         // The tree's one scope, and this request fenced on it: decided below as any.
         && !(route.fenced
             && route.s3().is_none()
-            && one.is_some_and(|s| s == route.scope.render(&caps)))
+            && one.is_some_and(|s| s == route.scope.render(caps)))
     {
-        return Err(at(Outcome::MultiScope {
+        return Err(Outcome::MultiScope {
             detail: format!(
                 "this request may change a collection that holds the fenced objects of route {}, without their tokens",
                 r.name
             ),
+        });
+    }
+    Ok(())
+}
+
+/// What [`s3_scope`] found: the scope to fence an S3 request on, or the whole answer.
+enum S3Scope {
+    Scope(String),
+    Decided(Classified),
+}
+
+/// The scope of a request on a fenced S3 route, by its operation (SPEC §15): an object's
+/// is the route's scope, a bucket's the route's `bucket_scope`; a request that names its
+/// objects in its body is [`Named`], and what has no scope to fence passes only as a read
+/// without a token.
+fn s3_scope<B>(
+    config: &Settings,
+    req: &Request<B>,
+    head: &HeadScan<'_>,
+    (idx, route, caps): (usize, &Route, &[route::Capture<'_>]),
+    api: &S3Api,
+    destination: &Destination,
+) -> Result<S3Scope, Refusal> {
+    let at = |o: Outcome| (Some(idx), o);
+    // One Content-Type: a server could read another of two (a form's, say).
+    let mut types = req.headers().get_all(header::CONTENT_TYPE).iter();
+    let content_type = types.next();
+    if types.next().is_some() {
+        return Err(at(Outcome::InvalidRequest {
+            detail: "more than one Content-Type".into(),
         }));
     }
-    if !route.fenced {
-        if let Destination::Scope(theirs) = &destination {
-            return Err(at(Outcome::InvalidRequest {
-                detail: format!(
-                    "Destination is in the fenced scope {theirs}; an unfenced request cannot write it"
-                ),
-            }));
-        }
-        return Ok(unfenced());
+    let form = s3::is_form_data(content_type);
+    let op = s3::operation(req.method(), req.uri().query(), caps.len(), form)
+        .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+    if let Some(h) = s3::SECOND_OBJECT
+        .iter()
+        .find(|h| req.headers().contains_key(**h))
+    {
+        return Err(at(Outcome::InvalidRequest {
+            detail: format!("{h} names a second object that this request would change"),
+        }));
     }
-    if head.suspect {
-        refuse_unfenceable(req).map_err(|e| {
-            at(Outcome::InvalidRequest {
-                detail: e.to_string(),
-            })
-        })?;
-    }
-    let scope = match route.s3() {
-        None => route.scope.render(&caps),
-        Some(api) => {
-            // One Content-Type: a server could read another of two (a form's, say).
-            let mut types = req.headers().get_all(header::CONTENT_TYPE).iter();
-            let content_type = types.next();
-            if types.next().is_some() {
-                return Err(at(Outcome::InvalidRequest {
-                    detail: "more than one Content-Type".into(),
-                }));
-            }
-            let form = s3::is_form_data(content_type);
-            let op = s3::operation(req.method(), req.uri().query(), caps.len(), form)
-                .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
-            if let Some(h) = s3::SECOND_OBJECT
-                .iter()
-                .find(|h| req.headers().contains_key(**h))
-            {
-                return Err(at(Outcome::InvalidRequest {
-                    detail: format!("{h} names a second object that this request would change"),
-                }));
-            }
-            // What has no scope to fence may pass only as a read without a token.
-            let read = !route.fences_method(req.method()) && matches!(head.token, Seen::None);
-            let unfenceable = |detail: &str| {
-                at(Outcome::UnfencedOperation {
-                    detail: detail.into(),
-                })
-            };
-            match op {
-                Operation::Object => {
-                    let upload = s3::upload_of(req.method(), req.uri().query())
-                        .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
-                    let scope = route.scope.render(&caps);
-                    let decided = decide(
-                        config,
-                        req.method(),
-                        &head,
-                        (idx, route),
-                        scope,
-                        &destination,
-                    )?;
-                    return Ok(decided.with_upload(upload));
-                }
-                Operation::Bucket => match &api.bucket_scope {
-                    Some(t) if s3::deletes_bucket(req.method(), req.uri().query()) => {
-                        let deletes = s3::bucket_objects(&route.scope, &caps).ok_or_else(|| {
-                            unfenceable(
-                                "a DeleteBucket, and this route's scope uses the key where its marks cannot be found by prefix",
-                            )
-                        })?;
-                        let scope = t.render(&caps);
-                        let decided = decide(
-                            config,
-                            req.method(),
-                            &head,
-                            (idx, route),
-                            scope,
-                            &destination,
-                        )?;
-                        return Ok(decided.with_upload(Some(deletes)));
-                    }
-                    Some(t) => t.render(&caps),
-                    None if read => return Ok(unfenced()),
-                    None => {
-                        return Err(unfenceable(
-                            "a request on the bucket itself, and this route has no bucket_scope",
-                        ));
-                    }
-                },
-                Operation::Service if read => return Ok(unfenced()),
-                Operation::Service => {
-                    return Err(unfenceable(
-                        "a request on the service (`/`), not on a bucket",
-                    ));
-                }
-                Operation::DeleteObjects | Operation::PostForm => {
-                    if destination != Destination::None {
-                        return Err(at(Outcome::InvalidRequest {
-                            detail: "a Destination on an S3 request".into(),
-                        }));
-                    }
-                    let bucket = match caps.first() {
-                        Some(route::Capture::One(b)) => (*b).to_string(),
-                        _ => return Err(unfenceable("a bucket's request without its bucket")),
-                    };
-                    // A form posted to an object's path names that key too, to a server
-                    // that reads the path.
-                    let path_key = match caps.get(1) {
-                        Some(route::Capture::Rest(segs)) => Some(segs.join("/")),
-                        Some(route::Capture::One(k)) => Some((*k).to_string()),
-                        None => None,
-                    };
-                    return Ok(Classified::Named(Named {
-                        route: idx,
-                        op,
-                        bucket,
-                        path_key,
-                    }));
-                }
-            }
-        }
+    // What has no scope to fence may pass only as a read without a token.
+    let read = !route.fences_method(req.method()) && matches!(head.token, Seen::None);
+    let unfenceable = |detail: &str| {
+        at(Outcome::UnfencedOperation {
+            detail: detail.into(),
+        })
     };
-    decide(
-        config,
-        req.method(),
-        &head,
-        (idx, route),
-        scope,
-        &destination,
-    )
+    let decide_with = |scope: String, upload: Option<s3::upload::Upload>| {
+        decide(config, req.method(), head, (idx, route), scope, destination)
+            .map(|decided| S3Scope::Decided(decided.with_upload(upload)))
+    };
+    match op {
+        Operation::Object => {
+            let upload = s3::upload_of(req.method(), req.uri().query())
+                .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+            decide_with(route.scope.render(caps), upload)
+        }
+        Operation::Bucket => match &api.bucket_scope {
+            Some(t) if s3::deletes_bucket(req.method(), req.uri().query()) => {
+                let deletes = s3::bucket_objects(&route.scope, caps).ok_or_else(|| {
+                    unfenceable(
+                        "a DeleteBucket, and this route's scope uses the key where its marks cannot be found by prefix",
+                    )
+                })?;
+                decide_with(t.render(caps), Some(deletes))
+            }
+            Some(t) => Ok(S3Scope::Scope(t.render(caps))),
+            None if read => Ok(S3Scope::Decided(unfenced(idx, req.method()))),
+            None => Err(unfenceable(
+                "a request on the bucket itself, and this route has no bucket_scope",
+            )),
+        },
+        Operation::Service if read => Ok(S3Scope::Decided(unfenced(idx, req.method()))),
+        Operation::Service => Err(unfenceable(
+            "a request on the service (`/`), not on a bucket",
+        )),
+        Operation::DeleteObjects | Operation::PostForm => {
+            if *destination != Destination::None {
+                return Err(at(Outcome::InvalidRequest {
+                    detail: "a Destination on an S3 request".into(),
+                }));
+            }
+            let bucket = match caps.first() {
+                Some(route::Capture::One(b)) => (*b).to_string(),
+                _ => return Err(unfenceable("a bucket's request without its bucket")),
+            };
+            // A form posted to an object's path names that key too, to a server that
+            // reads the path.
+            let path_key = match caps.get(1) {
+                Some(route::Capture::Rest(segs)) => Some(segs.join("/")),
+                Some(route::Capture::One(k)) => Some((*k).to_string()),
+                None => None,
+            };
+            Ok(S3Scope::Decided(Classified::Named(Named {
+                route: idx,
+                op,
+                bucket,
+                path_key,
+            })))
+        }
+    }
 }
 
 /// A request whose objects are named in its body (SPEC §15), once the fence has read
@@ -409,7 +479,7 @@ pub(crate) fn named(
     parts: &http::request::Parts,
     idx: usize,
     scope: String,
-) -> Result<Classified, (Option<usize>, Outcome)> {
+) -> Result<Classified, Refusal> {
     let head = HeadScan::of(&parts.headers, &config.fencing.header);
     let route = config.routes.get(idx).ok_or((None, Outcome::NoRoute))?;
     decide(
@@ -430,7 +500,7 @@ fn decide(
     (idx, route): (usize, &Route),
     scope: String,
     destination: &Destination,
-) -> Result<Classified, (Option<usize>, Outcome)> {
+) -> Result<Classified, Refusal> {
     let at = |o: Outcome| (Some(idx), o);
     // Source and destination in two scopes: one request, objects of two locks (SPEC §16,
     // the one-scope rule of §15). An unfenced request naming a fenced target is malformed.

@@ -380,28 +380,7 @@ impl Config {
             if f.proof_keys.is_empty() { "none" } else { "set" },
         ));
         if let Some(a) = &self.authority {
-            let backend = match &a.backend {
-                crate::authority::config::Backend::Local => "local".to_string(),
-                crate::authority::config::Backend::Etcd { endpoints } => {
-                    format!("etcd ({})", endpoints.join(", "))
-                }
-            };
-            out.push_str(&format!(
-                "authority {} · backend {backend} · max_ttl {} · lock_delay {}{}{}\n",
-                a.listen,
-                humantime::format_duration(a.max_ttl),
-                humantime::format_duration(a.lock_delay),
-                if a.clients.is_empty() {
-                    String::new()
-                } else {
-                    let names: Vec<&str> = a.clients.iter().map(|c| c.name.as_str()).collect();
-                    format!(" · clients {}", names.join(", "))
-                },
-                a.signing_key
-                    .as_ref()
-                    .map(|k| format!(" · signs proofs with key {}", k.id()))
-                    .unwrap_or_default(),
-            ));
+            out.push_str(&describe_authority(a));
         }
         match &self.log.access {
             crate::access_log::Sink::Off => {}
@@ -425,81 +404,113 @@ impl Config {
             ));
         }
         for r in &self.routes {
-            let fenced = if !r.fenced {
-                "pass-through (unfenced)".to_string()
-            } else {
-                let methods = match &r.methods {
-                    Some(m) => m.iter().map(Method::as_str).collect::<Vec<_>>().join(","),
-                    None => "all but GET,HEAD,OPTIONS,TRACE".into(),
-                };
-                format!(
-                    "scope {:?}{} · fenced methods: {methods} · equal={}{}{}",
-                    r.scope.to_string(),
-                    if r.scope.is_constant() {
-                        " (whole route)"
-                    } else {
-                        ""
-                    },
-                    if r.equal == EqualPolicy::Accept {
-                        "accept"
-                    } else {
-                        "reject"
-                    },
-                    if r.proof == ProofMode::Required {
-                        " · proof required"
-                    } else {
-                        ""
-                    },
-                    if r.sequence == SequenceMode::Required {
-                        " · sequence required"
-                    } else {
-                        ""
-                    }
-                )
-            };
-            out.push_str(&format!(
-                "route {:<12} {}{} -> {} · {fenced}{}\n",
-                r.name,
-                r.host
-                    .as_ref()
-                    .map(|h| format!("host {h} "))
-                    .unwrap_or_default(),
-                r.path,
-                self.upstreams[r.upstream].name,
-                match r.errors {
-                    crate::proxy::problem::Dialect::Problem => "",
-                    crate::proxy::problem::Dialect::S3 => " · errors s3",
-                },
-            ));
-            if let Some(s3) = r.s3() {
-                out.push_str(&format!(
-                    "  api s3: {} · {} · keys {}\n",
-                    s3.virtual_host_domain
-                        .as_ref()
-                        .map_or("path-style only".to_string(), |d| format!(
-                            "path-style and virtual-hosted *.{d}"
-                        )),
-                    s3.bucket_scope.as_ref().map_or(
-                        "bucket requests refused (no bucket_scope)".to_string(),
-                        |b| { format!("bucket scope \"{b}\"") }
-                    ),
-                    match s3.keys {
-                        crate::proxy::config::Keys::Strict => "strict",
-                        crate::proxy::config::Keys::Opaque => "opaque",
-                    },
-                ));
-            } else if r.api == crate::proxy::config::Api::Plain {
-                out.push_str("  api plain: the path names all a request changes\n");
-            } else if r.fences_trees() {
-                out.push_str(
-                    "  api webdav: a collection's DELETE, MOVE or COPY is refused while a scope beneath it holds a mark\n",
-                );
-            } else if r.api == crate::proxy::config::Api::Webdav {
-                out.push_str("  api webdav: one scope for a whole tree\n");
-            }
+            out.push_str(&describe_route(r, &self.upstreams[r.upstream].name));
         }
         out
     }
+}
+
+/// `check-config`'s line for the `[authority]` table.
+fn describe_authority(a: &crate::authority::config::AuthorityConfig) -> String {
+    let backend = match &a.backend {
+        crate::authority::config::Backend::Local => "local".to_string(),
+        crate::authority::config::Backend::Etcd { endpoints } => {
+            format!("etcd ({})", endpoints.join(", "))
+        }
+    };
+    format!(
+        "authority {} · backend {backend} · max_ttl {} · lock_delay {}{}{}\n",
+        a.listen,
+        humantime::format_duration(a.max_ttl),
+        humantime::format_duration(a.lock_delay),
+        if a.clients.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = a.clients.iter().map(|c| c.name.as_str()).collect();
+            format!(" · clients {}", names.join(", "))
+        },
+        a.signing_key
+            .as_ref()
+            .map(|k| format!(" · signs proofs with key {}", k.id()))
+            .unwrap_or_default(),
+    )
+}
+
+/// `check-config`'s line for a route (on `upstream`), and its API's line when it has one.
+fn describe_route(r: &Route, upstream: &str) -> String {
+    let fenced = if !r.fenced {
+        "pass-through (unfenced)".to_string()
+    } else {
+        let methods = match &r.methods {
+            Some(m) => m.iter().map(Method::as_str).collect::<Vec<_>>().join(","),
+            None => "all but GET,HEAD,OPTIONS,TRACE".into(),
+        };
+        format!(
+            "scope {:?}{} · fenced methods: {methods} · equal={}{}{}",
+            r.scope.to_string(),
+            if r.scope.is_constant() {
+                " (whole route)"
+            } else {
+                ""
+            },
+            if r.equal == EqualPolicy::Accept {
+                "accept"
+            } else {
+                "reject"
+            },
+            if r.proof == ProofMode::Required {
+                " · proof required"
+            } else {
+                ""
+            },
+            if r.sequence == SequenceMode::Required {
+                " · sequence required"
+            } else {
+                ""
+            }
+        )
+    };
+    let mut out = format!(
+        "route {:<12} {}{} -> {} · {fenced}{}\n",
+        r.name,
+        r.host
+            .as_ref()
+            .map(|h| format!("host {h} "))
+            .unwrap_or_default(),
+        r.path,
+        upstream,
+        match r.errors {
+            crate::proxy::problem::Dialect::Problem => "",
+            crate::proxy::problem::Dialect::S3 => " · errors s3",
+        },
+    );
+    if let Some(s3) = r.s3() {
+        out.push_str(&format!(
+            "  api s3: {} · {} · keys {}\n",
+            s3.virtual_host_domain
+                .as_ref()
+                .map_or("path-style only".to_string(), |d| format!(
+                    "path-style and virtual-hosted *.{d}"
+                )),
+            s3.bucket_scope.as_ref().map_or(
+                "bucket requests refused (no bucket_scope)".to_string(),
+                |b| { format!("bucket scope \"{b}\"") }
+            ),
+            match s3.keys {
+                crate::proxy::config::Keys::Strict => "strict",
+                crate::proxy::config::Keys::Opaque => "opaque",
+            },
+        ));
+    } else if r.api == crate::proxy::config::Api::Plain {
+        out.push_str("  api plain: the path names all a request changes\n");
+    } else if r.fences_trees() {
+        out.push_str(
+            "  api webdav: a collection's DELETE, MOVE or COPY is refused while a scope beneath it holds a mark\n",
+        );
+    } else if r.api == crate::proxy::config::Api::Webdav {
+        out.push_str("  api webdav: one scope for a whole tree\n");
+    }
+    out
 }
 
 /// Would two listeners on these addresses collide at bind (the same port on the same

@@ -190,15 +190,21 @@ fn s3_routes() {
         Some("bucket/{bucket}")
     );
     assert_eq!(c.routes[0].errors, Dialect::Problem);
+    let with_port = S3.replace(
+        "host = \"s3.example.com\"",
+        "host = \"S3.example.com:9000\"",
+    );
+    let c = Config::parse(&with_port, Path::new(".")).expect("an S3 endpoint may carry a port");
+    assert_eq!(c.routes[0].host.as_deref(), Some("s3.example.com"));
+    assert_eq!(
+        c.routes[0].s3().map(|s| s.endpoint.as_str()),
+        Some("s3.example.com:9000")
+    );
+}
 
-    let refused = |text: String, path: &str, says: &str| {
-        let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
-        assert!(
-            errs.iter()
-                .any(|e| e.path == path && e.message.contains(says)),
-            "{path}: {says}: {errs:?}"
-        );
-    };
+/// The keys of an `api = "s3"` route that are refused, each at its key.
+#[test]
+fn s3_route_keys_are_refused_at_their_key() {
     refused(
         S3.replace("host = \"s3.example.com\"\n", ""),
         "route[0].host",
@@ -237,26 +243,6 @@ fn s3_routes() {
         "route[0].virtual_host_domain",
         "no trailing dot",
     );
-    // A second S3 route on one backend, and a route under an S3 route's virtual hosts.
-    let second = format!(
-        "{S3}[[route]]\nname = \"other\"\napi = \"s3\"\nhost = \"other.test\"\npath = \"/{{b}}/{{*k}}\"\nscope = \"object/{{b}}/{{k}}\"\nupstream = \"objects\"\n"
-    );
-    refused(second, "route[1]", "share an upstream");
-    let vhosted = S3.replace(
-        "upstream = \"objects\"\n",
-        "upstream = \"objects\"\nvirtual_host_domain = \"s3.example.com\"\n[[upstream]]\nname = \"web\"\nurl = \"http://127.0.0.1:9001\"\n[[route]]\nname = \"late\"\nhost = \"x.s3.example.com\"\npath = \"/x\"\nupstream = \"web\"\nfenced = false\n",
-    );
-    refused(vhosted, "route[1]", "can never match");
-    let with_port = S3.replace(
-        "host = \"s3.example.com\"",
-        "host = \"S3.example.com:9000\"",
-    );
-    let c = Config::parse(&with_port, Path::new(".")).expect("an S3 endpoint may carry a port");
-    assert_eq!(c.routes[0].host.as_deref(), Some("s3.example.com"));
-    assert_eq!(
-        c.routes[0].s3().map(|s| s.endpoint.as_str()),
-        Some("s3.example.com:9000")
-    );
     refused(
         S3.replace("api = \"s3\"", "api = \"ftp\""),
         "route[0].api",
@@ -270,6 +256,22 @@ fn s3_routes() {
         "route[0].bucket_scope",
         "only for an api",
     );
+}
+
+/// An S3 route among others: one per backend, first on its host, and no later route on
+/// its host or its backend that would take its objects unread as S3.
+#[test]
+fn s3_routes_among_others() {
+    // A second S3 route on one backend, and a route under an S3 route's virtual hosts.
+    let second = format!(
+        "{S3}[[route]]\nname = \"other\"\napi = \"s3\"\nhost = \"other.test\"\npath = \"/{{b}}/{{*k}}\"\nscope = \"object/{{b}}/{{k}}\"\nupstream = \"objects\"\n"
+    );
+    refused(second, "route[1]", "share an upstream");
+    let vhosted = S3.replace(
+        "upstream = \"objects\"\n",
+        "upstream = \"objects\"\nvirtual_host_domain = \"s3.example.com\"\n[[upstream]]\nname = \"web\"\nurl = \"http://127.0.0.1:9001\"\n[[route]]\nname = \"late\"\nhost = \"x.s3.example.com\"\npath = \"/x\"\nupstream = \"web\"\nfenced = false\n",
+    );
+    refused(vhosted, "route[1]", "can never match");
     // A route before it that takes some of its paths on its host; one after it on its
     // host that it always wins over.
     let before = S3.replace(
@@ -292,6 +294,16 @@ fn s3_routes() {
         "{S3}[[route]]\nname = \"late\"\npath = \"/x\"\nupstream = \"objects\"\nfenced = false\n"
     );
     refused(same_backend, "route[1]", "the Host header would choose");
+}
+
+/// Asserts that `text` is refused with an error at `path` whose message says `says`.
+fn refused(text: String, path: &str, says: &str) {
+    let errs = Config::parse(&text, Path::new(".")).unwrap_err().0;
+    assert!(
+        errs.iter()
+            .any(|e| e.path == path && e.message.contains(says)),
+        "{path}: {says}: {errs:?}"
+    );
 }
 
 /// Credentials in an upstream URL are refused by name, and never echoed.

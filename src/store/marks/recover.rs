@@ -20,14 +20,27 @@ use super::tables::{
 
 /// The store file at `path` opened again as [`MarkStore::open`](super::MarkStore::open) opens it: the database,
 /// its journal (applied), the epoch floor and the records' usage.
-pub(super) fn reopen_parts(path: &Path) -> Result<(Database, Journal, u64, Tally), String> {
-    let db = builder().create(path).map_err(|e| e.to_string())?;
-    let journal = JournalFile::open(&journal_path(path)).map_err(|e| e.to_string())?;
-    let floor = initialize(&db).map_err(|e| e.to_string())?;
-    let journal = recover(&db, journal, &journal_path(path).display().to_string())
-        .map_err(|e| e.to_string())?;
-    let tally = tally_records(&db).map_err(|e| e.to_string())?;
+pub(super) fn reopen_parts(path: &Path) -> Result<(Database, Journal, u64, Tally), ReopenError> {
+    let db = builder().create(path)?;
+    let journal = JournalFile::open(&journal_path(path))?;
+    let floor = initialize(&db)?;
+    let journal = recover(&db, journal, &journal_path(path).display().to_string())?;
+    let tally = tally_records(&db)?;
     Ok((db, journal, floor, tally))
+}
+
+/// Why the store file could not be opened again after a failure (logged; the writer tries
+/// again later).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReopenError {
+    #[error(transparent)]
+    Database(#[from] redb::DatabaseError),
+    #[error(transparent)]
+    Journal(#[from] std::io::Error),
+    #[error(transparent)]
+    Redb(#[from] redb::Error),
+    #[error(transparent)]
+    Recover(#[from] StoreError),
 }
 
 /// What `fencegate store recover` did.

@@ -312,9 +312,9 @@ impl Writer {
         let written = self
             .stored(&mut wanted)
             .and_then(|raised| match self.journal.as_mut() {
-                Some(j) if raised => j.append(&wanted).map(|()| true).map_err(|e| e.to_string()),
+                Some(j) if raised => j.append(&wanted).map(|()| true).map_err(JournalWrite::from),
                 Some(_) => Ok(false),
-                None => Err("no journal".into()),
+                None => Err(JournalWrite::NoJournal),
             });
         let written = match written {
             Ok(w) => w,
@@ -323,7 +323,7 @@ impl Writer {
                 self.failed.store(true, Ordering::Release);
                 self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, "mark journal write failed; the store refuses writes until restarted");
-                return fail_all(batch, &e);
+                return fail_all(batch, &e.to_string());
             }
         };
         if written {
@@ -347,7 +347,7 @@ impl Writer {
     /// Raises each wanted token to the mark already held for its scope (the journal's
     /// pending one, else redb's), so that what is journaled and answered is the mark.
     /// Answers whether any wanted token is above what is held (else nothing needs writing).
-    pub(super) fn stored(&self, wanted: &mut [(Arc<str>, Mark)]) -> Result<bool, String> {
+    pub(super) fn stored(&self, wanted: &mut [(Arc<str>, Mark)]) -> Result<bool, JournalWrite> {
         let mut raised = false;
         let mut hold = |mark: &mut Mark, held: Option<Mark>| match held {
             Some(h) if h >= *mark => *mark = h,
@@ -365,18 +365,18 @@ impl Writer {
             }
         }
         if !missing.is_empty() {
-            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
-            let table = txn.open_table(MARKS).map_err(|e| e.to_string())?;
-            let sequences = txn.open_table(SEQUENCES).map_err(|e| e.to_string())?;
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(MARKS)?;
+            let sequences = txn.open_table(SEQUENCES)?;
             for i in missing {
                 let (scope, mark) = &mut wanted[i];
-                let held = table.get(&**scope).map_err(|e| e.to_string())?.map(|g| {
+                let held = table.get(&**scope)?.map(|g| {
                     let (e, c) = g.value();
                     Token::new(e, c)
                 });
                 let held = match held {
                     Some(token) => {
-                        let row = sequences.get(&**scope).map_err(|e| e.to_string())?;
+                        let row = sequences.get(&**scope)?;
                         Some(Mark {
                             token,
                             sequence: sequence_of(row.map(|g| g.value()), token),
@@ -606,6 +606,22 @@ impl Drop for FailOnPanic<'_> {
             );
         }
     }
+}
+
+/// Why a batch of advances could not be journaled: reading the marks held, or writing
+/// the record (the store then fails closed).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum JournalWrite {
+    #[error(transparent)]
+    Transaction(#[from] redb::TransactionError),
+    #[error(transparent)]
+    Table(#[from] redb::TableError),
+    #[error(transparent)]
+    Storage(#[from] redb::StorageError),
+    #[error(transparent)]
+    Journal(#[from] std::io::Error),
+    #[error("no journal")]
+    NoJournal,
 }
 
 pub(super) fn fail_all(batch: Vec<Op>, why: &str) {
