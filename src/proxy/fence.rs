@@ -18,7 +18,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -31,36 +31,17 @@ use http_body::{Frame, SizeHint};
 use tower::{Layer, Service};
 
 use super::Settings;
+pub use super::context::Conn;
+use super::context::{Admitted, Note, Plan, Verdict};
+use super::stage::Boxed;
+pub(crate) use super::stage::Stage;
 use crate::access_log::{AccessLog, RefusalWarnings};
 use crate::fence::{Gates, InflightGuard};
 use crate::metrics::{Metrics, Op};
 use crate::proxy::hop::Placement;
 use crate::proxy::problem::Dialect;
-use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan, Table};
+use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Table};
 use crate::token::Token;
-
-/// The connection a request came on: its peer (for `X-Forwarded-For`, the access log and
-/// warnings) and whether it was TLS. A layer serving one connection is given it (see
-/// [`Fence::on_connection`]); otherwise it is read from the request's extensions, if
-/// there.
-#[derive(Debug, Clone, Copy)]
-pub struct Conn {
-    pub peer: SocketAddr,
-    pub tls: bool,
-    /// The request came from another instance of the cluster, on this one's
-    /// `peer_listen`, authenticated (SPEC §10): it may not hop again.
-    pub hop: bool,
-}
-
-impl Default for Conn {
-    fn default() -> Conn {
-        Conn {
-            peer: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
-            tls: false,
-            hop: false,
-        }
-    }
-}
 
 /// The handoff of [`FenceLayer`]'s default: the request, with a [`FencedRequest`] in
 /// its extensions when it was fenced.
@@ -78,16 +59,6 @@ pub struct FencedRequest {
     pub route: String,
     pub scope: String,
     pub token: Token,
-}
-
-/// An admitted request on its way to the inner layers of the binary's stack: the plan
-/// holds the gate's guard, which goes on with the upstream exchange.
-pub(crate) struct Admitted<B> {
-    pub(crate) req: Request<B>,
-    /// The table the request was classified with (its route indexes this one).
-    pub(crate) table: Arc<Table>,
-    pub(crate) plan: Plan,
-    pub(crate) conn: Conn,
 }
 
 /// Where every refusal is counted, once: the route's metric row (or the unrouted one),
@@ -111,36 +82,6 @@ pub(crate) struct Asked<'a> {
     pub(crate) peer: SocketAddr,
     /// An HTTP/1 request whose body was not read: the answer closes the connection.
     pub(crate) unread_body: bool,
-}
-
-/// What the access log records of a request beyond its head and response, left in the
-/// response's extensions by the fence when the access log is on.
-#[derive(Default, Clone)]
-pub(crate) struct Note {
-    /// The route's name (the table may be swapped by the time the line is written).
-    pub(crate) route: Option<String>,
-    pub(crate) scope: Option<String>,
-    pub(crate) token: Option<Token>,
-    pub(crate) highest: Option<Token>,
-    /// The request's `Fencing-Sequence`, and on `stale_sequence` the highest recorded.
-    pub(crate) sequence: Option<u64>,
-    pub(crate) highest_sequence: Option<u64>,
-    /// From admission to the response head: the upstream exchange, with reading a small
-    /// request body whole before it.
-    pub(crate) upstream: Option<Duration>,
-}
-
-impl Note {
-    /// What the access log notes of an admitted request before its exchange.
-    fn of(table: &Table, plan: &super::Plan) -> Note {
-        Note {
-            route: Some(table.config.routes[plan.route].name.clone()),
-            scope: plan.scope.clone(),
-            token: plan.token,
-            sequence: plan.guard.as_ref().and_then(InflightGuard::sequence),
-            ..Note::default()
-        }
-    }
 }
 
 impl Refusals {
@@ -211,6 +152,7 @@ impl Refusals {
                     sequence: outcome.sequences().map(|s| s.0),
                     highest_sequence: outcome.sequences().map(|s| s.1),
                     upstream: None,
+                    verdict: Some(Verdict::Refused(outcome.result())),
                 });
             } else {
                 id = Some(request_id);
@@ -260,7 +202,7 @@ impl Shared {
         classified: Result<super::Classified, (Option<usize>, Outcome)>,
         op: Op,
         conn: Conn,
-    ) -> impl Future<Output = Result<super::Plan, (Option<usize>, Outcome)>> + Send + 'a {
+    ) -> impl Future<Output = Result<Plan, (Option<usize>, Outcome)>> + Send + 'a {
         super::check(
             &self.gates,
             &table.config,
@@ -440,18 +382,6 @@ async fn unread<B: http_body::Body>(version: http::Version, headers: &HeaderMap,
     !matches!(discarded, Ok(true))
 }
 
-type Boxed<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
-/// A layer of the binary's stack as the binary calls it: like `Service::call`, but its
-/// future is an `impl Future` that borrows the stage, so the whole request is one
-/// unboxed future as before the stack was made of layers. (`Service` needs a nameable
-/// future, which without `impl Trait` in associated types is a box per layer: measured
-/// with `benches/callgrind.sh`, 29,962 instructions per W1 request against 28,820.)
-/// The `Service` impls stay for composing the layers with other tower services.
-pub(crate) trait Stage<B>: Send + Sync {
-    fn serve(&self, a: Admitted<B>) -> impl Future<Output = Response<Body>> + Send + '_;
-}
-
 impl<S> Fence<S, Typed> {
     /// The binary's way in (see [`Stage`]): without a clone or a box. (A plain function
     /// returning its future, as the stages' own.)
@@ -498,31 +428,18 @@ impl<S> Fence<S, Typed> {
             }
             // The common way in, inline rather than through `pass` (an async fn more per
             // request: see docs/PERFORMANCE.md, W1 instructions).
-            if !shared.refusals.access.is_on() {
-                return self
-                    .inner
-                    .serve(Admitted {
-                        req,
-                        table,
-                        plan,
-                        conn,
-                    })
-                    .await;
+            if shared.refusals.access.is_on() {
+                return self.noted(req, table, plan, conn).await;
             }
-            let mut note = Note::of(&table, &plan);
-            let sent = Instant::now();
-            let mut resp = self
-                .inner
+            self.inner
                 .serve(Admitted {
                     req,
                     table,
                     plan,
                     conn,
+                    report: false,
                 })
-                .await;
-            note.upstream = Some(sent.elapsed());
-            resp.extensions_mut().insert(note);
-            resp
+                .await
         }
     }
 
@@ -595,7 +512,7 @@ impl<S> Fence<S, Typed> {
         &self,
         req: Request<B>,
         table: Arc<Table>,
-        plan: super::Plan,
+        plan: Plan,
         conn: Conn,
     ) -> Response<Body>
     where
@@ -626,29 +543,44 @@ impl<S> Fence<S, Typed> {
         }
     }
 
-    /// Hands an admitted request to the inner stage, with the access log's note.
+    /// Hands an admitted request to the inner stage, with the access log's note when
+    /// the log is on.
     async fn hand_in<B>(
         &self,
         req: Request<B>,
         table: Arc<Table>,
-        plan: super::Plan,
+        plan: Plan,
         conn: Conn,
     ) -> Response<Body>
     where
         S: Stage<B>,
     {
-        let shared = &self.shared;
-        if !shared.refusals.access.is_on() {
-            return self
-                .inner
-                .serve(Admitted {
-                    req,
-                    table,
-                    plan,
-                    conn,
-                })
-                .await;
+        if self.shared.refusals.access.is_on() {
+            return self.noted(req, table, plan, conn).await;
         }
+        self.inner
+            .serve(Admitted {
+                req,
+                table,
+                plan,
+                conn,
+                report: false,
+            })
+            .await
+    }
+
+    /// Hands an admitted request to the inner stage and leaves the access log's note,
+    /// with what the request came to, in the answer's extensions.
+    async fn noted<B>(
+        &self,
+        req: Request<B>,
+        table: Arc<Table>,
+        plan: Plan,
+        conn: Conn,
+    ) -> Response<Body>
+    where
+        S: Stage<B>,
+    {
         let mut note = Note::of(&table, &plan);
         let sent = Instant::now();
         let mut resp = self
@@ -658,9 +590,11 @@ impl<S> Fence<S, Typed> {
                 table,
                 plan,
                 conn,
+                report: true,
             })
             .await;
         note.upstream = Some(sent.elapsed());
+        note.verdict = resp.extensions_mut().remove::<Verdict>();
         resp.extensions_mut().insert(note);
         resp
     }

@@ -23,8 +23,9 @@ pub mod fingerprint;
 pub use config::{IdempotencyConfig, Mode, OnUnknown};
 
 use crate::fence::InflightGuard;
-use crate::proxy::fence::{Admitted, Stage};
-use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome, Plan};
+use crate::proxy::context::{Admitted, Conn, Plan, Verdict};
+use crate::proxy::stage::{Stage, Staged};
+use crate::proxy::{Body, BoxError, FENCING_RESULT, Outcome};
 use crate::rt::timer::ReadTimedOut;
 use crate::store::MarkStore;
 use crate::store::marks::Claimed;
@@ -62,30 +63,6 @@ pub struct Idempotent<S> {
     inner: S,
 }
 
-pin_project_lite::pin_project! {
-    /// [`Idempotent`]'s future: the inner service's own, or the keyed exchange.
-    #[project = StepProj]
-    pub enum Step<F, K> {
-        Passed { #[pin] fut: F },
-        Keyed { #[pin] fut: K },
-    }
-}
-
-impl<F, K> Future for Step<F, K>
-where
-    F: Future<Output = Result<Response<Body>, Infallible>>,
-    K: Future<Output = Result<Response<Body>, Infallible>>,
-{
-    type Output = Result<Response<Body>, Infallible>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            StepProj::Passed { fut } => fut.poll(cx),
-            StepProj::Keyed { fut } => fut.poll(cx),
-        }
-    }
-}
-
 type Keyed = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
 pin_project_lite::pin_project! {
@@ -113,13 +90,7 @@ impl<F: Future<Output = Response<Body>>> Future for Served<F> {
 
 impl<S, B> Stage<B> for Idempotent<S>
 where
-    S: Stage<Body>
-        + tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
+    S: Stage<Body> + Clone + 'static,
     B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,
 {
@@ -165,6 +136,7 @@ where
         table,
         plan,
         conn,
+        report,
     } = a;
     let req = req.map(|b| b.map_err(Into::into).boxed());
     let route = &table.config.routes[plan.route];
@@ -177,44 +149,10 @@ where
             table,
             plan,
             conn,
+            report,
         },
         keyed,
     )
-}
-
-impl<S, B> tower::Service<Admitted<B>> for Idempotent<S>
-where
-    S: tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Step<S::Future, Keyed>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, a: Admitted<B>) -> Self::Future {
-        let (a, keyed) = boxed_and_keyed(a);
-        if !keyed {
-            return Step::Passed {
-                fut: self.inner.call(a),
-            };
-        }
-        let state = self.state.clone();
-        let inner = self.inner.clone();
-        // Boxed: its future is larger than the rest of the request's, which hyper moves
-        // whole as it sets it up.
-        Step::Keyed {
-            fut: Box::pin(async move { Ok(state.handle(inner, a).await) }),
-        }
-    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -427,19 +365,16 @@ impl Idempotency {
     /// A fenced, admitted request on a route with idempotency on; `fwd` forwards it.
     async fn handle<S>(&self, fwd: S, admitted: Admitted<Body>) -> Response<Body>
     where
-        S: tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
+        S: Stage<Body> + Clone + 'static,
     {
         let Admitted {
             req,
             table,
             mut plan,
             conn,
+            ..
         } = admitted;
-        let mut fwd = fwd;
+        let mut fwd = Staged(fwd);
         let route_idx = plan.route;
         let op = plan.op;
         let client_version = req.version();
@@ -701,17 +636,13 @@ impl Idempotency {
             // The body's room is given back once the exchange has its answer: a body in
             // memory is kept (or queued to be written) until then, whichever way it went.
             drop(room);
-            let result = resp
-                .headers()
-                .get(FENCING_RESULT)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string();
+            // What the forward came to, as the forwarder said (asked for with `report`).
+            let verdict = resp.extensions().get::<Verdict>().copied();
             let record = |state: State, body: &[u8]| {
                 encode(expires, &Meta::new(fingerprint.clone(), state, boot), body)
             };
-            match result.as_str() {
-                "accepted" => {
+            match verdict {
+                Some(Verdict::Accepted) => {
                     let (parts, body) = resp.into_parts();
                     // A body that breaks midway was still applied (the head came back):
                     // record it as completed without a replayable body.
@@ -742,16 +673,15 @@ impl Idempotency {
                                 claim_wait,
                             )
                             .await;
-                            return Outcome::UpstreamTimeout {
-                                scope: Some(scope),
-                                detail: format!(
-                                    "the response body did not arrive within {timeout:?}"
-                                ),
-                            }
-                            .into_response_in(
+                            return answer(
+                                Outcome::UpstreamTimeout {
+                                    scope: Some(scope),
+                                    detail: format!(
+                                        "the response body did not arrive within {timeout:?}"
+                                    ),
+                                },
                                 dialect,
-                                Some(&task_path),
-                                None,
+                                &task_path,
                             );
                         }
                     };
@@ -802,7 +732,7 @@ impl Idempotency {
                     Response::from_parts(parts, body)
                 }
                 // Never reached the upstream, or refused before forwarding: not applied.
-                "upstream_unavailable" | "payload_too_large" | "invalid_request" => {
+                Some(Verdict::NotForwarded(_)) => {
                     complete(held);
                     let _ =
                         put_within(&store, record_key, record(State::Released, &[]), claim_wait)
@@ -820,35 +750,39 @@ impl Idempotency {
         });
         match task.await {
             Ok(resp) => resp,
-            Err(_) => Outcome::UpstreamTimeout {
-                scope: None,
-                detail: "the forwarding task failed".into(),
-            }
-            .into_response_in(dialect, Some(&req_path), None),
+            Err(_) => answer(
+                Outcome::UpstreamTimeout {
+                    scope: None,
+                    detail: "the forwarding task failed".into(),
+                },
+                dialect,
+                &req_path,
+            ),
         }
     }
 }
 
-/// Hands a request to the inner service (always ready, and infallible). Boxed: a
-/// future of a generic service awaited in the spawned task would have to be proven
-/// `Send` for every lifetime, which the compiler cannot do.
+/// Hands a request to the inner stage, asking for its [`Verdict`]. Through [`Staged`]
+/// (boxed): a future of a generic stage awaited in the spawned task would have to be
+/// proven `Send` for every lifetime, which the compiler cannot do.
 fn forward<S>(
-    fwd: &mut S,
+    fwd: &mut Staged<S>,
     req: Request<Body>,
     table: Arc<crate::proxy::Table>,
     plan: Plan,
-    conn: crate::proxy::fence::Conn,
+    conn: Conn,
 ) -> Keyed
 where
-    S: tower::Service<Admitted<Body>, Response = Response<Body>, Error = Infallible>,
-    S::Future: Send + 'static,
+    S: Stage<Body> + Clone + 'static,
 {
-    Box::pin(fwd.call(Admitted {
+    use tower::Service as _;
+    fwd.call(Admitted {
         req,
         table,
         plan,
         conn,
-    }))
+        report: true,
+    })
 }
 
 /// Writes a record, waiting at most `wait` for the disk (a hung disk must not hold an
@@ -870,6 +804,15 @@ async fn put_within(
         Ok(done) => done.map_err(|e| e.to_string()),
         Err(_) => Err(format!("not committed within {wait:?}")),
     }
+}
+
+/// An answer of this stage's own after the forward (counted as the forward was), with
+/// its [`Verdict`] for the access log.
+fn answer(outcome: Outcome, dialect: crate::proxy::problem::Dialect, path: &str) -> Response<Body> {
+    let verdict = Verdict::Refused(outcome.result());
+    let mut resp = outcome.into_response_in(dialect, Some(path), None);
+    resp.extensions_mut().insert(verdict);
+    resp
 }
 
 /// The exchange ended with a whole answer (or provably never reached the upstream).
@@ -906,6 +849,7 @@ fn replay(
     }
     resp.headers_mut()
         .insert(FENCING_RESULT, HeaderValue::from_static("duplicate"));
+    resp.extensions_mut().insert(Verdict::Duplicate);
     if !body_stored {
         resp.headers_mut().insert(
             "idempotency-replay",

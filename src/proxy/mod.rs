@@ -9,6 +9,7 @@
 
 pub mod classify;
 pub mod config;
+pub(crate) mod context;
 pub mod fence;
 pub mod forward;
 pub mod hop;
@@ -16,6 +17,7 @@ pub mod idempotency;
 pub mod problem;
 pub mod s3;
 pub mod settings;
+pub(crate) mod stage;
 pub mod upstream;
 
 use std::future::Future;
@@ -26,12 +28,13 @@ use std::time::Instant;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::fence::{Gates, InflightGuard, Proof, Refusal};
+use crate::fence::{Gates, Proof, Refusal};
 use crate::metrics::{Metrics, Op, RouteRow};
 use crate::token::Token;
 pub(crate) use classify::classify;
 use classify::{Classified, Fenced};
-use fence::{Conn, Fence, FenceLayer, Refusals, Typed};
+use context::{Conn, Note, Plan, Verdict};
+use fence::{Fence, FenceLayer, Refusals, Typed};
 pub(crate) use forward::Forwarder;
 use idempotency::{Idempotency, IdempotencyLayer, Idempotent};
 pub use problem::{FENCING_RESULT, Outcome};
@@ -85,8 +88,29 @@ impl Table {
         outcome: Outcome,
         resource: Option<&str>,
     ) -> Response<Body> {
-        self.refusals
-            .refuse(self, Some(route), op, outcome, None, resource)
+        let verdict = Verdict::Refused(outcome.result());
+        let mut resp = self
+            .refusals
+            .refuse(self, Some(route), op, outcome, None, resource);
+        // Rare (a failed exchange, an idempotency refusal): the phases after read it.
+        resp.extensions_mut().insert(verdict);
+        resp
+    }
+
+    /// [`Table::refuse`] for a refusal made before anything reached the upstream (the
+    /// body could not be read, the head cannot be forwarded, the connection failed): a
+    /// retry may go again.
+    pub(crate) fn refuse_unsent(
+        &self,
+        route: usize,
+        op: Op,
+        outcome: Outcome,
+        resource: Option<&str>,
+    ) -> Response<Body> {
+        let verdict = Verdict::NotForwarded(outcome.result());
+        let mut resp = self.refuse(route, op, outcome, resource);
+        resp.extensions_mut().insert(verdict);
+        resp
     }
 }
 
@@ -128,26 +152,6 @@ where
             HandledProj::Logged { fut } => fut.poll(cx),
         }
     }
-}
-
-/// Where a request stands after the checks: forward it, fenced or not.
-pub(crate) struct Plan {
-    pub(crate) route: usize,
-    /// The request's method, as counted.
-    pub(crate) op: Op,
-    /// `Some` for fenced requests: the generation they hold at the gate.
-    pub(crate) guard: Option<InflightGuard>,
-    pub(crate) scope: Option<String>,
-    pub(crate) token: Option<Token>,
-    /// `Some` for a fenced request whose shard another instance owns: it goes there,
-    /// not upstream (SPEC §10).
-    pub(crate) hop: Option<Arc<hop::Hop>>,
-    /// In a cluster, for a request admitted here: resolves when this instance must stop
-    /// its upstream exchange (its ownership's self-fencing deadline passed).
-    pub(crate) stop: Option<hop::Stop>,
-    /// An S3 CreateMultipartUpload decided here: its answer's upload id is recorded with
-    /// the scope before the answer goes on (SPEC §15).
-    pub(crate) record_upload: bool,
 }
 
 impl Proxy {
@@ -312,14 +316,21 @@ impl Proxy {
             .insert(crate::access_log::X_REQUEST_ID, id.clone());
         let method = req.method().clone();
         let mut resp = self.stack.serve(req, conn).await;
-        let note = resp
-            .extensions_mut()
-            .remove::<fence::Note>()
-            .unwrap_or_default();
+        let note = resp.extensions_mut().remove::<Note>().unwrap_or_default();
         resp.headers_mut()
             .insert(crate::access_log::X_REQUEST_ID, id.clone());
-        let result = match resp.headers().get(FENCING_RESULT) {
-            Some(v) => v.to_str().unwrap_or("-"),
+        // What the request came to, as the phase that decided it said; a refusal made
+        // after the note was taken (an upload's record) carries its own.
+        let verdict = note
+            .verdict
+            .or_else(|| resp.extensions().get::<Verdict>().copied());
+        let result = match verdict {
+            Some(v) => v.result().unwrap_or_else(|| {
+                // A hop: the owner's word, in its header.
+                resp.headers()
+                    .get(FENCING_RESULT)
+                    .map_or("unfenced", |v| v.to_str().unwrap_or("-"))
+            }),
             None => "unfenced",
         };
         let entry = crate::access_log::Entry {
