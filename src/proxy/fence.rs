@@ -600,15 +600,25 @@ impl<S> Fence<S, Typed> {
     }
 }
 
+/// Why an upstream answer's body could not be read whole.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum AnswerError {
+    #[error("{0}")]
+    Body(#[source] BoxError),
+    #[error("longer than {limit} bytes")]
+    TooLong { limit: usize },
+}
+
 /// An upstream answer's body, whole, up to `limit` bytes.
-async fn read_answer(mut body: Body, limit: usize) -> Result<Bytes, String> {
+async fn read_answer(mut body: Body, limit: usize) -> Result<Bytes, AnswerError> {
     use http_body_util::BodyExt;
     let mut out = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| e.to_string())?;
+        let frame = frame.map_err(AnswerError::Body)?;
         if let Ok(data) = frame.into_data() {
             if out.len() + data.len() > limit {
-                return Err(format!("longer than {limit} bytes"));
+                return Err(AnswerError::TooLong { limit });
             }
             out.extend_from_slice(&data);
         }
