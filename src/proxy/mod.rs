@@ -390,65 +390,32 @@ pub(crate) async fn check(
             ));
         }
     };
-    if let Some(placement) = placement {
-        match placement.place(&scope) {
-            hop::Place::Here => {}
-            // At most one hop: a request handed here for a shard owned elsewhere now
-            // is told to retry.
-            hop::Place::Owner(_) | hop::Place::Unknown if hopped => {
-                return Err((Some(idx), Outcome::Unavailable { scope, token }));
-            }
-            hop::Place::Owner(owner) => {
-                return Ok(Plan {
-                    route: idx,
-                    op,
-                    guard: None,
-                    scope: Some(scope),
-                    token: Some(token),
-                    hop: Some(owner),
-                    stop: None,
-                    record_upload: false,
-                });
-            }
-            hop::Place::Unknown => {
-                return Err((Some(idx), Outcome::Unavailable { scope, token }));
-            }
-        }
+    if let Some(placement) = placement
+        && let Some(hop) = place(placement, idx, &scope, token, hopped)?
+    {
+        return Ok(Plan {
+            route: idx,
+            op,
+            guard: None,
+            scope: Some(scope),
+            token: Some(token),
+            hop: Some(hop),
+            stop: None,
+            record_upload: false,
+        });
     }
     // A part, a completion or an abort names an upload id: it must have been created in
     // this scope (SPEC §15). Checked where the scope is decided, before admission.
-    match &upload {
-        Some(s3::upload::Upload::Uses(id)) => check_upload(gates, config, idx, &scope, token, id)?,
-        Some(s3::upload::Upload::DeletesBucket { scopes, exact }) => {
-            // In a cluster another instance may hold the bucket's marks.
-            let beneath = if placement.is_some() {
-                Some("(marks held by other instances)".to_string())
-            } else {
-                gates
-                    .store()
-                    .marked_beneath(scopes, *exact, &scope)
-                    .map_err(|_| {
-                        (
-                            Some(idx),
-                            Outcome::Unavailable {
-                                scope: scope.clone(),
-                                token,
-                            },
-                        )
-                    })?
-            };
-            if let Some(other) = beneath {
-                return Err((
-                    Some(idx),
-                    Outcome::MultiScope {
-                        detail: format!(
-                            "a DeleteBucket may delete the bucket's objects with it, and one is fenced under another scope ({other})"
-                        ),
-                    },
-                ));
-            }
-        }
-        _ => {}
+    if let Some(upload) = &upload {
+        check_upload(
+            gates,
+            config,
+            idx,
+            &scope,
+            token,
+            upload,
+            placement.is_some(),
+        )?;
     }
     // A DELETE, MOVE or COPY that may change a collection's members (SPEC §16): refused
     // while a scope beneath its own holds a mark, and holding that tree (against new
@@ -484,6 +451,81 @@ pub(crate) async fn check(
         stop,
         record_upload: upload == Some(s3::upload::Upload::Creates),
     })
+}
+
+/// In a cluster, where the scope is decided: `None` here, or the owner to hop to. At
+/// most one hop: a request handed here for a shard owned elsewhere now is told to retry.
+fn place(
+    placement: &dyn hop::Placement,
+    idx: usize,
+    scope: &str,
+    token: Token,
+    hopped: bool,
+) -> Result<Option<Arc<hop::Hop>>, (Option<usize>, Outcome)> {
+    let unavailable = || {
+        (
+            Some(idx),
+            Outcome::Unavailable {
+                scope: scope.to_string(),
+                token,
+            },
+        )
+    };
+    match placement.place(scope) {
+        hop::Place::Here => Ok(None),
+        hop::Place::Owner(_) | hop::Place::Unknown if hopped => Err(unavailable()),
+        hop::Place::Owner(owner) => Ok(Some(owner)),
+        hop::Place::Unknown => Err(unavailable()),
+    }
+}
+
+/// A part, a completion or an abort names an upload id: it must have been created in
+/// this scope (SPEC §15). A DeleteBucket may delete the bucket's objects with it: none
+/// may be fenced under another scope. Checked where the scope is decided, before
+/// admission.
+fn check_upload(
+    gates: &Gates,
+    config: &Settings,
+    idx: usize,
+    scope: &str,
+    token: Token,
+    upload: &s3::upload::Upload,
+    clustered: bool,
+) -> Result<(), (Option<usize>, Outcome)> {
+    match upload {
+        s3::upload::Upload::Uses(id) => check_upload_id(gates, config, idx, scope, token, id),
+        s3::upload::Upload::DeletesBucket { scopes, exact } => {
+            // In a cluster another instance may hold the bucket's marks.
+            let beneath = if clustered {
+                Some("(marks held by other instances)".to_string())
+            } else {
+                gates
+                    .store()
+                    .marked_beneath(scopes, *exact, scope)
+                    .map_err(|_| {
+                        (
+                            Some(idx),
+                            Outcome::Unavailable {
+                                scope: scope.to_string(),
+                                token,
+                            },
+                        )
+                    })?
+            };
+            match beneath {
+                None => Ok(()),
+                Some(other) => Err((
+                    Some(idx),
+                    Outcome::MultiScope {
+                        detail: format!(
+                            "a DeleteBucket may delete the bucket's objects with it, and one is fenced under another scope ({other})"
+                        ),
+                    },
+                )),
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Holds the tree beneath `scope` for a request that may change a collection's members,
@@ -533,7 +575,7 @@ fn check_tree(
 /// another key (`multi_scope`: it would change that key's object), or one unknown here
 /// (created before fencegate recorded uploads, expired, or recorded by the instance that
 /// owned the scope before).
-fn check_upload(
+fn check_upload_id(
     gates: &Gates,
     config: &Settings,
     idx: usize,
