@@ -1,11 +1,15 @@
-//! The proxy service: one request's way through, as tower layers over the forwarder.
+//! The proxy service: one request's way through, as named phases over one context
+//! ([`context`]: the connection, the table and plan, the typed [`context::Verdict`]).
 //!
-//! [`fence::FenceLayer`]: canonicalize → route → token and scope → gate (durable
-//! advance, drain, settle); then [`idempotency::IdempotencyLayer`] (the record, for
-//! routes with it on); then the `Forwarder`, the innermost service → response with
-//! `Fencing-Result`. Every refusal goes through [`problem::Outcome`], the one place that
-//! makes fencegate's own responses, and is counted in one place,
-//! `fence::Refusals::refuse`.
+//! The phases, in order: decide ([`fence`]: canonicalize → route → token and scope →
+//! [`check`]: placement, uploads, gate: durable advance, drain, settle) → idempotency
+//! ([`idempotency`], for routes with it on: the record's claim, or a retry's replay) →
+//! choose the peer → the upstream request → the response ([`forward`]) → log
+//! ([`Proxy::handle`], with the access log on). The fence ([`fence::Fence::serve`]) hands
+//! an admitted request to the inner [`stage::Stage`]s, called directly by the binary (one
+//! unboxed future per request; [`stage::Staged`] makes a stage a `Service`). Every
+//! refusal goes through [`problem::Outcome`], the one place that makes fencegate's own
+//! responses, and is counted in one place, `fence::Refusals::refuse`.
 
 pub mod classify;
 pub mod config;
@@ -289,7 +293,7 @@ impl Proxy {
         req: Request<Incoming>,
         conn: Conn,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
-        // Through the stages' unboxed futures (see `fence::Stage`), not `Service::call`.
+        // Through the stages' unboxed futures (see `stage::Stage`), not `Service::call`.
         if self.refusals().access.is_on() {
             // Boxed: the logged path's state stays out of the unlogged request's future.
             Handled::Logged {

@@ -126,9 +126,10 @@ where
     }
 }
 
-/// The upstream request for hyper's client, from a head prepared by [`upstream_parts`]
-/// and the body to stream. Answers the request and what becomes of its body on the way:
-/// whether it outgrew `max_body`, and whether it was all written.
+/// The upstream request for hyper's client, from a head prepared by
+/// [`upstream_parts`](super::upstream_parts) and the body to stream. Answers the request
+/// and what becomes of its body on the way: whether it outgrew `max_body`, and whether it
+/// was all written.
 pub fn upstream_request(
     mut parts: http::request::Parts,
     body: Body,

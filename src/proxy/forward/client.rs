@@ -66,9 +66,10 @@ impl Upstreamed {
     }
 }
 
-/// Sends a prepared request (see [`upstream_parts`]) whose body is `body`, in memory, to a
-/// plain-HTTP upstream through this thread's lean HTTP/1.1 pool. Here and in [`send`], the
-/// upstream's `timeout` also bounds every wait for more of the response body.
+/// Sends a prepared request (see [`upstream_parts`](super::upstream_parts)) whose body is
+/// `body`, in memory, to a plain-HTTP upstream through this thread's lean HTTP/1.1 pool.
+/// Here and in [`send`], the upstream's `timeout` also bounds every wait for more of the
+/// response body.
 pub async fn send_whole(
     upstream: &Upstream,
     parts: &http::request::Parts,

@@ -90,8 +90,8 @@ fn strip_present(headers: &mut HeaderMap, present: [bool; HOP_BY_HOP.len()]) -> 
     listed_any
 }
 
-/// The names [`upstream_request`] acts on, found in one pass over a request's headers
-/// (each name compared by its text) instead of a hash lookup each.
+/// The names [`upstream_parts`] acts on, found in one pass over a request's headers (each
+/// name compared by its text) instead of a hash lookup each.
 #[derive(Default)]
 struct Names {
     /// Hop-by-hop names present, indexed like [`HOP_BY_HOP`].

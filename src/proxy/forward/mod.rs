@@ -3,7 +3,7 @@
 //! owner) → take the body (in memory, or to stream) → the upstream request's head → the
 //! exchange (raced by a cluster's stop) → the client's response, or the failure's answer.
 //!
-//! One concern per file: [`client`] (the pools, the https clients, sending), [`headers`]
+//! One concern per file: [`mod@client`] (the pools, the https clients, sending), [`headers`]
 //! (the upstream head: hop-by-hop and forwarding headers), [`body`] (the request body on
 //! its way) and [`response`] (the answer's body, which holds the generation until it is
 //! over). HTTP/1.1 to the upstream whatever the client spoke; bodies streamed both ways.

@@ -8,7 +8,7 @@
 //! A keyed request's phases ([`Idempotency::handle`]): the key ([`key`]) → the body, read
 //! whole within the memory budget ([`budget`]) → the claim of its record ([`claim`]),
 //! or a retry's answer from it ([`replay`]) → the forward → the answer recorded
-//! ([`answer`], in the record's layout of [`record`]). [`layer`] puts the stage in the
+//! ([`mod@answer`], in the record's layout of [`record`]). [`layer`] puts the stage in the
 //! stack.
 
 use std::convert::Infallible;
