@@ -41,7 +41,8 @@ impl<S> tower::Layer<S> for IdempotencyLayer {
     }
 }
 
-/// [`IdempotencyLayer`]'s service. Always ready, as the inner one must be.
+/// [`IdempotencyLayer`]'s stage (a `Service` through
+/// [`Staged`](crate::proxy::stage::Staged)).
 #[derive(Clone)]
 pub struct Idempotent<S> {
     state: Arc<Idempotency>,
@@ -107,8 +108,7 @@ fn is_safe(method: &http::Method) -> bool {
 /// The admitted request with its body boxed, and whether this stage keys it (a fenced
 /// generation on a route with `idempotency` on, of a method that may change something:
 /// one the route fences, or any but the safe ones; a safe read with a token is fenced
-/// but not recorded, so a client cannot fill the store with copies of what it reads);
-/// both ways in ([`Stage`] and `Service`) decide with it.
+/// but not recorded, so a client cannot fill the store with copies of what it reads).
 fn boxed_and_keyed<B>(a: Admitted<B>) -> (Admitted<Body>, bool)
 where
     B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
