@@ -8,11 +8,12 @@
 //!   HTTP/2 idle and send bounds, graceful drain; serves any handler
 //! - [`tls`]: HTTPS on the listeners (optional client certificates, files re-read on
 //!   SIGHUP) and the client side of https upstreams
-//! - [`proxy`]: the pipeline as tower layers over the forwarder, and every response of
+//! - [`proxy`]: one request's phases over its context (`proxy::context`: connection,
+//!   plan, the typed verdict), stages of one trait (`proxy::stage`), and every response of
 //!   fencegate's own (SPEC §4): [`proxy::fence`] (routing, token, gate, refusals: the
 //!   [`FenceLayer`](proxy::fence::FenceLayer) a Rust service can put in front of its own
 //!   handlers), [`proxy::idempotency`] (`Idempotency-Key` records per scope: fingerprint,
-//!   durable claim, replay, expiry), [`proxy::forward`] (the upstream exchange),
+//!   durable claim, replay, expiry), [`proxy::forward`] (the upstream exchange, by phase),
 //!   [`proxy::upstream`] (the pool and the lean HTTP/1.1 exchange); what it reads in
 //!   force is its own [`proxy::Settings`], built from the file's sections
 //! - [`route`]: canonical paths, route templates, scope rendering (SPEC §2)

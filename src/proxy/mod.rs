@@ -1,14 +1,19 @@
-//! The proxy service: one request's way through, as tower layers over the forwarder.
+//! The proxy service: one request's way through, as named phases over one context
+//! ([`context`]: the connection, the table and plan, the typed [`context::Verdict`]).
 //!
-//! [`fence::FenceLayer`]: canonicalize → route → token and scope → gate (durable
-//! advance, drain, settle); then [`idempotency::IdempotencyLayer`] (the record, for
-//! routes with it on); then the `Forwarder`, the innermost service → response with
-//! `Fencing-Result`. Every refusal goes through [`problem::Outcome`], the one place that
-//! makes fencegate's own responses, and is counted in one place,
-//! `fence::Refusals::refuse`.
+//! The phases, in order: decide ([`fence`]: canonicalize → route → token and scope →
+//! [`check`]: placement, uploads, gate: durable advance, drain, settle) → idempotency
+//! ([`idempotency`], for routes with it on: the record's claim, or a retry's replay) →
+//! choose the peer → the upstream request → the response ([`forward`]) → log
+//! ([`Proxy::handle`], with the access log on). The fence ([`fence::Fence::serve`]) hands
+//! an admitted request to the inner [`stage::Stage`]s, called directly by the binary (one
+//! unboxed future per request; [`stage::Staged`] makes a stage a `Service`). Every
+//! refusal goes through [`problem::Outcome`], the one place that makes fencegate's own
+//! responses, and is counted in one place, `fence::Refusals::refuse`.
 
 pub mod classify;
 pub mod config;
+pub(crate) mod context;
 pub mod fence;
 pub mod forward;
 pub mod hop;
@@ -16,6 +21,7 @@ pub mod idempotency;
 pub mod problem;
 pub mod s3;
 pub mod settings;
+pub(crate) mod stage;
 pub mod upstream;
 
 use std::future::Future;
@@ -26,12 +32,13 @@ use std::time::Instant;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::fence::{Gates, InflightGuard, Proof, Refusal};
+use crate::fence::{Gates, Proof, Refusal};
 use crate::metrics::{Metrics, Op, RouteRow};
 use crate::token::Token;
 pub(crate) use classify::classify;
 use classify::{Classified, Fenced};
-use fence::{Conn, Fence, FenceLayer, Refusals, Typed};
+use context::{Conn, Note, Plan, Verdict};
+use fence::{Fence, FenceLayer, Refusals, Typed};
 pub(crate) use forward::Forwarder;
 use idempotency::{Idempotency, IdempotencyLayer, Idempotent};
 pub use problem::{FENCING_RESULT, Outcome};
@@ -85,8 +92,29 @@ impl Table {
         outcome: Outcome,
         resource: Option<&str>,
     ) -> Response<Body> {
-        self.refusals
-            .refuse(self, Some(route), op, outcome, None, resource)
+        let verdict = Verdict::Refused(outcome.result());
+        let mut resp = self
+            .refusals
+            .refuse(self, Some(route), op, outcome, None, resource);
+        // Rare (a failed exchange, an idempotency refusal): the phases after read it.
+        resp.extensions_mut().insert(verdict);
+        resp
+    }
+
+    /// [`Table::refuse`] for a refusal made before anything reached the upstream (the
+    /// body could not be read, the head cannot be forwarded, the connection failed): a
+    /// retry may go again.
+    pub(crate) fn refuse_unsent(
+        &self,
+        route: usize,
+        op: Op,
+        outcome: Outcome,
+        resource: Option<&str>,
+    ) -> Response<Body> {
+        let verdict = Verdict::NotForwarded(outcome.result());
+        let mut resp = self.refuse(route, op, outcome, resource);
+        resp.extensions_mut().insert(verdict);
+        resp
     }
 }
 
@@ -128,26 +156,6 @@ where
             HandledProj::Logged { fut } => fut.poll(cx),
         }
     }
-}
-
-/// Where a request stands after the checks: forward it, fenced or not.
-pub(crate) struct Plan {
-    pub(crate) route: usize,
-    /// The request's method, as counted.
-    pub(crate) op: Op,
-    /// `Some` for fenced requests: the generation they hold at the gate.
-    pub(crate) guard: Option<InflightGuard>,
-    pub(crate) scope: Option<String>,
-    pub(crate) token: Option<Token>,
-    /// `Some` for a fenced request whose shard another instance owns: it goes there,
-    /// not upstream (SPEC §10).
-    pub(crate) hop: Option<Arc<hop::Hop>>,
-    /// In a cluster, for a request admitted here: resolves when this instance must stop
-    /// its upstream exchange (its ownership's self-fencing deadline passed).
-    pub(crate) stop: Option<hop::Stop>,
-    /// An S3 CreateMultipartUpload decided here: its answer's upload id is recorded with
-    /// the scope before the answer goes on (SPEC §15).
-    pub(crate) record_upload: bool,
 }
 
 impl Proxy {
@@ -285,7 +293,7 @@ impl Proxy {
         req: Request<Incoming>,
         conn: Conn,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
-        // Through the stages' unboxed futures (see `fence::Stage`), not `Service::call`.
+        // Through the stages' unboxed futures (see `stage::Stage`), not `Service::call`.
         if self.refusals().access.is_on() {
             // Boxed: the logged path's state stays out of the unlogged request's future.
             Handled::Logged {
@@ -312,14 +320,21 @@ impl Proxy {
             .insert(crate::access_log::X_REQUEST_ID, id.clone());
         let method = req.method().clone();
         let mut resp = self.stack.serve(req, conn).await;
-        let note = resp
-            .extensions_mut()
-            .remove::<fence::Note>()
-            .unwrap_or_default();
+        let note = resp.extensions_mut().remove::<Note>().unwrap_or_default();
         resp.headers_mut()
             .insert(crate::access_log::X_REQUEST_ID, id.clone());
-        let result = match resp.headers().get(FENCING_RESULT) {
-            Some(v) => v.to_str().unwrap_or("-"),
+        // What the request came to, as the phase that decided it said; a refusal made
+        // after the note was taken (an upload's record) carries its own.
+        let verdict = note
+            .verdict
+            .or_else(|| resp.extensions().get::<Verdict>().copied());
+        let result = match verdict {
+            Some(v) => v.result().unwrap_or_else(|| {
+                // A hop: the owner's word, in its header.
+                resp.headers()
+                    .get(FENCING_RESULT)
+                    .map_or("unfenced", |v| v.to_str().unwrap_or("-"))
+            }),
             None => "unfenced",
         };
         let entry = crate::access_log::Entry {
@@ -379,65 +394,32 @@ pub(crate) async fn check(
             ));
         }
     };
-    if let Some(placement) = placement {
-        match placement.place(&scope) {
-            hop::Place::Here => {}
-            // At most one hop: a request handed here for a shard owned elsewhere now
-            // is told to retry.
-            hop::Place::Owner(_) | hop::Place::Unknown if hopped => {
-                return Err((Some(idx), Outcome::Unavailable { scope, token }));
-            }
-            hop::Place::Owner(owner) => {
-                return Ok(Plan {
-                    route: idx,
-                    op,
-                    guard: None,
-                    scope: Some(scope),
-                    token: Some(token),
-                    hop: Some(owner),
-                    stop: None,
-                    record_upload: false,
-                });
-            }
-            hop::Place::Unknown => {
-                return Err((Some(idx), Outcome::Unavailable { scope, token }));
-            }
-        }
+    if let Some(placement) = placement
+        && let Some(hop) = place(placement, idx, &scope, token, hopped)?
+    {
+        return Ok(Plan {
+            route: idx,
+            op,
+            guard: None,
+            scope: Some(scope),
+            token: Some(token),
+            hop: Some(hop),
+            stop: None,
+            record_upload: false,
+        });
     }
     // A part, a completion or an abort names an upload id: it must have been created in
     // this scope (SPEC §15). Checked where the scope is decided, before admission.
-    match &upload {
-        Some(s3::upload::Upload::Uses(id)) => check_upload(gates, config, idx, &scope, token, id)?,
-        Some(s3::upload::Upload::DeletesBucket { scopes, exact }) => {
-            // In a cluster another instance may hold the bucket's marks.
-            let beneath = if placement.is_some() {
-                Some("(marks held by other instances)".to_string())
-            } else {
-                gates
-                    .store()
-                    .marked_beneath(scopes, *exact, &scope)
-                    .map_err(|_| {
-                        (
-                            Some(idx),
-                            Outcome::Unavailable {
-                                scope: scope.clone(),
-                                token,
-                            },
-                        )
-                    })?
-            };
-            if let Some(other) = beneath {
-                return Err((
-                    Some(idx),
-                    Outcome::MultiScope {
-                        detail: format!(
-                            "a DeleteBucket may delete the bucket's objects with it, and one is fenced under another scope ({other})"
-                        ),
-                    },
-                ));
-            }
-        }
-        _ => {}
+    if let Some(upload) = &upload {
+        check_upload(
+            gates,
+            config,
+            idx,
+            &scope,
+            token,
+            upload,
+            placement.is_some(),
+        )?;
     }
     // A DELETE, MOVE or COPY that may change a collection's members (SPEC §16): refused
     // while a scope beneath its own holds a mark, and holding that tree (against new
@@ -473,6 +455,81 @@ pub(crate) async fn check(
         stop,
         record_upload: upload == Some(s3::upload::Upload::Creates),
     })
+}
+
+/// In a cluster, where the scope is decided: `None` here, or the owner to hop to. At
+/// most one hop: a request handed here for a shard owned elsewhere now is told to retry.
+fn place(
+    placement: &dyn hop::Placement,
+    idx: usize,
+    scope: &str,
+    token: Token,
+    hopped: bool,
+) -> Result<Option<Arc<hop::Hop>>, (Option<usize>, Outcome)> {
+    let unavailable = || {
+        (
+            Some(idx),
+            Outcome::Unavailable {
+                scope: scope.to_string(),
+                token,
+            },
+        )
+    };
+    match placement.place(scope) {
+        hop::Place::Here => Ok(None),
+        hop::Place::Owner(_) | hop::Place::Unknown if hopped => Err(unavailable()),
+        hop::Place::Owner(owner) => Ok(Some(owner)),
+        hop::Place::Unknown => Err(unavailable()),
+    }
+}
+
+/// A part, a completion or an abort names an upload id: it must have been created in
+/// this scope (SPEC §15). A DeleteBucket may delete the bucket's objects with it: none
+/// may be fenced under another scope. Checked where the scope is decided, before
+/// admission.
+fn check_upload(
+    gates: &Gates,
+    config: &Settings,
+    idx: usize,
+    scope: &str,
+    token: Token,
+    upload: &s3::upload::Upload,
+    clustered: bool,
+) -> Result<(), (Option<usize>, Outcome)> {
+    match upload {
+        s3::upload::Upload::Uses(id) => check_upload_id(gates, config, idx, scope, token, id),
+        s3::upload::Upload::DeletesBucket { scopes, exact } => {
+            // In a cluster another instance may hold the bucket's marks.
+            let beneath = if clustered {
+                Some("(marks held by other instances)".to_string())
+            } else {
+                gates
+                    .store()
+                    .marked_beneath(scopes, *exact, scope)
+                    .map_err(|_| {
+                        (
+                            Some(idx),
+                            Outcome::Unavailable {
+                                scope: scope.to_string(),
+                                token,
+                            },
+                        )
+                    })?
+            };
+            match beneath {
+                None => Ok(()),
+                Some(other) => Err((
+                    Some(idx),
+                    Outcome::MultiScope {
+                        detail: format!(
+                            "a DeleteBucket may delete the bucket's objects with it, and one is fenced under another scope ({other})"
+                        ),
+                    },
+                )),
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Holds the tree beneath `scope` for a request that may change a collection's members,
@@ -522,7 +579,7 @@ fn check_tree(
 /// another key (`multi_scope`: it would change that key's object), or one unknown here
 /// (created before fencegate recorded uploads, expired, or recorded by the instance that
 /// owned the scope before).
-fn check_upload(
+fn check_upload_id(
     gates: &Gates,
     config: &Settings,
     idx: usize,

@@ -1,6 +1,13 @@
 //! Tests of the fence layer over a stub service: guards, refusals and the typed handoff.
 
 use super::*;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http_body::Frame;
+
+use crate::proxy::FENCING_RESULT;
+use crate::proxy::context::Admitted;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
