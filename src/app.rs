@@ -433,7 +433,7 @@ fn spawn_proxy(
         proxy_hooks(app),
         move |req, peer| {
             let app = proxy_app.clone();
-            async move { app.proxy.handle(req, peer.addr, https).await }
+            async move { app.proxy.handle(req, peer, https).await }
         },
     )
     .map_err(|source| StartError::Bind { addr, source })?;
@@ -609,19 +609,12 @@ fn flawed(flaw: Flaw) -> Outcome {
         },
         Flaw::OverShare { held } => Outcome::UpstreamUnavailable {
             scope: None,
-            detail: over_share(held),
+            detail: crate::listen::share::over_share(held),
         },
         Flaw::Unfollowed => Outcome::InvalidRequest {
             detail: "the framing of an earlier request on this connection could not be followed (a length, a chunk or a head beyond what is checked); open a new connection".into(),
         },
     }
-}
-
-/// Why a client past its share of descriptors is refused (see `listen::limits`).
-pub(crate) fn over_share(held: usize) -> String {
-    format!(
-        "this client (its address, or its IPv6 /64) holds {held} file descriptors, as many as it may (two per connection, one per open HTTP/2 stream or exchange going on without its client, and never more than are left free for other clients); nothing was forwarded. Retry once one of its requests has ended"
-    )
 }
 
 /// SIGHUP: re-read the config file. Routes and upstreams take effect atomically for new

@@ -80,3 +80,10 @@ impl Drop for Unit {
         self.0.give_back(1);
     }
 }
+
+/// Why a client past its share of descriptors is refused (see [`super::limits`]).
+pub fn over_share(held: usize) -> String {
+    format!(
+        "this client (its address, or its IPv6 /64) holds {held} file descriptors, as many as it may (two per connection, one per open HTTP/2 stream or exchange going on without its client, and never more than are left free for other clients); nothing was forwarded. Retry once one of its requests has ended"
+    )
+}

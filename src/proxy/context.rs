@@ -19,13 +19,16 @@ use crate::token::Token;
 /// warnings) and whether it was TLS. A layer serving one connection is given it (see
 /// [`Fence::on_connection`](super::fence::Fence::on_connection)); otherwise it is read
 /// from the request's extensions, if there.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Conn {
     pub peer: SocketAddr,
     pub tls: bool,
     /// The request came from another instance of the cluster, on this one's
     /// `peer_listen`, authenticated (SPEC §10): it may not hop again.
     pub hop: bool,
+    /// The client's count of descriptors (see `listen::share`), on which an exchange that
+    /// goes on after its client has gone counts; `None` where the listener counts none.
+    pub client: Option<Arc<crate::listen::share::Held>>,
 }
 
 impl Default for Conn {
@@ -34,6 +37,7 @@ impl Default for Conn {
             peer: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             tls: false,
             hop: false,
+            client: None,
         }
     }
 }

@@ -258,15 +258,16 @@ impl Proxy {
     pub fn handle(
         &self,
         req: Request<Incoming>,
-        peer: SocketAddr,
+        peer: crate::listen::Peer,
         tls: bool,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
         self.handle_conn(
             req,
             Conn {
-                peer,
+                peer: peer.addr,
                 tls,
                 hop: false,
+                client: peer.held,
             },
         )
     }
@@ -284,6 +285,7 @@ impl Proxy {
                 peer,
                 tls: false,
                 hop: true,
+                client: None,
             },
         )
     }

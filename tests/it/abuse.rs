@@ -1376,3 +1376,83 @@ async fn abandoned_connections_give_their_share_back() {
     }
     double.release("abandon");
 }
+
+/// A keyed request whose client resets its stream goes on upstream (its answer is recorded
+/// for the retry), holding its upstream connection; the stream's count on the client's
+/// share was given back with the stream. One HTTP/2 connection thus holds any number of
+/// upstream connections: past `max_descriptors_per_ip`, and past `max_concurrent_streams`.
+#[tokio::test]
+async fn reset_keyed_streams_hold_upstream_descriptors_within_the_share() {
+    const SHARE: usize = 6;
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = share_config(
+        dir.path(),
+        double.addr,
+        &format!("max_descriptors_per_ip = {SHARE}\nmax_concurrent_streams = 2"),
+    );
+    let (proc, _said) = spawn_limited(&config, p, a, "true");
+    let (mut send, driver) = h2_from("127.0.0.7", proc.proxy).await;
+    let mut reached = 0;
+    for i in 0..12 {
+        if keyed_then_reset(&mut send, &double, i).await.is_ok() {
+            reached += 1;
+        }
+    }
+    double.release("detached");
+    driver.abort();
+    // The connection counts two: at most SHARE - 2 upstream connections for its streams.
+    assert!(
+        reached <= SHARE - 2,
+        "one client held {reached} upstream connections at once (share {SHARE})"
+    );
+}
+
+/// The HTTP/1 form: a keyed request, its connection closed once the upstream holds it.
+/// The connection's two are given back at close; the exchange goes on, detached.
+#[tokio::test]
+async fn closed_keyed_http1_requests_hold_upstream_descriptors_within_the_share() {
+    const SHARE: usize = 4;
+    let double = support::Double::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, p, a) = share_config(
+        dir.path(),
+        double.addr,
+        &format!("max_descriptors_per_ip = {SHARE}"),
+    );
+    let (proc, _said) = spawn_limited(&config, p, a, "true");
+    let mut reached = 0;
+    for i in 0..10 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::new([127, 0, 0, 10].into(), 0))
+            .expect("bind");
+        let Ok(mut s) = socket.connect(proc.proxy).await else {
+            continue;
+        };
+        let before = double.seen().len();
+        let req = format!(
+            "PUT /idem/h{i} HTTP/1.1\r\nhost: x\r\nfencing-token: 1\r\nidempotency-key: \"h{i}\"\r\n\
+             x-test-hold: detached1\r\ncontent-length: 2\r\n\r\nhi"
+        );
+        if s.write_all(req.as_bytes()).await.is_err() {
+            continue;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while double.seen().len() == before && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if double.seen().len() > before {
+            reached += 1;
+        }
+        drop(s);
+        // The proxy sees the close before the next connection comes.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    double.release("detached1");
+    // A connection counts two, its request's upstream connection among them.
+    assert!(
+        reached <= SHARE / 2,
+        "one client held {reached} upstream connections at once (share {SHARE})"
+    );
+}

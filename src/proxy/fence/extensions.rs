@@ -37,14 +37,14 @@ where
         use http_body_util::Either;
         let shared = self.shared.clone();
         let mut inner = self.inner.clone();
-        let conn = self.conn;
+        let conn = self.conn.clone();
         Box::pin(async move {
             let conn =
-                conn.unwrap_or_else(|| req.extensions().get::<Conn>().copied().unwrap_or_default());
+                conn.unwrap_or_else(|| req.extensions().get::<Conn>().cloned().unwrap_or_default());
             let table = shared.table.load_full();
             let op = Op::of(req.method());
             let classified = crate::proxy::classify(&table.config, &req);
-            let plan = match shared.check(&table, classified, op, conn).await {
+            let plan = match shared.check(&table, classified, op, conn.hop).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
                     let (parts, body) = req.into_parts();

@@ -85,7 +85,7 @@ impl Shared {
         table: &'a Table,
         classified: Result<super::Classified, (Option<usize>, Outcome)>,
         op: Op,
-        conn: Conn,
+        hop: bool,
     ) -> impl Future<Output = Result<Plan, (Option<usize>, Outcome)>> + Send + 'a {
         super::check(
             &self.gates,
@@ -93,7 +93,7 @@ impl Shared {
             classified,
             op,
             self.placement.as_deref(),
-            conn.hop,
+            hop,
         )
     }
 }
@@ -189,7 +189,7 @@ impl<S: Clone, H> Clone for Fence<S, H> {
         Fence {
             shared: self.shared.clone(),
             inner: self.inner.clone(),
-            conn: self.conn,
+            conn: self.conn.clone(),
             _handoff: PhantomData,
         }
     }
@@ -252,7 +252,7 @@ impl<S> Fence<S, Typed> {
                 }
                 other => other,
             };
-            let plan = match shared.check(&table, classified, op, conn).await {
+            let plan = match shared.check(&table, classified, op, conn.hop).await {
                 Ok(plan) => plan,
                 Err((route, outcome)) => {
                     let (parts, body) = req.into_parts();
@@ -332,7 +332,7 @@ impl<S> Fence<S, Typed> {
                 }
             }
         });
-        let plan = match shared.check(&table, classified, op, conn).await {
+        let plan = match shared.check(&table, classified, op, conn.hop).await {
             Ok(plan) => plan,
             Err((route, outcome)) => {
                 let asked = Asked {
@@ -460,10 +460,10 @@ where
     /// [`Fence::serve`] on a clone of this service, for a caller that needs a `Service`.
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
-        let conn = self.conn;
+        let conn = self.conn.clone();
         Box::pin(async move {
             let conn =
-                conn.unwrap_or_else(|| req.extensions().get::<Conn>().copied().unwrap_or_default());
+                conn.unwrap_or_else(|| req.extensions().get::<Conn>().cloned().unwrap_or_default());
             Ok(this.serve(req, conn).await)
         })
     }

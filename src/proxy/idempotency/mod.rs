@@ -179,6 +179,19 @@ impl Idempotency {
             }
             Err(outcome) => return refuse(&table, &mut plan, outcome, &path),
         };
+        // An exchange that may go on after its client has gone counts on the client's
+        // share of descriptors until it ends (see `listen::share`); past the share it does
+        // not start.
+        let unit = match conn.client.as_ref().map(|c| c.exchange()).transpose() {
+            Ok(unit) => unit,
+            Err(held) => {
+                let outcome = Outcome::UpstreamUnavailable {
+                    scope: plan.scope.clone(),
+                    detail: crate::listen::share::over_share(held),
+                };
+                return refuse(&table, &mut plan, outcome, &path);
+            }
+        };
         let client_version = req.version();
         let (parts, body) = req.into_parts();
         let read = self.read_body(&table, plan.route, (&plan.scope, plan.token), &parts, body);
@@ -193,7 +206,7 @@ impl Idempotency {
             &body,
             &key,
             path,
-            conn,
+            conn.clone(),
             client_version,
         );
         let dialect = attempt.dialect;
@@ -221,7 +234,9 @@ impl Idempotency {
             // The body's room is given back once the exchange has its answer: a body in
             // memory is kept (or queued to be written) until then, whichever way it went.
             drop(room);
-            attempt.settle(resp, held, started).await
+            let resp = attempt.settle(resp, held, started).await;
+            drop(unit);
+            resp
         });
         match task.await {
             Ok(resp) => resp,
