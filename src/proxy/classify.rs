@@ -231,7 +231,15 @@ pub(crate) fn classify<B>(config: &Settings, req: &Request<B>) -> Result<Classif
                 ),
             }));
         }
-        return Ok(unfenced(idx, req.method()));
+        return passing_upload(config, route, req)
+            .map(|id| match id {
+                None => unfenced(idx, req.method()),
+                Some(id) => Classified::PassUpload {
+                    plan: unfenced_plan(idx, req.method()),
+                    id,
+                },
+            })
+            .map_err(at);
     }
     if head.suspect {
         refuse_unfenceable(req).map_err(|e| {
@@ -623,7 +631,11 @@ fn changes_one(method: &Method) -> bool {
 
 /// A request forwarded as it is, on route `idx`.
 fn unfenced(idx: usize, method: &Method) -> Classified {
-    Classified::Unfenced(Plan {
+    Classified::Unfenced(unfenced_plan(idx, method))
+}
+
+fn unfenced_plan(idx: usize, method: &Method) -> Plan {
+    Plan {
         route: idx,
         op: Op::of(method),
         guard: None,
@@ -632,7 +644,7 @@ fn unfenced(idx: usize, method: &Method) -> Classified {
         hop: None,
         stop: None,
         record_upload: false,
-    })
+    }
 }
 
 /// What [`classify`] found: a request to forward as it is, one for the gate, or one
@@ -641,6 +653,41 @@ pub(crate) enum Classified {
     Unfenced(Plan),
     Fenced(Fenced),
     Named(Named),
+    /// An unfenced request naming an S3 upload id on an upstream that an S3 route fences:
+    /// a server that keys uploads by id alone (s3s-fs) would let it change a fenced
+    /// object's upload, so it is forwarded only if no fenced scope recorded that id
+    /// (SPEC §15).
+    PassUpload {
+        plan: Plan,
+        id: String,
+    },
+}
+
+/// The upload id an unfenced request names, when its route's upstream is one an S3 route
+/// fences (`None` otherwise, and for most requests: no query). A query the fence cannot
+/// read as a server would is refused.
+fn passing_upload<B>(
+    config: &Settings,
+    route: &crate::proxy::config::Route,
+    req: &Request<B>,
+) -> Result<Option<String>, Outcome> {
+    let Some(query) = req.uri().query() else {
+        return Ok(None);
+    };
+    let shared = || {
+        config
+            .routes
+            .iter()
+            .any(|r| r.fenced && r.upstream == route.upstream && r.s3().is_some())
+    };
+    if route.s3().is_none() && !shared() {
+        return Ok(None);
+    }
+    match s3::upload_of(req.method(), Some(query)) {
+        Ok(Some(s3::upload::Upload::Uses(id))) => Ok(Some(id)),
+        Ok(_) => Ok(None),
+        Err(detail) => Err(Outcome::InvalidRequest { detail }),
+    }
 }
 
 impl Classified {

@@ -383,6 +383,12 @@ pub(crate) async fn check(
         tree,
     } = match classified? {
         Classified::Unfenced(plan) => return Ok(plan),
+        Classified::PassUpload { plan, id } => {
+            let route = plan.route;
+            return passing_upload(gates, config, &id)
+                .map(|()| plan)
+                .map_err(|o| (Some(route), o));
+        }
         Classified::Fenced(fenced) => fenced,
         // The binary's fence reads such a body before it checks (`Fence::serve`); a fence
         // that hands requests to a service of its own does not.
@@ -623,6 +629,40 @@ fn check_upload_id(
             },
         )),
     }
+}
+
+/// An unfenced request naming an upload id, on an upstream an S3 route fences: refused if
+/// a fenced scope recorded that id (the request would change its object's upload outside
+/// the fence), or if the store cannot say.
+fn passing_upload(gates: &Gates, config: &Settings, id: &str) -> Result<(), Outcome> {
+    // Records are kept per upstream name; every S3 route's upstream is looked at.
+    for upstream in config
+        .routes
+        .iter()
+        .filter(|r| r.fenced && r.s3().is_some())
+        .map(|r| &config.upstreams[r.upstream].name)
+    {
+        let key = s3::upload::record_key(upstream, id);
+        let record = gates
+            .store()
+            .record(&key)
+            .map_err(|_| Outcome::UnfencedOperation {
+                detail: format!(
+                    "whether the upload {id} belongs to a fenced scope cannot be read now; retry"
+                ),
+            })?;
+        if let Some(scope) = record
+            .as_deref()
+            .and_then(|v| s3::upload::record_scope(v, now_secs()))
+        {
+            return Err(Outcome::MultiScope {
+                detail: format!(
+                    "the upload {id} was created in the fenced scope {scope}: its parts, completion and abort go through its fenced route, with its token"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Seconds since the Unix epoch, for records' expiry.

@@ -283,16 +283,11 @@ struct Uploads {
 }
 
 impl Uploads {
-    /// An upload id for a request on `bucket`: mostly one the run created (for any key,
-    /// and maybe completed or aborted since), else one nobody created. On the public
-    /// bucket, only the public bucket's own (see
-    /// [`a_part_through_the_public_host_cannot_join_a_fenced_upload`]).
-    fn pick(&self, rng: &mut Rng, bucket: &str) -> String {
-        let ids: Vec<&String> = self
-            .ids
-            .iter()
-            .filter(|id| bucket != PUBLIC || self.of.get(*id).is_some_and(|(b, _)| b == PUBLIC))
-            .collect();
+    /// An upload id for a request on `bucket`: mostly one the run created (for any key and
+    /// bucket, the public one too, and maybe completed or aborted since), else one nobody
+    /// created.
+    fn pick(&self, rng: &mut Rng, _bucket: &str) -> String {
+        let ids: Vec<&String> = self.ids.iter().collect();
         if ids.is_empty() || rng.chance(8) {
             "0b5e55ed-0000-4000-8000-000000000000".to_string()
         } else {
@@ -754,14 +749,12 @@ async fn a_delete_on_the_bucket_with_a_query_is_a_delete_bucket() {
     h.proxy.shutdown().await;
 }
 
-/// A finding of this oracle, open: s3s-fs keeps multipart uploads by id alone, for any
-/// bucket and Host, so a part, a completion or an abort sent through the public bucket's
-/// pass-through route reaches the upload of a fenced object with no decision (SPEC §15's
-/// upload check runs on the S3 route only). `check-config` accepts the set-up because
-/// the upstream declares `distinct_hosts`, true of s3s-fs's objects but not of its
-/// uploads. (The oracle's run sends the public host its own uploads' ids only.)
+/// A finding of this oracle: s3s-fs keeps multipart uploads by id alone, for any bucket
+/// and Host, so a part, a completion or an abort sent through the public bucket's
+/// pass-through route reached the upload of a fenced object with no decision. An
+/// unfenced request naming an upload id on an upstream an S3 route fences is now
+/// refused `multi_scope` when a fenced scope recorded that id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open finding: a pass-through route reaches fenced uploads by their ids"]
 async fn a_part_through_the_public_host_cannot_join_a_fenced_upload() {
     let mut h = Harness::start().await;
     let endpoint = format!("s3.test:{}", h.listen);
@@ -777,6 +770,8 @@ async fn a_part_through_the_public_host_cannot_join_a_fenced_upload() {
         "intruder",
     );
     let (answer, _) = h.send(&part, None).await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.body.contains("multi_scope"), "{}", answer.body);
     let after = snapshot(h.s3.root());
     assert_eq!(
         changed(&before, &after),
