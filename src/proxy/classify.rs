@@ -407,8 +407,11 @@ fn s3_scope<B>(
         }));
     }
     let form = s3::is_form_data(content_type);
-    let op = s3::operation(req.method(), req.uri().query(), caps.len(), form)
-        .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+    let op = s3::operation(req.method(), req.uri().query(), caps.len(), form).map_err(|e| {
+        at(Outcome::InvalidRequest {
+            detail: e.to_string(),
+        })
+    })?;
     if let Some(h) = s3::SECOND_OBJECT
         .iter()
         .find(|h| req.headers().contains_key(**h))
@@ -430,8 +433,11 @@ fn s3_scope<B>(
     };
     match op {
         Operation::Object => {
-            let upload = s3::upload_of(req.method(), req.uri().query())
-                .map_err(|detail| at(Outcome::InvalidRequest { detail }))?;
+            let upload = s3::upload_of(req.method(), req.uri().query()).map_err(|e| {
+                at(Outcome::InvalidRequest {
+                    detail: e.to_string(),
+                })
+            })?;
             decide_with(route.scope.render(caps), upload)
         }
         Operation::Bucket => match &api.bucket_scope {
@@ -686,7 +692,9 @@ fn passing_upload<B>(
     match s3::upload_of(req.method(), Some(query)) {
         Ok(Some(s3::upload::Upload::Uses(id))) => Ok(Some(id)),
         Ok(_) => Ok(None),
-        Err(detail) => Err(Outcome::InvalidRequest { detail }),
+        Err(e) => Err(Outcome::InvalidRequest {
+            detail: e.to_string(),
+        }),
     }
 }
 

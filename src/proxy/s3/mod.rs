@@ -53,7 +53,7 @@ pub fn operation(
     query: Option<&str>,
     captures: usize,
     form: bool,
-) -> Result<Operation, String> {
+) -> Result<Operation, OperationError> {
     // A POST of `multipart/form-data` is a form upload to s3s whatever its path and
     // query (it checks the form's signature before it routes): read as one.
     if form && *method == Method::POST {
@@ -79,16 +79,28 @@ pub fn operation(
             let names = query_names(query.unwrap_or(""))?;
             let named = |n: &str| names.iter().any(|m| m.eq_ignore_ascii_case(n));
             if named("delete") || !OBJECT_POSTS.iter().any(|n| named(n)) {
-                return Err(
-                    "a POST on an object is S3's only with ?uploads, ?uploadId, ?restore or ?select"
-                        .into(),
-                );
+                return Err(OperationError::ObjectPost);
             }
             Operation::Object
         }
         _ => Operation::Object,
     })
 }
+
+/// Why a request's method, query and path name no S3 operation the fence can read.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OperationError {
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    #[error("a POST on an object is S3's only with ?uploads, ?uploadId, ?restore or ?select")]
+    ObjectPost,
+}
+
+/// A query name or value whose escapes do not decode to UTF-8 (the text as sent): the
+/// backend would read something, and the fence could not say what.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the query's `{0}` does not decode to UTF-8")]
+pub struct QueryError(String);
 
 /// Is this a DeleteBucket: a DELETE on the bucket whose query names none of the
 /// sub-resources S3 deletes instead ([`BUCKET_DELETES`])?
@@ -154,7 +166,10 @@ pub const SECOND_OBJECT: [&str; 1] = ["x-amz-rename-source"];
 /// What a request on an object does with multipart uploads: creates one (`?uploads` on a
 /// POST), names one (`uploadId`), or neither. Two `uploadId` parameters are an error (a
 /// backend could take either).
-pub fn upload_of(method: &Method, query: Option<&str>) -> Result<Option<upload::Upload>, String> {
+pub fn upload_of(
+    method: &Method,
+    query: Option<&str>,
+) -> Result<Option<upload::Upload>, UploadOfError> {
     let Some(query) = query else {
         return Ok(None);
     };
@@ -165,7 +180,7 @@ pub fn upload_of(method: &Method, query: Option<&str>) -> Result<Option<upload::
         let name = decode(name)?;
         if name.eq_ignore_ascii_case("uploadId") {
             if id.is_some() {
-                return Err("two uploadId parameters".into());
+                return Err(UploadOfError::TwoIds);
             }
             id = Some(decode(value)?.into_owned());
         } else if name.eq_ignore_ascii_case("uploads") {
@@ -173,15 +188,26 @@ pub fn upload_of(method: &Method, query: Option<&str>) -> Result<Option<upload::
         }
     }
     Ok(match (id, creates) {
-        (Some(_), true) => return Err("both uploads and uploadId".into()),
+        (Some(_), true) => return Err(UploadOfError::Both),
         (Some(id), false) => Some(upload::Upload::Uses(id)),
         (None, true) if *method == Method::POST => Some(upload::Upload::Creates),
         (None, _) => None,
     })
 }
 
+/// Why a query's uploads and upload id cannot be read as one.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UploadOfError {
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    #[error("two uploadId parameters")]
+    TwoIds,
+    #[error("both uploads and uploadId")]
+    Both,
+}
+
 /// One query name or value, decoded as a form decodes it (`+` is a space).
-fn decode(text: &str) -> Result<Cow<'_, str>, String> {
+fn decode(text: &str) -> Result<Cow<'_, str>, QueryError> {
     if !text.contains(['%', '+']) {
         return Ok(Cow::Borrowed(text));
     }
@@ -189,13 +215,13 @@ fn decode(text: &str) -> Result<Cow<'_, str>, String> {
     percent_encoding::percent_decode_str(&spaced)
         .decode_utf8()
         .map(|d| Cow::Owned(d.into_owned()))
-        .map_err(|_| format!("the query's `{text}` does not decode to UTF-8"))
+        .map_err(|_| QueryError(text.to_owned()))
 }
 
 /// The decoded names of a query's parameters (`+` is a space, as form decoding has it).
 /// A name whose escapes do not decode to UTF-8 is an error: the backend would read
 /// something, and the fence could not say what.
-fn query_names(query: &str) -> Result<Vec<Cow<'_, str>>, String> {
+fn query_names(query: &str) -> Result<Vec<Cow<'_, str>>, QueryError> {
     query
         .split('&')
         .filter(|p| !p.is_empty())
@@ -399,26 +425,42 @@ pub fn object_scope(
     bucket: &str,
     key: &str,
     keys: Keys,
-) -> Result<String, String> {
+) -> Result<String, ObjectKeyError> {
     if keys == Keys::Opaque {
         if key.is_empty() || key.chars().any(char::is_control) {
-            return Err(format!(
-                "the key `{}`: empty, or with a control character",
-                key.escape_debug()
-            ));
+            return Err(ObjectKeyError::Opaque(key.to_owned()));
         }
         return Ok(template.render(&[Capture::One(bucket), Capture::Rest(&[Cow::Borrowed(key)])]));
     }
     let trimmed = key.strip_suffix('/').unwrap_or(key);
     if trimmed.is_empty() {
-        return Err("an empty key".into());
+        return Err(ObjectKeyError::Empty);
     }
     let mut segments = Segments::new();
     for s in trimmed.split('/') {
-        crate::route::check_decoded(s).map_err(|e| format!("the key `{key}`: {e}"))?;
+        crate::route::check_decoded(s).map_err(|source| ObjectKeyError::Segment {
+            key: key.to_owned(),
+            source,
+        })?;
         segments.push(Cow::Borrowed(s));
     }
     Ok(template.render(&[Capture::One(bucket), Capture::Rest(&segments)]))
+}
+
+/// Why a key named outside the path has no scope.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectKeyError {
+    /// On a route with opaque keys: the key as sent.
+    #[error("the key `{}`: empty, or with a control character", .0.escape_debug())]
+    Opaque(String),
+    #[error("an empty key")]
+    Empty,
+    /// A segment no path may have (SPEC §2).
+    #[error("the key `{key}`: {source}")]
+    Segment {
+        key: String,
+        source: crate::route::PathError,
+    },
 }
 
 /// The one scope of every key of a request, or a `multi_scope` refusal naming two.
@@ -430,7 +472,8 @@ pub fn one_scope<'k>(
 ) -> Result<String, Refused> {
     let mut scope: Option<String> = None;
     for key in names {
-        let s = object_scope(template, bucket, key, keys).map_err(Refused::Malformed)?;
+        let s = object_scope(template, bucket, key, keys)
+            .map_err(|e| Refused::Malformed(e.to_string()))?;
         match &scope {
             None => scope = Some(s),
             Some(first) if *first == s => {}
