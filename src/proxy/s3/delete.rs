@@ -158,7 +158,7 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
             // write it.
             Event::CData(_) => return Err("CDATA (refused: readers differ on it)".into()),
             Event::GeneralRef(r) => {
-                let c = reference(&r)?;
+                let c = reference(&r).map_err(|e| e.to_string())?;
                 match (at, key.as_mut()) {
                     (At::Key, Some(k)) => k.push(c),
                     (At::Quiet | At::Field, _) => {}
@@ -180,7 +180,7 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
 
 /// The character a reference in text stands for: a character reference, or one of
 /// XML's five predefined entities (no DOCTYPE is read, so no other is defined).
-pub(super) fn reference(r: &quick_xml::events::BytesRef<'_>) -> Result<char, String> {
+pub(super) fn reference(r: &quick_xml::events::BytesRef<'_>) -> Result<char, ReferenceError> {
     match r.resolve_char_ref() {
         Ok(Some(c)) => Ok(c),
         Ok(None) => match r.as_ref() {
@@ -189,10 +189,20 @@ pub(super) fn reference(r: &quick_xml::events::BytesRef<'_>) -> Result<char, Str
             "gt" => Ok('>'),
             "quot" => Ok('"'),
             "apos" => Ok('\''),
-            other => Err(format!("the undefined entity &{other};")),
+            other => Err(ReferenceError::Undefined(other.to_owned())),
         },
-        Err(e) => Err(format!("a character reference: {e}")),
+        Err(e) => Err(ReferenceError::CharRef(e)),
     }
+}
+
+/// Why a reference in text stands for no character.
+#[derive(Debug, thiserror::Error)]
+pub enum ReferenceError {
+    /// An entity other than XML's five (the name as written).
+    #[error("the undefined entity &{0};")]
+    Undefined(String),
+    #[error("a character reference: {0}")]
+    CharRef(#[source] quick_xml::Error),
 }
 
 fn unexpected(name: &str, at: At) -> String {

@@ -147,7 +147,7 @@ where
             fields(TeeStream(tee.clone()), boundary.clone()).await,
             boundary,
         ),
-        Err(e) => (Err(e), String::new()),
+        Err(e) => (Err(e.to_string()), String::new()),
     };
     // The reader (and its handle on the body) is gone: the body is this one's again.
     let (read, rest) = match tee.lock() {
@@ -159,7 +159,7 @@ where
         for b in &read {
             raw.extend_from_slice(b);
         }
-        delimiters_agree(&raw, &boundary, parts)?;
+        delimiters_agree(&raw, &boundary, parts).map_err(|e| e.to_string())?;
         Ok(names)
     });
     (key, Replay::new(read, rest))
@@ -171,13 +171,12 @@ where
 /// part named `file`. s3s reads a form by lines, so a `--boundary` line inside a field's
 /// value (after its blank line, with no CRLF of the value's before it) is a delimiter
 /// there and data to multer: a second `key` the fence never read.
-fn delimiters_agree(raw: &[u8], boundary: &str, parts: usize) -> Result<(), String> {
+fn delimiters_agree(raw: &[u8], boundary: &str, parts: usize) -> Result<(), DelimitersError> {
     let delimiter = format!("--{boundary}");
     let at: Vec<usize> = memchr::memmem::find_iter(raw, delimiter.as_bytes())
         .take(parts + 1)
         .collect();
-    let bad =
-        || Err("the form has a delimiter inside a field, or around its file part".to_string());
+    let bad = || Err(DelimitersError::Misplaced);
     if at.len() != parts + 1 {
         return bad();
     }
@@ -193,8 +192,7 @@ fn delimiters_agree(raw: &[u8], boundary: &str, parts: usize) -> Result<(), Stri
     // The file part's headers, up to its blank line, name it `file`.
     let start = at[parts] + delimiter.len() + 2;
     let headers = raw.get(start..).unwrap_or_default();
-    let end =
-        memchr::memmem::find(headers, b"\r\n\r\n").ok_or("the file part's headers do not end")?;
+    let end = memchr::memmem::find(headers, b"\r\n\r\n").ok_or(DelimitersError::HeadersOpen)?;
     let headers = String::from_utf8_lossy(&headers[..end]).to_ascii_lowercase();
     let named_file = headers.split(';').any(|p| {
         p.split_once('=')
@@ -206,15 +204,22 @@ fn delimiters_agree(raw: &[u8], boundary: &str, parts: usize) -> Result<(), Stri
     Ok(())
 }
 
-fn boundary(content_type: Option<&HeaderValue>) -> Result<String, String> {
+/// Why a form's delimiters are not the ones every reader of it sees.
+#[derive(Debug, thiserror::Error)]
+enum DelimitersError {
+    #[error("the form has a delimiter inside a field, or around its file part")]
+    Misplaced,
+    #[error("the file part's headers do not end")]
+    HeadersOpen,
+}
+
+fn boundary(content_type: Option<&HeaderValue>) -> Result<String, BoundaryError> {
     if !super::is_form_data(content_type) {
-        return Err(
-            "a POST on a bucket is a form upload: its body must be multipart/form-data".into(),
-        );
+        return Err(BoundaryError::NotForm);
     }
     let value = content_type
         .and_then(|v| v.to_str().ok())
-        .ok_or("the Content-Type is not ASCII")?;
+        .ok_or(BoundaryError::NotAscii)?;
     // Exactly one `boundary`, a token or a quoted string without escapes: from a type
     // with two, or an escape, a server could read another boundary, and other fields.
     let mut found: Option<&str> = None;
@@ -226,21 +231,36 @@ fn boundary(content_type: Option<&HeaderValue>) -> Result<String, String> {
             continue;
         }
         if found.is_some() {
-            return Err("the Content-Type names two boundaries".into());
+            return Err(BoundaryError::Two);
         }
         let v = v.trim();
         let v = match v.strip_prefix('"') {
-            Some(q) => q.strip_suffix('"').ok_or("an unclosed quoted boundary")?,
+            Some(q) => q.strip_suffix('"').ok_or(BoundaryError::Unclosed)?,
             None => v,
         };
         if v.is_empty() || v.len() > 70 || v.contains(['"', '\\', ';', ',']) {
-            return Err("the form's boundary is not a plain one of 1 to 70 characters".into());
+            return Err(BoundaryError::NotPlain);
         }
         found = Some(v);
     }
-    found
-        .map(str::to_string)
-        .ok_or_else(|| "the Content-Type names no boundary".into())
+    found.map(str::to_string).ok_or(BoundaryError::Missing)
+}
+
+/// Why a form upload's Content-Type gives no one boundary every reader takes.
+#[derive(Debug, thiserror::Error)]
+enum BoundaryError {
+    #[error("a POST on a bucket is a form upload: its body must be multipart/form-data")]
+    NotForm,
+    #[error("the Content-Type is not ASCII")]
+    NotAscii,
+    #[error("the Content-Type names two boundaries")]
+    Two,
+    #[error("an unclosed quoted boundary")]
+    Unclosed,
+    #[error("the form's boundary is not a plain one of 1 to 70 characters")]
+    NotPlain,
+    #[error("the Content-Type names no boundary")]
+    Missing,
 }
 
 /// The keys the form names and how many parts come before its file part.
@@ -285,7 +305,7 @@ where
             }
             let headers = field.headers().clone();
             let bytes = field.bytes().await.map_err(bad)?;
-            key = Some(key_value(&headers, &bytes)?);
+            key = Some(key_value(&headers, &bytes).map_err(|e| e.to_string())?);
         } else {
             field.bytes().await.map_err(bad)?;
         }
@@ -299,11 +319,9 @@ where
 /// charset other than UTF-8 (multer's `text` decodes by it: `victim` in UTF-16 is
 /// another key), or a value that starts with a byte order mark (which decoders drop:
 /// `\u{feff}k` would be `k` to the fence and itself to the server).
-fn key_value(headers: &http::HeaderMap, bytes: &[u8]) -> Result<String, String> {
+fn key_value(headers: &http::HeaderMap, bytes: &[u8]) -> Result<String, KeyValueError> {
     for value in headers.get_all(http::header::CONTENT_TYPE) {
-        let value = value
-            .to_str()
-            .map_err(|_| "the key part's Content-Type is not ASCII".to_string())?;
+        let value = value.to_str().map_err(|_| KeyValueError::TypeNotAscii)?;
         let other = value.split(';').skip(1).any(|p| {
             p.split_once('=').is_some_and(|(n, v)| {
                 n.trim().eq_ignore_ascii_case("charset")
@@ -311,16 +329,28 @@ fn key_value(headers: &http::HeaderMap, bytes: &[u8]) -> Result<String, String> 
             })
         });
         if other {
-            return Err(format!(
-                "the key part names a charset other than UTF-8 ({value}): readers differ on it"
-            ));
+            return Err(KeyValueError::Charset(value.to_owned()));
         }
     }
-    let text = std::str::from_utf8(bytes).map_err(|_| "the key field is not UTF-8".to_string())?;
+    let text = std::str::from_utf8(bytes).map_err(KeyValueError::NotUtf8)?;
     if text.starts_with('\u{feff}') {
-        return Err("the key starts with a byte order mark: readers differ on it".into());
+        return Err(KeyValueError::ByteOrderMark);
     }
     Ok(text.to_string())
+}
+
+/// Why a form's key field has no value every reader of it takes.
+#[derive(Debug, thiserror::Error)]
+enum KeyValueError {
+    #[error("the key part's Content-Type is not ASCII")]
+    TypeNotAscii,
+    /// The part's Content-Type as sent.
+    #[error("the key part names a charset other than UTF-8 ({0}): readers differ on it")]
+    Charset(String),
+    #[error("the key field is not UTF-8")]
+    NotUtf8(#[source] std::str::Utf8Error),
+    #[error("the key starts with a byte order mark: readers differ on it")]
+    ByteOrderMark,
 }
 
 /// The key as written and, if it has S3's `${filename}`, with it replaced by the file

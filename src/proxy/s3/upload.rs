@@ -58,19 +58,16 @@ pub fn record_scope(value: &[u8], now: u64) -> Option<&str> {
 }
 
 /// The upload id of a CreateMultipartUpload answer: the text of its one `UploadId`.
-pub fn answered_id(body: &Bytes) -> Result<String, String> {
-    let text = std::str::from_utf8(body).map_err(|_| "the answer is not UTF-8".to_string())?;
+pub fn answered_id(body: &Bytes) -> Result<String, AnswerError> {
+    let text = std::str::from_utf8(body).map_err(AnswerError::NotUtf8)?;
     let mut reader = Reader::from_str(text);
     let mut inside = false;
     let mut id: Option<String> = None;
     loop {
-        match reader
-            .read_event()
-            .map_err(|e| format!("the answer is not well-formed XML: {e}"))?
-        {
+        match reader.read_event().map_err(AnswerError::Xml)? {
             Event::Start(e) if e.local_name().as_ref() == "UploadId" => {
                 if id.is_some() {
-                    return Err("the answer names two upload ids".into());
+                    return Err(AnswerError::TwoIds);
                 }
                 inside = true;
                 id = Some(String::new());
@@ -91,8 +88,29 @@ pub fn answered_id(body: &Bytes) -> Result<String, String> {
             _ => {}
         }
     }
-    id.filter(|i| !i.is_empty())
-        .ok_or_else(|| "the answer names no upload id".into())
+    id.filter(|i| !i.is_empty()).ok_or(AnswerError::NoId)
+}
+
+/// Why a CreateMultipartUpload answer gives no upload id to record.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error("the answer is not UTF-8")]
+    NotUtf8(#[source] std::str::Utf8Error),
+    #[error("the answer is not well-formed XML: {0}")]
+    Xml(#[source] quick_xml::Error),
+    #[error("the answer names two upload ids")]
+    TwoIds,
+    #[error(transparent)]
+    Reference(#[from] super::delete::ReferenceError),
+    #[error("the answer names no upload id")]
+    NoId,
+}
+
+/// Two errors are equal when they say the same (quick-xml's errors do not compare).
+impl PartialEq for AnswerError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
 }
 
 #[cfg(test)]
