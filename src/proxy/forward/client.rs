@@ -154,10 +154,10 @@ fn checked<B>(
 ) -> Result<(Response<B>, bool), UpstreamError> {
     let status = resp.status();
     let reusable =
-        upstream::check_framing(status, head_request, resp.headers_mut()).map_err(|detail| {
+        upstream::check_framing(status, head_request, resp.headers_mut()).map_err(|e| {
             UpstreamError {
                 not_sent: false,
-                detail,
+                detail: e.to_string(),
             }
         })?;
     Ok((resp, reusable))

@@ -76,11 +76,11 @@ impl ResponseDecoder {
     /// `None` if it has not arrived whole yet (more must be read). An error is a response
     /// that cannot be passed on: malformed, too large, an unasked upgrade, or framed in a
     /// way that cannot be followed.
-    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Decoded>, String> {
+    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Decoded>, HeadError> {
         loop {
             let Some(mut head) = parse_head(buf)? else {
                 if buf.len() >= MAX_HEAD {
-                    return Err("the upstream's response head is too large".into());
+                    return Err(HeadError::TooLarge);
                 }
                 return Ok(None);
             };
@@ -88,7 +88,7 @@ impl ResponseDecoder {
                 // 100 Continue and friends: the final answer follows. (No upgrade is ever
                 // asked for: `Upgrade` does not reach the upstream.)
                 if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                    return Err("the upstream switched protocols unasked".into());
+                    return Err(FramingError::Upgrade.into());
                 }
                 self.interim = true;
                 continue;
@@ -109,9 +109,28 @@ impl ResponseDecoder {
     }
 }
 
+/// Why a response head cannot be passed on. Built only on failure: a head that reads
+/// costs nothing here.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HeadError {
+    #[error("malformed response from the upstream: {0}")]
+    Parse(#[source] httparse::Error),
+    #[error("malformed response from the upstream: {0}")]
+    Status(#[source] http::status::InvalidStatusCode),
+    #[error("malformed response from the upstream: {0}")]
+    Name(#[source] http::header::InvalidHeaderName),
+    #[error("malformed response from the upstream: {0}")]
+    Value(#[source] http::header::InvalidHeaderValue),
+    #[error("malformed response from the upstream: Transfer-Encoding in an HTTP/1.0 response")]
+    ChunkedHttp10,
+    #[error("the upstream's response head is too large")]
+    TooLarge,
+    #[error(transparent)]
+    Framing(#[from] FramingError),
+}
+
 /// A whole response head at the start of `buf`, taken out of it; `None` if incomplete.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
-    let bad = |e: &dyn std::fmt::Display| format!("malformed response from the upstream: {e}");
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     let mut slots =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
@@ -122,10 +141,10 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
     ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(bad(&e)),
+        Err(e) => return Err(HeadError::Parse(e)),
     };
     let code = parsed.code.unwrap_or(0);
-    let status = StatusCode::from_u16(code).map_err(|e| bad(&e))?;
+    let status = StatusCode::from_u16(code).map_err(HeadError::Status)?;
     let minor = parsed.version.unwrap_or(0);
     // Where each header's name and value lie in the head, to take the values out of it
     // without a copy once the parse lets go of the buffer.
@@ -133,14 +152,14 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
     let base = buf.as_ptr() as usize;
     let mut spans = Vec::with_capacity(parsed.headers.len());
     for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|e| bad(&e))?;
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(HeadError::Name)?;
         let span = (h.value.as_ptr() as usize)
             .checked_sub(base)
             .filter(|start| start + h.value.len() <= len)
             .map(|start| start..start + h.value.len());
         let value = match span {
             Some(span) => Err(span),
-            None => Ok(HeaderValue::from_bytes(h.value).map_err(|e| bad(&e))?),
+            None => Ok(HeaderValue::from_bytes(h.value).map_err(HeadError::Value)?),
         };
         spans.push((name, value));
     }
@@ -153,7 +172,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
     for (name, value) in spans {
         let value = match value {
             Ok(copied) => copied,
-            Err(span) => HeaderValue::from_maybe_shared(head.slice(span)).map_err(|e| bad(&e))?,
+            Err(span) => {
+                HeaderValue::from_maybe_shared(head.slice(span)).map_err(HeadError::Value)?
+            }
         };
         if name == header::CONNECTION {
             let mut names_other = false;
@@ -180,7 +201,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
         if minor == 0 && name == header::TRANSFER_ENCODING {
             // RFC 9112 §6.1: framing that HTTP/1.0 has not got is faulty; hyper's client
             // refuses it too (found by the `response` fuzz target).
-            return Err(bad(&"Transfer-Encoding in an HTTP/1.0 response"));
+            return Err(HeadError::ChunkedHttp10);
         }
         has_length |= name == header::CONTENT_LENGTH;
         headers.append(name, value);
@@ -204,12 +225,27 @@ pub(crate) fn check_framing(
     status: StatusCode,
     head_request: bool,
     headers: &mut HeaderMap,
-) -> Result<bool, String> {
+) -> Result<bool, FramingError> {
     if status == StatusCode::SWITCHING_PROTOCOLS {
-        return Err("the upstream switched protocols unasked".into());
+        return Err(FramingError::Upgrade);
     }
     let has_length = headers.contains_key(header::CONTENT_LENGTH);
     framing(status, head_request, has_length, headers).map(|f| f.reusable)
+}
+
+/// Why a response's framing cannot be followed, or passed on as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FramingError {
+    #[error("the upstream switched protocols unasked")]
+    Upgrade,
+    #[error("malformed Transfer-Encoding from the upstream")]
+    TransferEncoding,
+    #[error("a transfer coding other than chunked from the upstream")]
+    Coding,
+    #[error("malformed Content-Length from the upstream")]
+    Length,
+    #[error("conflicting Content-Length from the upstream")]
+    Conflicting,
 }
 
 /// How a response body is delimited.
@@ -227,7 +263,7 @@ fn framing(
     head_request: bool,
     has_length: bool,
     headers: &mut HeaderMap,
-) -> Result<Framing, String> {
+) -> Result<Framing, FramingError> {
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         // No body, but a length the client is shown (the size of what a GET would get):
         // it is checked as any length is, or the client's side could not send it on.
@@ -243,9 +279,7 @@ fn framing(
     if headers.contains_key(header::TRANSFER_ENCODING) {
         let mut codings = Vec::new();
         for v in headers.get_all(header::TRANSFER_ENCODING) {
-            let v = v
-                .to_str()
-                .map_err(|_| "malformed Transfer-Encoding from the upstream")?;
+            let v = v.to_str().map_err(|_| FramingError::TransferEncoding)?;
             codings.extend(v.split(',').map(str::trim));
         }
         // Only chunked can be taken off here (the coding header goes, as hop-by-hop);
@@ -254,7 +288,7 @@ fn framing(
         // An empty element too (`chunked,`): hyper's client reads the last element, empty,
         // and so the body up to the connection's end (found by the `response` fuzz target).
         if !matches!(codings.as_slice(), [only] if only.eq_ignore_ascii_case("chunked")) {
-            return Err("a transfer coding other than chunked from the upstream".into());
+            return Err(FramingError::Coding);
         }
         // A length beside a transfer coding is a message to be wary of: dropped, and the
         // connection not used again.
@@ -282,13 +316,11 @@ fn framing(
 
 /// The response's `Content-Length`, if any; a length repeated (in one header or several)
 /// is left as one value, and different or malformed values are an error.
-fn content_length(headers: &mut HeaderMap) -> Result<Option<u64>, String> {
+fn content_length(headers: &mut HeaderMap) -> Result<Option<u64>, FramingError> {
     let mut length = None;
     let mut values = 0;
     for v in headers.get_all(header::CONTENT_LENGTH) {
-        let v = v
-            .to_str()
-            .map_err(|_| "malformed Content-Length from the upstream")?;
+        let v = v.to_str().map_err(|_| FramingError::Length)?;
         for part in v.split(',') {
             let part = part.trim();
             let n = if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
@@ -296,9 +328,9 @@ fn content_length(headers: &mut HeaderMap) -> Result<Option<u64>, String> {
             } else {
                 None
             }
-            .ok_or("malformed Content-Length from the upstream")?;
+            .ok_or(FramingError::Length)?;
             if length.is_some_and(|l| l != n) {
-                return Err("conflicting Content-Length from the upstream".into());
+                return Err(FramingError::Conflicting);
             }
             length = Some(n);
             values += 1;
@@ -467,7 +499,7 @@ pub(crate) fn decode_all(
     let mut buf = BytesMut::new();
     let mut decoder = ResponseDecoder::new(head_request);
     let decoded = loop {
-        if let Some(d) = decoder.decode(&mut buf)? {
+        if let Some(d) = decoder.decode(&mut buf).map_err(|e| e.to_string())? {
             break d;
         }
         match pieces.next() {
@@ -518,7 +550,7 @@ mod tests {
         status: u16,
         head_request: bool,
         lines: &[(&str, &str)],
-    ) -> Result<(bool, bool), String> {
+    ) -> Result<(bool, bool), FramingError> {
         let mut headers = HeaderMap::new();
         for (k, v) in lines {
             headers.append(
@@ -1020,7 +1052,7 @@ mod against_hyper {
         let mut buf = BytesMut::new();
         let mut decoder = ResponseDecoder::new(case.head_request);
         let decoded = loop {
-            if let Some(d) = decoder.decode(&mut buf)? {
+            if let Some(d) = decoder.decode(&mut buf).map_err(|e| e.to_string())? {
                 break d;
             }
             match pieces.next() {

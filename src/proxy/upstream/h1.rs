@@ -212,7 +212,7 @@ impl Pool<H1Conn> {
     async fn connect(&self, authority: &Authority, until: Instant) -> Result<Box<H1Conn>, Error> {
         let (io, fd) = super::connect_tcp(authority, self.connect_timeout(), until)
             .await
-            .map_err(Error::not_sent)?;
+            .map_err(|e| Error::not_sent(e.to_string()))?;
         Ok(Box::new(H1Conn {
             io,
             buf: BytesMut::with_capacity(READ_SIZE),
@@ -308,7 +308,10 @@ fn is_safe(method: &Method) -> bool {
 async fn read_head(conn: &mut H1Conn, head_request: bool) -> Result<Decoded, Error> {
     let mut decoder = ResponseDecoder::new(head_request);
     loop {
-        if let Some(decoded) = decoder.decode(&mut conn.buf).map_err(Error::sent)? {
+        if let Some(decoded) = decoder
+            .decode(&mut conn.buf)
+            .map_err(|e| Error::sent(e.to_string()))?
+        {
             return Ok(decoded);
         }
         match std::future::poll_fn(|cx| conn.poll_fill(cx)).await {

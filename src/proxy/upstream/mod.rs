@@ -30,10 +30,8 @@ pub(crate) async fn connect_tcp(
     authority: &Authority,
     timeout: Duration,
     until: Instant,
-) -> Result<(TcpStream, Fd), String> {
-    let fd = crate::rt::fds::take().ok_or_else(|| {
-        format!("no file descriptor to spare for a connection to {authority} (the open-file limit's budget is spent)")
-    })?;
+) -> Result<(TcpStream, Fd), ConnectError> {
+    let fd = crate::rt::fds::take().ok_or_else(|| ConnectError::NoFd(authority.clone()))?;
     let port = authority.port_u16().unwrap_or(80);
     let host = authority
         .host()
@@ -46,8 +44,27 @@ pub(crate) async fn connect_tcp(
     // expire in one pass, and this one, polled first, says the request was never sent.
     let stream = crate::rt::timer::timeout_at(until, TcpStream::connect((host, port)))
         .await
-        .map_err(|_| format!("connect to {authority} timed out"))?
-        .map_err(|e| format!("connect to {authority}: {e}"))?;
+        .map_err(|_| ConnectError::TimedOut(authority.clone()))?
+        .map_err(|source| ConnectError::Io {
+            authority: authority.clone(),
+            source,
+        })?;
     let _ = stream.set_nodelay(true);
     Ok((stream, fd))
+}
+
+/// Why no connection to a plain-HTTP upstream was made (nothing was sent).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    #[error(
+        "no file descriptor to spare for a connection to {0} (the open-file limit's budget is spent)"
+    )]
+    NoFd(Authority),
+    #[error("connect to {0} timed out")]
+    TimedOut(Authority),
+    #[error("connect to {authority}: {source}")]
+    Io {
+        authority: Authority,
+        source: std::io::Error,
+    },
 }

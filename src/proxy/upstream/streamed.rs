@@ -163,7 +163,7 @@ impl Pool<StreamedConn> {
     ) -> Result<Box<StreamedConn>, SendError> {
         let (stream, fd) = super::connect_tcp(authority, self.connect_timeout(), until)
             .await
-            .map_err(SendError::NotSent)?;
+            .map_err(|e| SendError::NotSent(e.to_string()))?;
         // Flattened writes, as on the listener (`server::http_builder`).
         let (send, conn) = http1::Builder::new()
             .writev(false)
