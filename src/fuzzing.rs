@@ -24,6 +24,23 @@ pub use crate::listen::conn::ScanFraming;
 use crate::listen::conn::Streams;
 use crate::listen::h1_scan::Scan;
 
+/// A finding, or why a reader refused the bytes: the text the fuzz targets panic with.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Mismatch(pub String);
+
+impl From<String> for Mismatch {
+    fn from(text: String) -> Mismatch {
+        Mismatch(text)
+    }
+}
+
+impl From<&str> for Mismatch {
+    fn from(text: &str) -> Mismatch {
+        Mismatch(text.to_owned())
+    }
+}
+
 thread_local! {
     static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -214,13 +231,13 @@ pub fn head_scan(pieces: &[&[u8]]) -> HeadRun {
 /// lowercased, in the head's order).
 type ParsedHead = (String, String, u8, Vec<(String, Vec<u8>)>);
 
-fn parse_request_head(head: &[u8]) -> Result<(ParsedHead, usize), String> {
+fn parse_request_head(head: &[u8]) -> Result<(ParsedHead, usize), Mismatch> {
     let mut slots = [httparse::EMPTY_HEADER; 256];
     let mut req = httparse::Request::new(&mut slots);
     let n = match req.parse(head) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Err("partial".into()),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.to_string().into()),
     };
     let headers: Vec<(String, Vec<u8>)> = req
         .headers
@@ -241,13 +258,14 @@ fn parse_request_head(head: &[u8]) -> Result<(ParsedHead, usize), String> {
 /// Holds a [`head_scan`] run to its promise: every request hyper handed on was seen by
 /// the scan as the same head (method, target, version, header set), with its body framed
 /// alike, or it was refused.
-pub fn check_head_run(run: &HeadRun) -> Result<(), String> {
+pub fn check_head_run(run: &HeadRun) -> Result<(), Mismatch> {
     for h in &run.handed {
         let Some((_, head, framing)) = run.seen.iter().find(|(n, _, _)| *n == h.number) else {
             return Err(format!(
                 "hyper handed on request {} ({} {}), which the scan did not see",
                 h.number, h.method, h.uri
-            ));
+            )
+            .into());
         };
         let ((method, target, minor, headers), len) = parse_request_head(head).map_err(|e| {
             format!(
@@ -261,7 +279,8 @@ pub fn check_head_run(run: &HeadRun) -> Result<(), String> {
                 "request {}: the scan's head ends at {}, httparse's at {len}",
                 h.number,
                 head.len()
-            ));
+            )
+            .into());
         }
         // hyper keeps the first of several `Content-Length` lines of one value (however
         // spelled: `4`, `004`).
@@ -304,7 +323,8 @@ pub fn check_head_run(run: &HeadRun) -> Result<(), String> {
                 h.version,
                 h.headers,
                 String::from_utf8_lossy(head)
-            ));
+            )
+            .into());
         }
         if let (ScanFraming::Length(n), Ok(body)) = (framing, &h.body)
             && body.len() as u64 != *n
@@ -313,14 +333,16 @@ pub fn check_head_run(run: &HeadRun) -> Result<(), String> {
                 "request {}: the scan read a body of {n} bytes, hyper one of {}",
                 h.number,
                 body.len()
-            ));
+            )
+            .into());
         }
         if matches!(framing, ScanFraming::None) && matches!(&h.body, Ok(b) if !b.is_empty()) {
             return Err(format!(
                 "request {}: the scan read no body, hyper one of {} bytes",
                 h.number,
                 h.body.as_ref().map_or(0, Vec::len)
-            ));
+            )
+            .into());
         }
     }
     Ok(())
@@ -343,7 +365,7 @@ fn upstream() -> crate::proxy::config::Upstream {
 /// method, target, `Host`, token and body that the fence decided on. `None`: not a head
 /// hyper hands on, or one the fence refuses (two hosts, two tokens). `trusted`: the
 /// client is a trusted proxy.
-pub fn forwarded(head: &[u8], body: &[u8], trusted: bool) -> Option<Result<(), String>> {
+pub fn forwarded(head: &[u8], body: &[u8], trusted: bool) -> Option<Result<(), Mismatch>> {
     let ((method, target, minor, headers), _) = parse_request_head(head).ok()?;
     // hyper hands on at most `server.max_headers` (100 by default).
     if headers.len() > 100 {
@@ -413,7 +435,7 @@ fn check_forwarded(
     host: &[u8],
     token: &[u8],
     body: &[u8],
-) -> Result<(), String> {
+) -> Result<(), Mismatch> {
     let show = || String::from_utf8_lossy(out).into_owned();
     let ((m, target, _, headers), len) = parse_request_head(out)
         .map_err(|e| format!("forwarded head does not parse ({e}): {:?}", show()))?;
@@ -422,7 +444,8 @@ fn check_forwarded(
         return Err(format!(
             "forwarded {m} {target}, decided {method} {want_target}: {:?}",
             show()
-        ));
+        )
+        .into());
     }
     let all = |name: &str| -> Vec<&Vec<u8>> {
         headers
@@ -432,7 +455,7 @@ fn check_forwarded(
             .collect()
     };
     if !all("transfer-encoding").is_empty() {
-        return Err(format!("forwarded with Transfer-Encoding: {:?}", show()));
+        return Err(format!("forwarded with Transfer-Encoding: {:?}", show()).into());
     }
     let lengths = all("content-length");
     let length = match lengths.as_slice() {
@@ -441,14 +464,15 @@ fn check_forwarded(
             .ok()
             .and_then(|s| s.parse::<usize>().ok())
             .ok_or_else(|| format!("forwarded a malformed length: {:?}", show()))?,
-        _ => return Err(format!("forwarded two lengths: {:?}", show())),
+        _ => return Err(format!("forwarded two lengths: {:?}", show()).into()),
     };
     if length != body.len() || out.len() != len + length || out[len..] != *body {
         return Err(format!(
             "forwarded body is not the request's ({} bytes decided): {:?}",
             body.len(),
             show()
-        ));
+        )
+        .into());
     }
     let hosts = all("host");
     if hosts.as_slice() != [&host.to_vec()] {
@@ -456,7 +480,8 @@ fn check_forwarded(
             "forwarded Host {hosts:?}, decided {:?}: {:?}",
             String::from_utf8_lossy(host),
             show()
-        ));
+        )
+        .into());
     }
     let tokens = all("fencing-token");
     if tokens.iter().any(|t| t.as_slice() != token) || tokens.len() > 1 {
@@ -464,7 +489,8 @@ fn check_forwarded(
             "forwarded tokens {tokens:?}, decided {:?}: {:?}",
             String::from_utf8_lossy(token),
             show()
-        ));
+        )
+        .into());
     }
     for name in [
         "upgrade",
@@ -475,7 +501,7 @@ fn check_forwarded(
         "fencegate-peer",
     ] {
         if !all(name).is_empty() && name != "fencegate-peer" {
-            return Err(format!("forwarded a hop-by-hop {name}: {:?}", show()));
+            return Err(format!("forwarded a hop-by-hop {name}: {:?}", show()).into());
         }
     }
     Ok(())
@@ -500,12 +526,14 @@ fn comparable(mut r: Response) -> Response {
 
 /// The lean exchange's decoder on `pieces` of an upstream's answer to a GET (a HEAD if
 /// `head_request`), each one read, then the connection's end.
-pub fn response_ours(pieces: &[&[u8]], head_request: bool) -> Result<Response, String> {
-    crate::proxy::upstream::decode_all(pieces, head_request).map(comparable)
+pub fn response_ours(pieces: &[&[u8]], head_request: bool) -> Result<Response, Mismatch> {
+    crate::proxy::upstream::decode_all(pieces, head_request)
+        .map(comparable)
+        .map_err(|e| Mismatch(e.to_string()))
 }
 
 /// hyper's client on the same pieces.
-pub fn response_hypers(pieces: &[&[u8]], head_request: bool) -> Result<Response, String> {
+pub fn response_hypers(pieces: &[&[u8]], head_request: bool) -> Result<Response, Mismatch> {
     let owned: Vec<Vec<u8>> = pieces.iter().map(|p| p.to_vec()).collect();
     block_on(async move {
         let (client, server) = tokio::io::duplex(1 << 20);
@@ -514,7 +542,7 @@ pub fn response_hypers(pieces: &[&[u8]], head_request: bool) -> Result<Response,
             http_body_util::Empty<Bytes>,
         >(hyper_util::rt::TokioIo::new(client))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Mismatch(e.to_string()))?;
         let method = if head_request {
             Method::HEAD
         } else {
@@ -525,7 +553,7 @@ pub fn response_hypers(pieces: &[&[u8]], head_request: bool) -> Result<Response,
             .uri("/")
             .header("host", "upstream")
             .body(http_body_util::Empty::new())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Mismatch(e.to_string()))?;
         let server = async move {
             let (mut rd, mut wr) = tokio::io::split(server);
             let write = async move {
@@ -547,7 +575,10 @@ pub fn response_hypers(pieces: &[&[u8]], head_request: bool) -> Result<Response,
         };
         let exchange = async move {
             let r = async {
-                let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+                let resp = send
+                    .send_request(req)
+                    .await
+                    .map_err(|e| Mismatch(e.to_string()))?;
                 let status = resp.status().as_u16();
                 let headers = resp
                     .headers()
@@ -558,7 +589,7 @@ pub fn response_hypers(pieces: &[&[u8]], head_request: bool) -> Result<Response,
                     .into_body()
                     .collect()
                     .await
-                    .map_err(|e| e.to_string())?
+                    .map_err(|e| Mismatch(e.to_string()))?
                     .to_bytes()
                     .to_vec();
                 Ok((status, headers, body))

@@ -494,17 +494,17 @@ fn is_trailer_line(line: &[u8]) -> bool {
 pub(crate) fn decode_all(
     pieces: &[&[u8]],
     head_request: bool,
-) -> Result<(u16, Vec<(String, Vec<u8>)>, Vec<u8>), String> {
+) -> Result<(u16, Vec<(String, Vec<u8>)>, Vec<u8>), DecodeAllError> {
     let mut pieces = pieces.iter();
     let mut buf = BytesMut::new();
     let mut decoder = ResponseDecoder::new(head_request);
     let decoded = loop {
-        if let Some(d) = decoder.decode(&mut buf).map_err(|e| e.to_string())? {
+        if let Some(d) = decoder.decode(&mut buf)? {
             break d;
         }
         match pieces.next() {
             Some(p) => buf.extend_from_slice(p),
-            None => return Err("the end of the stream mid-head".into()),
+            None => return Err(DecodeAllError::EndMidHead),
         }
     };
     let headers = decoded
@@ -521,18 +521,32 @@ pub(crate) fn decode_all(
         if matches!(state, State::Done) {
             return Ok((decoded.status.as_u16(), headers, body));
         }
-        match step(&mut state, &mut buf).map_err(|e| e.to_string())? {
+        match step(&mut state, &mut buf).map_err(DecodeAllError::Body)? {
             Step::Data(d) => body.extend_from_slice(&d),
             Step::Again => {}
             Step::End => state = State::Done,
             Step::More => match pieces.next() {
                 Some(p) => buf.extend_from_slice(p),
                 None if matches!(state, State::Close) => state = State::Done,
-                None => return Err("the end of the stream mid-body".into()),
+                None => return Err(DecodeAllError::EndMidBody),
             },
         }
     }
     panic!("the body decoder went round without taking bytes");
+}
+
+/// Why [`decode_all`] read no whole response.
+#[cfg(feature = "fuzzing")]
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DecodeAllError {
+    #[error(transparent)]
+    Head(#[from] HeadError),
+    #[error("the end of the stream mid-head")]
+    EndMidHead,
+    #[error("{0}")]
+    Body(#[source] BoxError),
+    #[error("the end of the stream mid-body")]
+    EndMidBody,
 }
 
 #[cfg(test)]
