@@ -674,12 +674,9 @@ fn host_chosen(text: &str) -> Vec<(String, String)> {
     }
 }
 
-/// Where a backend reads one path as one object whatever the Host, routes that take
-/// the same path for different hosts must fence it alike: refused, naming both
-/// routes, the upstream, a path and the ways out.
-#[test]
-fn routes_that_let_the_host_choose_the_scope_are_refused() {
-    let tenant_then_any = r#"
+/// Two routes for one upstream, one path each: fenced under `tenant-a/…` for one host and
+/// under `report/…` for any other.
+const TENANT_THEN_ANY: &str = r#"
 [[route]]
 name = "tenant-reports"
 host = "reports.tenant-a.example.com"
@@ -692,6 +689,13 @@ path = "/reports/{report}/{*object}"
 scope = "report/{report}"
 upstream = "objects"
 "#;
+
+/// Where a backend reads one path as one object whatever the Host, routes that take
+/// the same path for different hosts must fence it alike: refused, naming both
+/// routes, the upstream, a path and the ways out.
+#[test]
+fn routes_that_let_the_host_choose_the_scope_are_refused() {
+    let tenant_then_any = TENANT_THEN_ANY;
     let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, tenant_then_any));
     assert_eq!(found.len(), 1, "{found:#?}");
     let (place, message) = &found[0];
@@ -706,6 +710,44 @@ upstream = "objects"
              `distinct_hosts = true` on `objects`"
     );
 
+    // Fenced for both hosts, under different scopes.
+    let two_scopes = tenant_then_any.replace(
+        "name = \"reports\"\n",
+        "name = \"reports\"\nhost = \"reports.example.com\"\n",
+    );
+    let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, &two_scopes));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0]
+            .1
+            .contains("and `reports` (host reports.example.com, scope"),
+        "{found:#?}"
+    );
+
+    // Both fenced, with one scope template over different path templates: the shared
+    // path /reports/a/a renders `report/a` under one and `report/reports` under the
+    // other.
+    let other_shape = r#"
+[[route]]
+name = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{report}/{*key}"
+scope = "report/{bucket}"
+upstream = "objects"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+"#;
+    let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, other_shape));
+    assert_eq!(found.len(), 1, "{found:#?}");
+}
+
+/// A path fenced for one host and passed through for another is refused too: the Host
+/// would choose whether it is fenced at all.
+#[test]
+fn routes_that_let_the_host_choose_whether_to_fence_are_refused() {
     // Fenced for one host, passed through for the others: the Host picks no fence.
     let fenced_then_open = r#"
 [[route]]
@@ -754,40 +796,13 @@ upstream = "objects"
             ) && found[0].1.contains("such as /files/a:"),
             "{found:#?}"
         );
+}
 
-    // Fenced for both hosts, under different scopes.
-    let two_scopes = tenant_then_any.replace(
-        "name = \"reports\"\n",
-        "name = \"reports\"\nhost = \"reports.example.com\"\n",
-    );
-    let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, &two_scopes));
-    assert_eq!(found.len(), 1, "{found:#?}");
-    assert!(
-        found[0]
-            .1
-            .contains("and `reports` (host reports.example.com, scope"),
-        "{found:#?}"
-    );
-
-    // Both fenced, with one scope template over different path templates: the shared
-    // path /reports/a/a renders `report/a` under one and `report/reports` under the
-    // other.
-    let other_shape = r#"
-[[route]]
-name = "s3"
-host = "s3.example.com"
-path = "/{bucket}/{report}/{*key}"
-scope = "report/{bucket}"
-upstream = "objects"
-[[route]]
-name = "reports"
-path = "/reports/{report}/{*object}"
-scope = "report/{report}"
-upstream = "objects"
-"#;
-    let found = host_chosen(&with_upstreams_and_routes(ONE_STORE, other_shape));
-    assert_eq!(found.len(), 1, "{found:#?}");
-
+/// Upstreams are told apart by URL for the host check: two entries of one URL are one
+/// backend, and both must say that it tells hosts apart.
+#[test]
+fn two_upstreams_of_one_url_are_one_backend_to_the_host_check() {
+    let tenant_then_any = TENANT_THEN_ANY;
     // A second [[upstream]] with the same URL is the same backend.
     let twice = r#"
 [[upstream]]
@@ -825,16 +840,17 @@ timeout = "5m"
     assert!(Config::parse(&text, Path::new(".")).is_ok(), "{text}");
 }
 
-/// What one object, one scope allows: one fence for a path whatever the host, a
-/// backend per host, a backend that serves each host its own objects, one host.
+/// Panics unless the file with `upstreams` and `routes` parses.
+fn accepted(upstreams: &str, routes: &str) {
+    let text = with_upstreams_and_routes(upstreams, routes);
+    if let Err(e) = Config::parse(&text, Path::new(".")) {
+        panic!("refused: {e:?}\n{text}");
+    }
+}
+
+/// What one object, one scope allows: one fence for a path whatever the host, one host.
 #[test]
 fn routes_that_fence_each_path_one_way_are_accepted() {
-    let accepted = |upstreams: &str, routes: &str| {
-        let text = with_upstreams_and_routes(upstreams, routes);
-        if let Err(e) = Config::parse(&text, Path::new(".")) {
-            panic!("refused: {e:?}\n{text}");
-        }
-    };
     // The same templates (captures named apart), and pass-through both ways.
     accepted(
         ONE_STORE,
@@ -864,41 +880,6 @@ scope = "report/{report}"
 upstream = "objects"
 "#,
     );
-    let tenant_then_any = r#"
-[[route]]
-name = "tenant-reports"
-host = "reports.tenant-a.example.com"
-path = "/reports/{report}/{*object}"
-scope = "tenant-a/report/{report}"
-upstream = "tenant-a"
-[[route]]
-name = "reports"
-path = "/reports/{report}/{*object}"
-scope = "report/{report}"
-upstream = "objects"
-"#;
-    // Separate backends.
-    accepted(
-        &format!("{ONE_STORE}[[upstream]]\nname = \"tenant-a\"\nurl = \"http://127.0.0.1:9001\"\n"),
-        tenant_then_any,
-    );
-    // One backend that serves each host name its own objects.
-    let vhosts = "[[upstream]]\nname = \"objects\"\nurl = \"http://127.0.0.1:9000\"\ndistinct_hosts = true\n";
-    let one_upstream = tenant_then_any.replace("\"tenant-a\"", "\"objects\"");
-    accepted(vhosts, &one_upstream);
-    let c = Config::parse(
-        &with_upstreams_and_routes(vhosts, &one_upstream),
-        Path::new("."),
-    )
-    .expect("distinct hosts");
-    assert!(c.upstreams[0].distinct_hosts);
-    assert!(
-        c.describe().contains(" · distinct hosts\n"),
-        "{}",
-        c.describe()
-    );
-    let c = Config::parse(GOOD, Path::new(".")).expect("good");
-    assert!(!c.upstreams[0].distinct_hosts, "off unless declared");
     // One host: the file's order decides, not the Host.
     accepted(
         ONE_STORE,
@@ -981,6 +962,48 @@ upstream = "objects"
 fenced = false
 "#,
     );
+}
+
+/// Routes that fence one path differently for different hosts are accepted where the
+/// hosts reach different objects: a backend per host, or a backend that serves each host
+/// its own objects.
+#[test]
+fn routes_on_backends_that_tell_hosts_apart_are_accepted() {
+    let tenant_then_any = r#"
+[[route]]
+name = "tenant-reports"
+host = "reports.tenant-a.example.com"
+path = "/reports/{report}/{*object}"
+scope = "tenant-a/report/{report}"
+upstream = "tenant-a"
+[[route]]
+name = "reports"
+path = "/reports/{report}/{*object}"
+scope = "report/{report}"
+upstream = "objects"
+"#;
+    // Separate backends.
+    accepted(
+        &format!("{ONE_STORE}[[upstream]]\nname = \"tenant-a\"\nurl = \"http://127.0.0.1:9001\"\n"),
+        tenant_then_any,
+    );
+    // One backend that serves each host name its own objects.
+    let vhosts = "[[upstream]]\nname = \"objects\"\nurl = \"http://127.0.0.1:9000\"\ndistinct_hosts = true\n";
+    let one_upstream = tenant_then_any.replace("\"tenant-a\"", "\"objects\"");
+    accepted(vhosts, &one_upstream);
+    let c = Config::parse(
+        &with_upstreams_and_routes(vhosts, &one_upstream),
+        Path::new("."),
+    )
+    .expect("distinct hosts");
+    assert!(c.upstreams[0].distinct_hosts);
+    assert!(
+        c.describe().contains(" · distinct hosts\n"),
+        "{}",
+        c.describe()
+    );
+    let c = Config::parse(GOOD, Path::new(".")).expect("good");
+    assert!(!c.upstreams[0].distinct_hosts, "off unless declared");
 }
 
 /// Parsing reads no file: a text whose only faults are in the files it names parses
