@@ -320,7 +320,14 @@ fn routed_path<'a, B>(
         .zip(raw_host)
         .map(|(h, raw)| s3::for_host(&config.routes, h, raw))
     {
-        Some(Err(detail)) => return Err((None, Outcome::InvalidRequest { detail })),
+        Some(Err(e)) => {
+            return Err((
+                None,
+                Outcome::InvalidRequest {
+                    detail: e.to_string(),
+                },
+            ));
+        }
         Some(Ok(found)) => found,
         None => None,
     };

@@ -251,7 +251,7 @@ pub fn for_host<'a, 'h>(
     routes: &'a [crate::proxy::config::Route],
     host: &str,
     raw: &'h str,
-) -> Result<Option<S3Host<'a, 'h>>, String> {
+) -> Result<Option<S3Host<'a, 'h>>, HostError> {
     for r in routes {
         let (Some(s3), Some(name)) = (r.s3(), r.host.as_deref()) else {
             continue;
@@ -265,9 +265,7 @@ pub fn for_host<'a, 'h>(
             continue;
         }
         if raw.bytes().any(|b| b.is_ascii_uppercase()) {
-            return Err(format!(
-                "the Host `{raw}` has upper-case letters: S3 names are lower case, and a backend may read it as another bucket"
-            ));
+            return Err(HostError::UpperCase(raw.to_owned()));
         }
         if raw == s3.endpoint {
             return Ok(Some(S3Host {
@@ -287,11 +285,26 @@ pub fn for_host<'a, 'h>(
             Some(d) => format!("`{}` or `<bucket>.{d}`", s3.endpoint),
             None => format!("`{}`", s3.endpoint),
         };
-        return Err(format!(
-            "the Host `{raw}` must be {expected} exactly: an S3 server reads any other Host as the name of a bucket"
-        ));
+        return Err(HostError::NotExact {
+            raw: raw.to_owned(),
+            expected,
+        });
     }
     Ok(None)
+}
+
+/// Why a Host that names an S3 route's host is refused (the Host as sent in each).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error(
+        "the Host `{0}` has upper-case letters: S3 names are lower case, and a backend may read it as another bucket"
+    )]
+    UpperCase(String),
+    /// `expected`: the route's endpoint, or a bucket under its virtual-host domain.
+    #[error(
+        "the Host `{raw}` must be {expected} exactly: an S3 server reads any other Host as the name of a bucket"
+    )]
+    NotExact { raw: String, expected: String },
 }
 
 /// The segments an S3 route is matched on: the bucket (from the Host when `bucket` is
