@@ -30,7 +30,7 @@ pub const MAX_BYTES: usize = 2 * 1024 * 1024;
 
 /// Reads a DeleteObjects body whole (at most `limit` bytes) and its keys; the body to
 /// forward is what was read.
-pub async fn read<B>(body: B, limit: usize) -> (Result<Vec<String>, String>, Replay<B>)
+pub async fn read<B>(body: B, limit: usize) -> (Result<Vec<String>, DeleteError>, Replay<B>)
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -46,12 +46,12 @@ where
                     len += data.len();
                     read.push(data);
                     if len > limit {
-                        break Err(format!("the body is larger than {limit} bytes"));
+                        break Err(DeleteError::TooLarge(limit));
                     }
                 }
-                Err(_) => break Err("trailers on a DeleteObjects body".into()),
+                Err(_) => break Err(DeleteError::Trailers),
             },
-            Some(Err(e)) => break Err(format!("the body could not be read: {}", e.into())),
+            Some(Err(e)) => break Err(DeleteError::Unreadable(e.into())),
         }
     };
     let keys = whole.and_then(|()| {
@@ -81,11 +81,11 @@ enum At {
 
 /// The keys of a DeleteObjects body, in document order. An error says what is wrong
 /// (answered 400 `MalformedXML`).
-pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
+pub fn keys(body: &[u8]) -> Result<Vec<String>, DeleteError> {
     if body.len() > MAX_BYTES {
-        return Err(format!("the body is larger than {MAX_BYTES} bytes"));
+        return Err(DeleteError::TooLarge(MAX_BYTES));
     }
-    let text = std::str::from_utf8(body).map_err(|_| "the body is not UTF-8".to_string())?;
+    let text = std::str::from_utf8(body).map_err(|_| DeleteError::NotUtf8)?;
     let mut reader = Reader::from_str(text);
     let mut at = At::Prolog;
     let mut keys: Vec<String> = Vec::new();
@@ -93,9 +93,7 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
     let mut key: Option<String> = None;
     let mut seen_decl = false;
     loop {
-        let event = reader
-            .read_event()
-            .map_err(|e| format!("not well-formed XML: {e}"))?;
+        let event = reader.read_event().map_err(DeleteError::Xml)?;
         match event {
             Event::Decl(_) if at == At::Prolog && !seen_decl => seen_decl = true,
             Event::Start(e) => {
@@ -106,7 +104,7 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
                     (At::Delete, "Quiet") => At::Quiet,
                     (At::Delete, "Object") => {
                         if keys.len() == MAX_KEYS {
-                            return Err(format!("more than {MAX_KEYS} objects"));
+                            return Err(DeleteError::TooMany);
                         }
                         At::Object
                     }
@@ -114,34 +112,34 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
                         key = Some(String::new());
                         At::Key
                     }
-                    (At::Object, "Key") => return Err("an Object with two Keys".into()),
+                    (At::Object, "Key") => return Err(DeleteError::TwoKeys),
                     (At::Object, "VersionId" | "ETag" | "LastModifiedTime" | "Size") => At::Field,
-                    _ => return Err(unexpected(name, at)),
+                    _ => return Err(DeleteError::Unexpected(name.to_owned(), inside(at))),
                 };
             }
             Event::Empty(e) => {
                 let name = e.local_name();
                 let name = name.as_ref();
                 match (at, name) {
-                    (At::Object, "Key") => return Err("an empty Key".into()),
+                    (At::Object, "Key") => return Err(DeleteError::EmptyKey),
                     (At::Object, "VersionId" | "ETag" | "LastModifiedTime" | "Size") => {}
-                    (At::Prolog, "Delete") => return Err("a Delete of no objects".into()),
-                    _ => return Err(unexpected(name, at)),
+                    (At::Prolog, "Delete") => return Err(DeleteError::NoObjects),
+                    _ => return Err(DeleteError::Unexpected(name.to_owned(), inside(at))),
                 }
             }
             Event::End(_) => {
                 // quick-xml checks that an end tag names the element it closes.
                 at = match at {
-                    At::Delete if keys.is_empty() => return Err("a Delete of no objects".into()),
+                    At::Delete if keys.is_empty() => return Err(DeleteError::NoObjects),
                     At::Delete => At::Epilog,
                     At::Object => {
-                        let k = key.take().ok_or("an Object without a Key")?;
+                        let k = key.take().ok_or(DeleteError::NoKey)?;
                         keys.push(k);
                         At::Delete
                     }
                     At::Quiet => At::Delete,
                     At::Key | At::Field => At::Object,
-                    At::Prolog | At::Epilog => return Err("an end tag without its start".into()),
+                    At::Prolog | At::Epilog => return Err(DeleteError::EndWithoutStart),
                 };
             }
             Event::Text(t) => {
@@ -150,30 +148,30 @@ pub fn keys(body: &[u8]) -> Result<Vec<String>, String> {
                     (At::Key, Some(k)) => k.push_str(&content),
                     (At::Quiet | At::Field, _) => {}
                     _ if content.bytes().all(|b| b.is_ascii_whitespace()) => {}
-                    _ => return Err("text outside the elements that hold it".into()),
+                    _ => return Err(DeleteError::TextOutside),
                 }
             }
             // Readers differ on CDATA: s3s skips it, so `victim<![CDATA[zz]]>` is
             // `victim` there and `victimzz` to a reader that keeps it. S3 clients do not
             // write it.
-            Event::CData(_) => return Err("CDATA (refused: readers differ on it)".into()),
+            Event::CData(_) => return Err(DeleteError::CData),
             Event::GeneralRef(r) => {
-                let c = reference(&r).map_err(|e| e.to_string())?;
+                let c = reference(&r)?;
                 match (at, key.as_mut()) {
                     (At::Key, Some(k)) => k.push(c),
                     (At::Quiet | At::Field, _) => {}
-                    _ => return Err("a reference outside the elements that hold text".into()),
+                    _ => return Err(DeleteError::ReferenceOutside),
                 }
             }
-            Event::Decl(_) => return Err("an XML declaration after the start".into()),
-            Event::Comment(_) => return Err("a comment (refused: readers differ on them)".into()),
-            Event::PI(_) => return Err("a processing instruction".into()),
-            Event::DocType(_) => return Err("a DOCTYPE (entities of its own)".into()),
+            Event::Decl(_) => return Err(DeleteError::LateDecl),
+            Event::Comment(_) => return Err(DeleteError::Comment),
+            Event::PI(_) => return Err(DeleteError::ProcessingInstruction),
+            Event::DocType(_) => return Err(DeleteError::DocType),
             Event::Eof => break,
         }
     }
     if at != At::Epilog {
-        return Err("the document ends before its Delete does".into());
+        return Err(DeleteError::EndsEarly);
     }
     Ok(keys)
 }
@@ -205,8 +203,9 @@ pub enum ReferenceError {
     CharRef(#[source] quick_xml::Error),
 }
 
-fn unexpected(name: &str, at: At) -> String {
-    let inside = match at {
+/// Where an element out of place was met, as [`DeleteError::Unexpected`] says it.
+fn inside(at: At) -> &'static str {
+    match at {
         At::Prolog => "as the root (a DeleteObjects body is a Delete)",
         At::Delete => "in Delete",
         At::Quiet => "in Quiet",
@@ -214,8 +213,63 @@ fn unexpected(name: &str, at: At) -> String {
         At::Key => "in Key",
         At::Field => "in an Object's field",
         At::Epilog => "after the root",
-    };
-    format!("the element <{}> {inside}", name)
+    }
+}
+
+/// Why a DeleteObjects body is not what S3 takes (answered 400 `MalformedXML`).
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error("the body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("trailers on a DeleteObjects body")]
+    Trailers,
+    #[error("the body could not be read: {0}")]
+    Unreadable(#[source] BoxError),
+    #[error("the body is not UTF-8")]
+    NotUtf8,
+    #[error("not well-formed XML: {0}")]
+    Xml(#[source] quick_xml::Error),
+    #[error("more than {MAX_KEYS} objects")]
+    TooMany,
+    #[error("an Object with two Keys")]
+    TwoKeys,
+    #[error("an empty Key")]
+    EmptyKey,
+    #[error("a Delete of no objects")]
+    NoObjects,
+    #[error("an Object without a Key")]
+    NoKey,
+    #[error("an end tag without its start")]
+    EndWithoutStart,
+    #[error("text outside the elements that hold it")]
+    TextOutside,
+    #[error("CDATA (refused: readers differ on it)")]
+    CData,
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error("a reference outside the elements that hold text")]
+    ReferenceOutside,
+    #[error("an XML declaration after the start")]
+    LateDecl,
+    #[error("a comment (refused: readers differ on them)")]
+    Comment,
+    #[error("a processing instruction")]
+    ProcessingInstruction,
+    #[error("a DOCTYPE (entities of its own)")]
+    DocType,
+    #[error("the document ends before its Delete does")]
+    EndsEarly,
+    /// An element (its local name) where a DeleteObjects body has none of that name.
+    #[error("the element <{0}> {1}")]
+    Unexpected(String, &'static str),
+}
+
+/// Two errors are equal when they say the same (quick-xml's and the body's errors do
+/// not compare).
+impl PartialEq for DeleteError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
 }
 
 #[cfg(test)]

@@ -537,7 +537,8 @@ where
     let limit = max_body.map_or(delete::MAX_BYTES, |m| {
         usize::try_from(m).map_or(delete::MAX_BYTES, |m| m.min(delete::MAX_BYTES))
     });
-    delete::read(body, limit).await
+    let (keys, replay) = delete::read(body, limit).await;
+    (keys.map_err(|e| e.to_string()), replay)
 }
 
 /// S3's error code for a body of `op` that is not what S3 takes.
