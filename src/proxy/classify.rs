@@ -676,9 +676,11 @@ pub(crate) enum Classified {
     },
 }
 
-/// The upload id an unfenced request names, when its route's upstream is one an S3 route
-/// fences (`None` otherwise, and for most requests: no query). A query the fence cannot
-/// read as a server would is refused.
+/// The upload id an unfenced request names, when an S3 route fences anything (`None`
+/// otherwise, and for most requests: no query). Upload ids are looked up whatever the
+/// route's upstream: two upstream entries (or two names) may be one server. A query the
+/// fence cannot read as a server would is refused on a route whose upstream an S3 route
+/// fences, and passed elsewhere (it names no upload a server could find).
 fn passing_upload<B>(
     config: &Settings,
     route: &crate::proxy::config::Route,
@@ -687,21 +689,19 @@ fn passing_upload<B>(
     let Some(query) = req.uri().query() else {
         return Ok(None);
     };
-    let shared = || {
-        config
-            .routes
-            .iter()
-            .any(|r| r.fenced && r.upstream == route.upstream && r.s3().is_some())
-    };
-    if route.s3().is_none() && !shared() {
+    let s3_routes = || config.routes.iter().filter(|r| r.fenced && r.s3().is_some());
+    if s3_routes().next().is_none() {
         return Ok(None);
     }
     match s3::upload_of(req.method(), Some(query)) {
         Ok(Some(s3::upload::Upload::Uses(id))) => Ok(Some(id)),
         Ok(_) => Ok(None),
-        Err(e) => Err(Outcome::InvalidRequest {
-            detail: e.to_string(),
-        }),
+        Err(e) if s3_routes().any(|r| r.upstream == route.upstream) => {
+            Err(Outcome::InvalidRequest {
+                detail: e.to_string(),
+            })
+        }
+        Err(_) => Ok(None),
     }
 }
 
@@ -997,5 +997,55 @@ mod tests {
             "as long as the token header"
         );
         assert!(!maybe_alias("content-length", token));
+    }
+
+    /// An unfenced request naming an upload id is looked up whatever its upstream's name
+    /// (two entries may be one server), and passes untouched without one.
+    #[test]
+    fn an_unfenced_upload_id_is_looked_up_whatever_its_upstream() {
+        let text = r#"
+[store]
+path = "x.redb"
+[[upstream]]
+name = "objects"
+url = "http://127.0.0.1:9000"
+[[upstream]]
+name = "same-server"
+url = "http://localhost:9000"
+[[route]]
+name = "s3"
+api = "s3"
+host = "s3.example.com"
+path = "/{bucket}/{*key}"
+scope = "object/{bucket}/{key}"
+upstream = "objects"
+[[route]]
+name = "public"
+host = "public.example.com"
+path = "/{*rest}"
+upstream = "same-server"
+fenced = false
+"#;
+        let config = crate::settings::Config::parse(text, std::path::Path::new("."))
+            .expect("parses")
+            .proxy_settings();
+        let req = |target: &str| {
+            http::Request::put(target)
+                .header("host", "public.example.com")
+                .body(())
+                .unwrap()
+        };
+        match super::classify(&config, &req("/a?partNumber=1&uploadId=u1")) {
+            Ok(super::Classified::PassUpload { id, .. }) => assert_eq!(id, "u1"),
+            _ => panic!("an upload id on the public route is looked up"),
+        }
+        assert!(matches!(
+            super::classify(&config, &req("/a?x=1")),
+            Ok(super::Classified::Unfenced(_))
+        ));
+        assert!(matches!(
+            super::classify(&config, &req("/a")),
+            Ok(super::Classified::Unfenced(_))
+        ));
     }
 }
