@@ -689,7 +689,12 @@ fn passing_upload<B>(
     let Some(query) = req.uri().query() else {
         return Ok(None);
     };
-    let s3_routes = || config.routes.iter().filter(|r| r.fenced && r.s3().is_some());
+    let s3_routes = || {
+        config
+            .routes
+            .iter()
+            .filter(|r| r.fenced && r.s3().is_some())
+    };
     if s3_routes().next().is_none() {
         return Ok(None);
     }
