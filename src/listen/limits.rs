@@ -30,7 +30,7 @@ use crate::rt::fds::Pool;
 /// upstream connection its request may hold: one at a time over HTTP/1), each open HTTP/2
 /// stream one more (the upstream connection it may hold until its answer's body is done),
 /// each exchange that goes on after its client has gone one more (see
-/// [`Held::exchange`]). A client holds at most `server.max_descriptors_per_ip` (no bound
+/// [`Held::one_more`]). A client holds at most `server.max_descriptors_per_ip` (no bound
 /// by default) and never more than the process's budget has left free
 /// ([`Pool::free`]): one address alone takes at most half the budget, and n
 /// addresses leave at least 1/(n+1) of it to everyone else. A connection past it is closed
@@ -346,12 +346,14 @@ mod tests {
         let c = limits.admit(ip("192.0.2.1")).expect("third, at the share");
         assert_eq!(limits.admit(ip("192.0.2.1")).err(), Some(Full::Share));
         drop(c);
-        let streams: Vec<_> = (0..2).map(|_| a.held().stream().expect("stream")).collect();
-        assert_eq!(b.held().stream().err(), Some(6), "one client, one share");
+        let streams: Vec<_> = (0..2)
+            .map(|_| a.held().one_more().expect("stream"))
+            .collect();
+        assert_eq!(b.held().one_more().err(), Some(6), "one client, one share");
         // Another client has its own.
         let _other = limits.admit(ip("192.0.2.2")).expect("another client");
         drop(streams);
-        let s = b.held().stream().expect("given back");
+        let s = b.held().one_more().expect("given back");
         // A connection's two come back when it closes, and a closed client starts afresh.
         drop(b);
         let _c = limits.admit(ip("192.0.2.1")).expect("room again");

@@ -85,7 +85,7 @@ where
 
 /// Who sent a request: its connection's peer and, on a listener with connection limits,
 /// its client's count of descriptors (on which work that goes on after the client has
-/// gone must count: see [`share::Held::exchange`]).
+/// gone must count: see [`share::Held::one_more`]).
 #[derive(Clone, Debug)]
 pub struct Peer {
     pub addr: SocketAddr,
@@ -419,7 +419,7 @@ where
     let client = held.cloned();
     let (open, in_handler, refused) = if req.version() == http::Version::HTTP_2 {
         // A stream counts on its client's share until its answer is dropped.
-        match held.map(|h| h.stream()).transpose() {
+        match held.map(|h| h.one_more()).transpose() {
             Err(held) => (
                 None,
                 None,

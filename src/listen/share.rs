@@ -32,20 +32,11 @@ pub struct Held {
 pub(super) const PER_CONNECTION: usize = 2;
 
 impl Held {
-    /// One more for an HTTP/2 stream, until the answer is dropped; past the share, what
-    /// the client holds.
-    pub(crate) fn stream(self: &Arc<Self>) -> Result<Unit, usize> {
-        self.one()
-    }
-
-    /// One more for an exchange that goes on after its client has gone (an idempotent
-    /// request's, which records the answer for the retry), held by its task until the
-    /// exchange ends; past the share, what the client holds (the exchange must not start).
-    pub fn exchange(self: &Arc<Self>) -> Result<Unit, usize> {
-        self.one()
-    }
-
-    fn one(self: &Arc<Self>) -> Result<Unit, usize> {
+    /// One more, held until the [`Unit`] is dropped: by an HTTP/2 stream until its answer
+    /// is dropped, or by an exchange that goes on after its client has gone (an idempotent
+    /// request's, which records the answer for the retry) until it ends. Past the share,
+    /// what the client holds: the stream is refused, the exchange must not start.
+    pub fn one_more(self: &Arc<Self>) -> Result<Unit, usize> {
         self.take(1).map(|()| Unit(self.clone()))
     }
 

@@ -596,8 +596,7 @@ fn check_upload_id(
     id: &str,
 ) -> Result<(), (Option<usize>, Outcome)> {
     let upstream = &config.upstreams[config.routes[idx].upstream].name;
-    let key = s3::upload::record_key(upstream, id);
-    let record = gates.store().record(&key).map_err(|_| {
+    let recorded = recorded_scope(gates, upstream, id).map_err(|()| {
         (
             Some(idx),
             Outcome::Unavailable {
@@ -606,10 +605,7 @@ fn check_upload_id(
             },
         )
     })?;
-    match record
-        .as_deref()
-        .and_then(|v| s3::upload::record_scope(v, now_secs()))
-    {
+    match recorded {
         Some(s) if s == scope => Ok(()),
         Some(other) => Err((
             Some(idx),
@@ -642,19 +638,13 @@ fn passing_upload(gates: &Gates, config: &Settings, id: &str) -> Result<(), Outc
         .filter(|r| r.fenced && r.s3().is_some())
         .map(|r| &config.upstreams[r.upstream].name)
     {
-        let key = s3::upload::record_key(upstream, id);
-        let record = gates
-            .store()
-            .record(&key)
-            .map_err(|_| Outcome::UnfencedOperation {
+        let recorded =
+            recorded_scope(gates, upstream, id).map_err(|()| Outcome::UnfencedOperation {
                 detail: format!(
                     "whether the upload {id} belongs to a fenced scope cannot be read now; retry"
                 ),
             })?;
-        if let Some(scope) = record
-            .as_deref()
-            .and_then(|v| s3::upload::record_scope(v, now_secs()))
-        {
+        if let Some(scope) = recorded {
             return Err(Outcome::MultiScope {
                 detail: format!(
                     "the upload {id} was created in the fenced scope {scope}: its parts, completion and abort go through its fenced route, with its token"
@@ -663,6 +653,19 @@ fn passing_upload(gates: &Gates, config: &Settings, id: &str) -> Result<(), Outc
         }
     }
     Ok(())
+}
+
+/// The scope an upload id of `upstream` was recorded in, if its record has not expired;
+/// `Err` when the store cannot be read.
+fn recorded_scope(gates: &Gates, upstream: &str, id: &str) -> Result<Option<String>, ()> {
+    let record = gates
+        .store()
+        .record(&s3::upload::record_key(upstream, id))
+        .map_err(|_| ())?;
+    Ok(record
+        .as_deref()
+        .and_then(|v| s3::upload::record_scope(v, now_secs()))
+        .map(str::to_owned))
 }
 
 /// Seconds since the Unix epoch, for records' expiry.

@@ -182,7 +182,7 @@ impl Idempotency {
         // An exchange that may go on after its client has gone counts on the client's
         // share of descriptors until it ends (see `listen::share`); past the share it does
         // not start.
-        let unit = match conn.client.as_ref().map(|c| c.exchange()).transpose() {
+        let unit = match conn.client.as_ref().map(|c| c.one_more()).transpose() {
             Ok(unit) => unit,
             Err(held) => {
                 let outcome = Outcome::UpstreamUnavailable {
