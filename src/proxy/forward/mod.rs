@@ -13,7 +13,6 @@ mod client;
 mod headers;
 mod response;
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -48,50 +47,44 @@ pub(crate) struct Forwarder {
     pub(super) metrics: Arc<Metrics>,
 }
 
-/// Where the exchange goes (the choose-peer phase).
-struct Peer<'a> {
-    /// The route's upstream, or for a hop the shard's owner as an upstream (owned).
-    upstream: Cow<'a, Upstream>,
-    /// The https upstream's own client; `None`: this worker's plain-HTTP pools.
-    tls_client: Option<&'a Client>,
+/// Where the exchange goes (the choose-peer phase): the route's upstream, by its index
+/// in the table, or for a hop the shard's owner as an upstream of its own.
+struct Peer {
+    index: usize,
+    /// Boxed: a cluster's case, kept out of every request's future.
+    hop: Option<Box<Upstream>>,
 }
 
-impl<'a> Peer<'a> {
+impl Peer {
     /// A hop goes to the shard's owner instead (SPEC §10), plain HTTP, and may wait there
     /// for older generations to drain before the owner's own exchange.
-    fn choose(table: &'a Table, route: usize, hop: Option<&Hop>) -> Peer<'a> {
+    fn choose(table: &Table, route: usize, hop: Option<&Hop>) -> Peer {
         let config = &table.config;
         let index = config.routes[route].upstream;
-        match hop {
-            Some(h) => {
-                let route_upstream = &config.upstreams[index];
-                Peer {
-                    upstream: Cow::Owned(Upstream {
-                        name: String::new(),
-                        url: h.url.clone(),
-                        timeout: route_upstream
-                            .timeout
-                            .saturating_add(config.fencing.drain_timeout),
-                        tls: None,
-                        distinct_hosts: route_upstream.distinct_hosts,
-                    }),
-                    tls_client: None,
-                }
-            }
-            None => Peer {
-                upstream: Cow::Borrowed(&config.upstreams[index]),
-                tls_client: table.clients[index].as_ref(),
-            },
-        }
+        let hop = hop.map(|h| {
+            let route_upstream = &config.upstreams[index];
+            Box::new(Upstream {
+                name: String::new(),
+                url: h.url.clone(),
+                timeout: route_upstream
+                    .timeout
+                    .saturating_add(config.fencing.drain_timeout),
+                tls: None,
+                distinct_hosts: route_upstream.distinct_hosts,
+            })
+        });
+        Peer { index, hop }
     }
 }
 
-/// One exchange's context, gathered by the first phases and read by the last.
-struct Exchange<'a> {
-    table: &'a Table,
+/// One exchange's context, gathered by the first phases and read by the last. It owns
+/// what it names (the table too), so the exchange's future holds it and nothing of the
+/// request it was made from.
+struct Exchange {
+    table: Arc<Table>,
     route: usize,
     op: Op,
-    peer: Peer<'a>,
+    peer: Peer,
     /// The request's path, named only in an S3 error document: copied only on such routes.
     resource: Option<String>,
     max_body: Option<u64>,
@@ -101,7 +94,24 @@ struct Exchange<'a> {
     report: bool,
 }
 
-impl Exchange<'_> {
+impl Exchange {
+    /// The upstream the exchange goes to.
+    fn upstream(&self) -> &Upstream {
+        match &self.peer.hop {
+            Some(owner) => owner,
+            None => &self.table.config.upstreams[self.peer.index],
+        }
+    }
+
+    /// The https upstream's own client; `None`: this worker's plain-HTTP pools (a hop's
+    /// too).
+    fn tls_client(&self) -> Option<&Client> {
+        match self.peer.hop {
+            Some(_) => None,
+            None => self.table.clients[self.peer.index].as_ref(),
+        }
+    }
+
     /// Refuses the request, which may have reached the upstream.
     fn refuse(&self, outcome: Outcome) -> Response<Body> {
         self.table
@@ -115,15 +125,13 @@ impl Exchange<'_> {
     }
 
     fn timeout(&self) -> Duration {
-        self.peer.upstream.timeout
+        self.upstream().timeout
     }
 }
 
-/// How an exchange ended. (Unboxed: the answer is the usual case, and a box would be
-/// an allocation per request.)
-#[allow(clippy::large_enum_variant)]
+/// How an exchange ended without an answer (an answer goes to [`respond`] as it came,
+/// not moved into this first).
 enum Ended {
-    Answered(Upstreamed),
     Failed(UpstreamError),
     /// No response within the upstream's timeout.
     TimedOut,
@@ -134,7 +142,7 @@ enum Ended {
 /// Refuses a request that was not forwarded: its guard says so (nothing to settle, the
 /// token was not used).
 fn not_forwarded(
-    ex: &Exchange<'_>,
+    ex: &Exchange,
     guard: &mut Option<InflightGuard>,
     detail: String,
 ) -> Response<Body> {
@@ -145,62 +153,90 @@ fn not_forwarded(
 }
 
 impl Forwarder {
-    /// Forwards an admitted request, phase by phase. (A plain function returning its
-    /// future, as [`Proxy::handle`](super::Proxy::handle).)
-    #[allow(clippy::manual_async_fn)]
+    /// Forwards an admitted request, phase by phase. The phases before the first await
+    /// run here, before the future is made: it then holds the exchange's context and
+    /// nothing of the request it came from (what an `async` block takes in, it keeps to
+    /// its end, beside every local that lives across an await). (A plain function
+    /// returning its future, as [`Proxy::handle`](super::Proxy::handle).)
     #[inline(always)]
     pub(crate) fn forward(
         &self,
         a: Admitted<Body>,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
+        let Admitted {
+            req,
+            table,
+            plan,
+            conn,
+            report,
+        } = a;
+        let Plan {
+            route,
+            op,
+            guard,
+            scope,
+            token,
+            hop,
+            stop,
+            ..
+        } = plan;
+        // The upstream timeout counts from here: reading the body is part of the exchange
+        // (as it was when the body streamed upstream), and the clock is read once.
+        let started = Instant::now();
+        let peer = Peer::choose(&table, route, hop.as_deref());
+        let route_config = &table.config.routes[route];
+        let ex = Exchange {
+            route,
+            op,
+            resource: (route_config.errors != problem::Dialect::Problem)
+                .then(|| req.uri().path().to_owned()),
+            peer,
+            max_body: route_config.max_body,
+            client_version: req.version(),
+            report,
+            table,
+        };
+        // A connection not made by the exchange's end is given up on its own, so that
+        // the request is known not to have reached the upstream: 502 and no settle,
+        // rather than the exchange's 504 (outcome unknown).
+        let connect_by = started
+            .checked_add(ex.timeout())
+            .unwrap_or(started + Duration::from_secs(86_400 * 365));
+        let (mut parts, body) = req.into_parts();
+        let taken = body::take(body, parts.version, ex.max_body);
+        // The upstream head, made now; a failure is answered after the body is read, as
+        // a body that cannot be read is answered first.
+        let added = head(&ex, &mut parts, hop.as_deref(), conn);
+        self.exchange(Prepared {
+            ex,
+            parts,
+            taken,
+            added,
+            guard,
+            scope,
+            token,
+            hop,
+            stop,
+            started,
+            connect_by,
+        })
+    }
+
+    /// The phases that await: the body (if read whole), the exchange (raced by a
+    /// cluster's stop), then the client's response or the failure's answer.
+    #[inline(always)]
+    fn exchange(&self, p: Prepared) -> impl Future<Output = Response<Body>> + Send + '_ {
+        // `p`'s fields are read where they are, not bound to locals first: a local that
+        // lives across an await takes room of its own beside what the block took in.
+        let mut p = p;
         async move {
-            let Admitted {
-                req,
-                table,
-                plan,
-                conn,
-                report,
-            } = a;
-            let Plan {
-                route,
-                op,
-                mut guard,
-                scope,
-                token,
-                hop,
-                stop,
-                ..
-            } = plan;
-            let table = &*table;
-            // The upstream timeout counts from here: reading the body is part of the
-            // exchange (as it was when the body streamed upstream), and the clock is read
-            // once.
-            let started = Instant::now();
-            let peer = Peer::choose(table, route, hop.as_deref());
-            // A connection not made by the exchange's end is given up on its own, so that
-            // the request is known not to have reached the upstream: 502 and no settle,
-            // rather than the exchange's 504 (outcome unknown).
-            let connect_by = started
-                .checked_add(peer.upstream.timeout)
-                .unwrap_or(started + Duration::from_secs(86_400 * 365));
-            let ex = Exchange {
-                table,
-                route,
-                op,
-                resource: (table.config.routes[route].errors != problem::Dialect::Problem)
-                    .then(|| req.uri().path().to_owned()),
-                peer,
-                max_body: table.config.routes[route].max_body,
-                client_version: req.version(),
-                report,
-            };
-            let (mut parts, body) = req.into_parts();
-            let body = match body::take(body, parts.version, ex.max_body) {
+            let ex = &p.ex;
+            let body = match p.taken {
                 Taken::Ready(body) => body,
                 // Awaited here, not in a function of its own: one future less per request.
                 Taken::ReadWhole(body) => {
                     match crate::rt::timer::timeout_from(
-                        started,
+                        p.started,
                         ex.timeout(),
                         body::read_whole(body),
                     )
@@ -209,28 +245,34 @@ impl Forwarder {
                         Ok(Ok(bytes)) => Outbound::Whole(bytes),
                         Ok(Err(_)) | Err(_) => {
                             let detail = "the request body could not be read (in time)".into();
-                            return not_forwarded(&ex, &mut guard, detail);
+                            return not_forwarded(ex, &mut p.guard, detail);
                         }
                     }
                 }
             };
-            let mut stop = stop;
-            let added = match head(&ex, &mut parts, hop.as_deref(), conn) {
+            let added = match p.added {
                 Ok(added) => added,
-                Err(e) => return not_forwarded(&ex, &mut guard, format!("cannot forward: {e}")),
+                Err(e) => return not_forwarded(ex, &mut p.guard, format!("cannot forward: {e}")),
             };
             // The exchange: the lean one for a plain-HTTP upstream and a body in hand, else
             // through hyper's client, streaming. Awaited here, each way once, not in a
             // function of its own: its awaits stay in this future, with no nested one (a
             // nested one cost W1 1.5% more instructions, `benches/callgrind.sh`).
-            let upstream = &*ex.peer.upstream;
-            let (sent, outgoing) = match (body, ex.peer.tls_client) {
+            let upstream = ex.upstream();
+            let (started, connect_by) = (p.started, p.connect_by);
+            let (sent, outgoing) = match (body, ex.tls_client()) {
                 (Outbound::Whole(bytes), None) => {
-                    let send = send_whole(upstream, &parts, &added, &bytes, connect_by);
+                    let send = send_whole(upstream, &p.parts, &added, &bytes, connect_by);
                     let timed = crate::rt::timer::timeout_from(started, upstream.timeout, send);
-                    (Stoppable::new(stop.as_mut(), timed).await, None)
+                    // Raced only where there is a stop (a lone instance has none).
+                    let sent = match p.stop.as_mut() {
+                        None => Ok(timed.await),
+                        stop => Stoppable::new(stop, timed).await,
+                    };
+                    (sent, None)
                 }
                 (body, tls_client) => {
+                    let mut parts = p.parts;
                     added.put_into(&mut parts.headers);
                     let (out, outgoing) = upstream_request(parts, body.into_body(), ex.max_body);
                     // Boxed: hyper's client exchange makes a large future, which would
@@ -238,36 +280,53 @@ impl Forwarder {
                     // large.
                     let send = Box::pin(send(upstream, tls_client, out, connect_by));
                     let timed = crate::rt::timer::timeout_from(started, upstream.timeout, send);
-                    (Stoppable::new(stop.as_mut(), timed).await, Some(outgoing))
-                }
-            };
-            let ended = match sent {
-                Ok(Ok(Ok(resp))) => Ended::Answered(resp),
-                Ok(Ok(Err(e))) => Ended::Failed(e),
-                Ok(Err(_)) => Ended::TimedOut,
-                Err(Stopped) => {
-                    // One that fired here is done with (held until the exchange was
-                    // dropped: a hand-off counts the stops).
-                    drop(stop.take());
-                    Ended::Stopped
+                    (Stoppable::new(p.stop.as_mut(), timed).await, Some(outgoing))
                 }
             };
             self.metrics
                 .upstream_seconds
                 .observe_duration(started.elapsed());
-            match ended {
-                Ended::Answered(resp) => respond(&ex, resp, guard, outgoing, stop, hop.is_some()),
-                ended => failed(&ex, ended, outgoing, guard, hop.as_deref(), scope, token),
-            }
+            let hopped = p.hop.is_some();
+            let ended = match sent {
+                Ok(Ok(Ok(resp))) => {
+                    return respond(ex, resp, p.guard, outgoing, p.stop, hopped);
+                }
+                Ok(Ok(Err(e))) => Ended::Failed(e),
+                Ok(Err(_)) => Ended::TimedOut,
+                Err(Stopped) => {
+                    // One that fired here is done with (held until the exchange was
+                    // dropped: a hand-off counts the stops).
+                    drop(p.stop.take());
+                    Ended::Stopped
+                }
+            };
+            let hop = p.hop.as_deref();
+            failed(ex, ended, outgoing, p.guard, hop, p.scope, p.token)
         }
     }
+}
+
+/// What the exchange's future is made with: the context, the upstream head and the body
+/// as the first phases left them, and the plan's part that the last phases read.
+struct Prepared {
+    ex: Exchange,
+    parts: http::request::Parts,
+    taken: Taken,
+    added: Result<Added, http::Error>,
+    guard: Option<InflightGuard>,
+    scope: Option<String>,
+    token: Option<Token>,
+    hop: Option<Arc<Hop>>,
+    stop: Option<Stop>,
+    started: Instant,
+    connect_by: Instant,
 }
 
 /// The upstream request's head (the upstream-request phase), from the client's: the
 /// cluster's credential, then [`upstream_parts`]. Answers the forwarding headers still to
 /// add ([`Added`]).
 fn head(
-    ex: &Exchange<'_>,
+    ex: &Exchange,
     parts: &mut http::request::Parts,
     hop: Option<&Hop>,
     conn: Conn,
@@ -290,11 +349,11 @@ fn head(
             .any(|net| net.contains(conn.peer.ip()));
     upstream_parts(
         parts,
-        &ex.peer.upstream,
+        ex.upstream(),
         conn.peer.ip(),
         conn.tls,
         trusted,
-        ex.peer.tls_client.is_some(),
+        ex.tls_client().is_some(),
     )
 }
 
@@ -337,8 +396,10 @@ impl<F: Future> Future for Stoppable<'_, F> {
 
 /// The client's response to an upstream's answer (the response phase): counted, its
 /// `Fencing-Result` fencegate's word, its body holding the generation until it is over.
+/// (Inline: a call of its own moved the answer once more per request.)
+#[inline(always)]
 fn respond(
-    ex: &Exchange<'_>,
+    ex: &Exchange,
     resp: Upstreamed,
     guard: Option<InflightGuard>,
     outgoing: Option<Arc<Outgoing>>,
@@ -378,7 +439,7 @@ fn respond(
 /// The answer to an exchange that ended without a response, and what it means for the
 /// generation (settled or not).
 fn failed(
-    ex: &Exchange<'_>,
+    ex: &Exchange,
     ended: Ended,
     outgoing: Option<Arc<Outgoing>>,
     mut guard: Option<InflightGuard>,
@@ -386,7 +447,7 @@ fn failed(
     scope: Option<String>,
     token: Option<Token>,
 ) -> Response<Body> {
-    let upstream = &*ex.peer.upstream;
+    let upstream = ex.upstream();
     match ended {
         // The body outgrew the route's limit mid-stream: the upstream saw an incomplete
         // message, which it cannot apply, so there is nothing to settle.
@@ -431,7 +492,7 @@ fn failed(
             scope,
             detail: "this instance's ownership of the scope's shard ended mid-exchange".into(),
         }),
-        Ended::TimedOut | Ended::Answered(_) => ex.refuse(Outcome::UpstreamTimeout {
+        Ended::TimedOut => ex.refuse(Outcome::UpstreamTimeout {
             scope,
             detail: format!("no response within {:?}", upstream.timeout),
         }),
