@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::Either;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -415,8 +416,6 @@ where
     F: Fn(hyper::Request<Incoming>, Peer) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = hyper::Response<Body>> + Send + 'static,
 {
-    let handler = handler.clone();
-    let client = held.cloned();
     let (open, in_handler, refused) = if req.version() == http::Version::HTTP_2 {
         // A stream counts on its client's share until its answer is dropped.
         match held.map(|h| h.one_more()).transpose() {
@@ -439,22 +438,51 @@ where
         });
         (None, Some(in_handler), refused)
     };
-    async move {
-        let resp = match refused {
-            None => {
-                let peer = Peer {
-                    addr: peer,
-                    held: client,
-                };
-                handler(req, peer).await
-            }
-            Some(refused) => refused,
-        };
-        drop(in_handler);
-        Ok::<_, Infallible>(match open {
+    // The handler's future is made here and polled where it lies (see [`Answered`]).
+    let handled = match refused {
+        None => {
+            let peer = Peer {
+                addr: peer,
+                held: held.cloned(),
+            };
+            Either::Left(handler(req, peer))
+        }
+        Some(refused) => Either::Right(std::future::ready(refused)),
+    };
+    Answered {
+        handled,
+        in_handler,
+        open,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`answer`]'s future: the handler's answer, counted done as it comes. A future of
+    /// its own, not an `async` block: that kept the request it took in beside the
+    /// handler's future (and a block that awaits a future it took in holds two of it),
+    /// every request's future larger, moved whole by hyper (`benches/callgrind.sh`).
+    struct Answered<F> {
+        #[pin]
+        handled: F,
+        in_handler: Option<conn::InHandler>,
+        open: Option<conn::StreamOpen>,
+    }
+}
+
+impl<F: Future<Output = hyper::Response<Body>>> Future for Answered<F> {
+    type Output = Result<hyper::Response<Body>, Infallible>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let resp = std::task::ready!(this.handled.poll(cx));
+        drop(this.in_handler.take());
+        std::task::Poll::Ready(Ok(match this.open.take() {
             None => resp,
             Some(open) => resp.map(|inner| OpenBody::new(inner, open).boxed()),
-        })
+        }))
     }
 }
 
