@@ -403,7 +403,10 @@ where
 /// One request of a connection: counted open (an HTTP/2 stream until its answer is
 /// dropped, on its client's share too; an HTTP/1 request while in its handler), refused
 /// here when its head has a flaw or its client holds its share, else handed to `handler`.
-/// The counting is done when hyper calls the service, before the answer is polled.
+/// The counting is done when hyper calls the service, before the answer is polled; the
+/// handler is called then too (for HTTP/2 on the connection's task, and whether or not
+/// its future is ever polled), so a handler does nothing but make its future: its work
+/// belongs in the future.
 fn answer<F, Fut>(
     req: hyper::Request<Incoming>,
     handler: &F,

@@ -1005,7 +1005,8 @@ mod tests {
     }
 
     /// An unfenced request naming an upload id is looked up whatever its upstream's name
-    /// (two entries may be one server), and passes untouched without one.
+    /// (two entries may be one server: one that reads the Host as a bucket tells hosts
+    /// apart, or the host check would refuse this pair), and passes untouched without one.
     #[test]
     fn an_unfenced_upload_id_is_looked_up_whatever_its_upstream() {
         let text = r#"
@@ -1014,9 +1015,11 @@ path = "x.redb"
 [[upstream]]
 name = "objects"
 url = "http://127.0.0.1:9000"
+distinct_hosts = true
 [[upstream]]
 name = "same-server"
 url = "http://localhost:9000"
+distinct_hosts = true
 [[route]]
 name = "s3"
 api = "s3"

@@ -840,6 +840,37 @@ timeout = "5m"
     assert!(Config::parse(&text, Path::new(".")).is_ok(), "{text}");
 }
 
+/// Two entries that spell one server apart (a name and its address, two loopback
+/// addresses on one port) are one backend to the host check too: resolved when a pair of
+/// routes would share a path. Two ports are two servers.
+#[test]
+fn two_upstreams_that_reach_one_server_are_one_backend_to_the_host_check() {
+    let on_two = TENANT_THEN_ANY.replacen("upstream = \"objects\"", "upstream = \"twin\"", 1);
+    let twins = |url: &str| {
+        format!(
+            "[[upstream]]\nname = \"objects\"\nurl = \"http://127.0.0.1:9000\"\n\
+             [[upstream]]\nname = \"twin\"\nurl = \"{url}\"\n"
+        )
+    };
+    for url in ["http://localhost:9000", "http://127.0.0.2:9000"] {
+        let found = host_chosen(&with_upstreams_and_routes(&twins(url), &on_two));
+        assert_eq!(found.len(), 1, "{url}: {found:#?}");
+        assert!(
+            found[0]
+                .1
+                .contains("to upstreams `twin` and `objects` (one server: both reach 127.0.0.")
+                && found[0].1.ends_with("set `distinct_hosts = true` on both"),
+            "{url}: {found:#?}"
+        );
+    }
+    // Another port is another server; and a backend that says it tells hosts apart is
+    // believed, on both entries.
+    accepted(&twins("http://localhost:9001"), &on_two);
+    let both_say =
+        twins("http://localhost:9000").replace("9000\"\n", "9000\"\ndistinct_hosts = true\n");
+    accepted(&both_say, &on_two);
+}
+
 /// Panics unless the file with `upstreams` and `routes` parses.
 fn accepted(upstreams: &str, routes: &str) {
     let text = with_upstreams_and_routes(upstreams, routes);

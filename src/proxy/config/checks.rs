@@ -99,17 +99,27 @@ pub(super) fn host_chosen_scopes(
             else {
                 continue;
             };
-            // Two entries with one URL are one backend, and it tells hosts apart only if
-            // both say so.
-            let one_backend = a.upstream == b.upstream || same_origin(&ua.url, &ub.url);
-            if !one_backend || (ua.distinct_hosts && ub.distinct_hosts) {
+            // A backend tells hosts apart only if both its entries say so.
+            if ua.distinct_hosts && ub.distinct_hosts {
                 continue;
             }
+            // Two entries with one URL are one backend.
+            let one_url = a.upstream == b.upstream || same_origin(&ua.url, &ub.url);
             let Some(shared) = shared_paths(a, b)
                 .into_iter()
                 .find(|p| !taken_before(&routes[..i], a, p) && !taken_before(&routes[..j], b, p))
             else {
                 continue;
+            };
+            // Two URLs spelled apart may still name one server (`localhost:9000` and
+            // `127.0.0.1:9000`): resolved, only for a pair that would share a path.
+            let server = if one_url {
+                None
+            } else {
+                match one_server(&ua.url, &ub.url) {
+                    Some(addr) => Some(addr),
+                    None => continue,
+                }
             };
             let fence = |r: &Route| {
                 if r.fenced {
@@ -122,6 +132,14 @@ pub(super) fn host_chosen_scopes(
                 (
                     format!("upstream `{}`", ua.name),
                     format!("on `{}`", ua.name),
+                )
+            } else if let Some(addr) = server {
+                (
+                    format!(
+                        "upstreams `{}` and `{}` (one server: both reach {addr})",
+                        ua.name, ub.name
+                    ),
+                    "on both".to_string(),
                 )
             } else {
                 (
@@ -208,18 +226,60 @@ fn taken_before(earlier: &[Route], route: &Route, paths: &PathTemplate) -> bool 
 /// Do two upstream URLs name one server: scheme, host (in any case) and port, the
 /// scheme's port where none is written?
 fn same_origin(a: &Uri, b: &Uri) -> bool {
-    let port = |u: &Uri| {
-        u.port_u16().unwrap_or(if u.scheme_str() == Some("https") {
-            443
-        } else {
-            80
-        })
-    };
     a.scheme_str() == b.scheme_str()
         && a.host()
             .zip(b.host())
             .is_some_and(|(x, y)| x.eq_ignore_ascii_case(y))
-        && port(a) == port(b)
+        && port_of(a) == port_of(b)
+}
+
+/// The port a URL names, or its scheme's.
+fn port_of(u: &Uri) -> u16 {
+    u.port_u16().unwrap_or(if u.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    })
+}
+
+/// Do two upstream URLs spelled apart reach one server? Their hosts resolved (as the
+/// upstream connection resolves them), an address both reach: the same address and port,
+/// or two loopback addresses on one port (a server listening on all of loopback answers
+/// on every one). `None` if not, or if either does not resolve now: then they are taken
+/// for two servers, as their URLs say (SPEC §2 asks to keep one server's entries one URL).
+fn one_server(a: &Uri, b: &Uri) -> Option<std::net::SocketAddr> {
+    if a.scheme_str() != b.scheme_str() {
+        return None;
+    }
+    let addrs = |u: &Uri| -> Vec<std::net::SocketAddr> {
+        use std::net::ToSocketAddrs;
+        let host = u.host().unwrap_or_default();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        (host, port_of(u))
+            .to_socket_addrs()
+            .map(|a| a.map(canonical).collect())
+            .unwrap_or_default()
+    };
+    let (xs, ys) = (addrs(a), addrs(b));
+    xs.into_iter().find(|x| {
+        ys.iter().any(|y| {
+            x == y || (x.port() == y.port() && x.ip().is_loopback() && y.ip().is_loopback())
+        })
+    })
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    match addr {
+        std::net::SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => std::net::SocketAddr::from((v4, v6.port())),
+            None => addr,
+        },
+        v4 => v4,
+    }
 }
 
 /// The scope templates a fenced route renders, each with what its captures may hold:
