@@ -108,7 +108,7 @@ fn read_key_file(path: &Path, header: &str, kind: &str) -> Result<(String, Vec<u
     let bad = |why: String| ProofError::KeyFile(format!("{}: {why}", path.display()));
     let text = if header == KEY_HEADER {
         let bytes = crate::config::value::read_private(path, crate::config::value::MAX_SECRET_FILE)
-            .map_err(ProofError::KeyFile)?;
+            .map_err(|e| ProofError::KeyFile(e.to_string()))?;
         String::from_utf8(bytes).map_err(|_| bad("cannot read: not UTF-8 text".into()))?
     } else {
         crate::config::value::read_bounded_text(path, crate::config::value::MAX_SECRET_FILE)

@@ -534,9 +534,9 @@ pub enum PemError {
     },
     #[error("no PEM CERTIFICATE in {}", path.display())]
     NoCertificate { path: PathBuf },
-    /// Open to other users, owned by another, or unreadable: `read_private`'s message.
-    #[error("{0}")]
-    NotPrivate(String),
+    /// Open to other users, owned by another, or unreadable.
+    #[error(transparent)]
+    NotPrivate(#[from] crate::config::value::ReadPrivateError),
     #[error("no PEM private key in {}", path.display())]
     NoKey { path: PathBuf },
     #[error("{} is not a valid PEM private key: {source}", path.display())]

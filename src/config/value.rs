@@ -157,9 +157,12 @@ pub fn read_bounded_text(path: &Path, max: u64) -> std::io::Result<String> {
 /// ([`read_private`]), read no further than [`MAX_SECRET_FILE`]; its errors go at `at`,
 /// under `path` (its key).
 pub fn read_secret(file: &Path, path: &str, at: Place, errors: &mut Errors) -> Option<String> {
-    let message = match read_private(file, MAX_SECRET_FILE).and_then(|b| {
-        String::from_utf8(b).map_err(|_| format!("cannot read {}: not UTF-8 text", file.display()))
-    }) {
+    let message = match read_private(file, MAX_SECRET_FILE)
+        .map_err(|e| e.to_string())
+        .and_then(|b| {
+            String::from_utf8(b)
+                .map_err(|_| format!("cannot read {}: not UTF-8 text", file.display()))
+        }) {
         Ok(t) if !t.trim().is_empty() => return Some(t.trim().to_string()),
         Ok(_) => format!("{} is empty", file.display()),
         Err(message) => message,
@@ -177,21 +180,41 @@ pub fn read_secret(file: &Path, path: &str, at: Place, errors: &mut Errors) -> O
 /// The contents of such a file, no longer than `max`, checked on the file opened and read: a file swapped for another
 /// between a check by name and the read (a link re-pointed, a file renamed over it) is
 /// never read unchecked.
-pub fn read_private(file: &Path, max: u64) -> Result<Vec<u8>, String> {
+pub fn read_private(file: &Path, max: u64) -> Result<Vec<u8>, ReadPrivateError> {
     use std::io::Read;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", file.display());
+    let cannot = |source: std::io::Error| ReadPrivateError::Io {
+        file: file.display().to_string(),
+        source,
+    };
     let f = std::fs::File::open(file).map_err(cannot)?;
     #[cfg(unix)]
-    private_meta(file, &f.metadata().map_err(cannot)?).map_err(|e| e.to_string())?;
+    private_meta(file, &f.metadata().map_err(cannot)?)?;
     let mut out = Vec::new();
     f.take(max + 1).read_to_end(&mut out).map_err(cannot)?;
     if out.len() as u64 > max {
-        return Err(format!(
-            "cannot read {}: longer than {max} bytes (no such file is)",
-            file.display()
-        ));
+        return Err(ReadPrivateError::TooLong {
+            file: file.display().to_string(),
+            max,
+        });
     }
     Ok(out)
+}
+
+/// Why [`read_private`] read no secret: the file could not be read, is open to others or
+/// owned by another, or is longer than any such file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadPrivateError {
+    #[error("cannot read {file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[cfg(unix)]
+    #[error(transparent)]
+    NotPrivate(#[from] NotPrivate),
+    #[error("cannot read {file}: longer than {max} bytes (no such file is)")]
+    TooLong { file: String, max: u64 },
 }
 
 /// [`read_private`]'s check of a file's metadata. A file owned by another user than this
@@ -232,7 +255,7 @@ fn private_meta(file: &Path, meta: &std::fs::Metadata) -> Result<(), NotPrivate>
 /// Why [`private_meta`] refused a file: another user owns it, or others may read it.
 #[cfg(unix)]
 #[derive(Debug, thiserror::Error)]
-enum NotPrivate {
+pub enum NotPrivate {
     #[error(
         "{file} is owned by user {owner}, not by this process's ({me}) nor root: its owner could change a secret or private key"
     )]
@@ -286,13 +309,17 @@ mod tests {
         write_private(&f, "secret");
         assert_eq!(read_private(&f, 64).expect("private"), b"secret");
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-        let e = read_private(&f, 64).expect_err("open to others");
+        let e = read_private(&f, 64)
+            .expect_err("open to others")
+            .to_string();
         assert!(e.contains("other users"), "{e}");
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         // Only root may give a file away.
         if rustix::process::geteuid().is_root() {
             std::os::unix::fs::chown(&f, Some(54321), None).expect("chown");
-            let e = read_private(&f, 64).expect_err("another user's");
+            let e = read_private(&f, 64)
+                .expect_err("another user's")
+                .to_string();
             assert!(e.contains("owned by user 54321"), "{e}");
         }
     }

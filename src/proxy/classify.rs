@@ -307,8 +307,14 @@ fn routed_path<'a, B>(
             },
         ));
     }
-    let host = request_host(req, head.host)
-        .map_err(|detail| (None, Outcome::InvalidRequest { detail }))?;
+    let host = request_host(req, head.host).map_err(|e| {
+        (
+            None,
+            Outcome::InvalidRequest {
+                detail: e.to_string(),
+            },
+        )
+    })?;
     // An S3 route's host (SPEC §15): the bucket a virtual-hosted request names in its
     // Host goes in front of the path, so that it is routed as its path-style twin and
     // both render one scope; on `keys = "opaque"` the key is read whole.
@@ -555,7 +561,10 @@ fn decide(
                 _ => Ok(unfenced(idx, method)),
             };
         }
-        Err(detail) => return Err(at(Outcome::InvalidToken { scope, detail })),
+        Err(e) => {
+            let detail = e.to_string();
+            return Err(at(Outcome::InvalidToken { scope, detail }));
+        }
     };
     let sequence = match (read_sequence(head.sequence), route.sequence) {
         (Ok(None), SequenceMode::Required) => {
@@ -565,7 +574,10 @@ fn decide(
             }));
         }
         (Ok(sequence), _) => sequence,
-        (Err(detail), _) => return Err(at(Outcome::InvalidToken { scope, detail })),
+        (Err(e), _) => {
+            let detail = e.to_string();
+            return Err(at(Outcome::InvalidToken { scope, detail }));
+        }
     };
     // An admitted scope is kept in memory while hot and as a mark for good: its length
     // is bounded (a path may be up to the head's size).
@@ -878,30 +890,58 @@ fn underscore_alias(name: &str, token_name: &str) -> bool {
 /// authority is refused, and so is an HTTP/1.1 or HTTP/2 request that names none (RFC 9112
 /// §3.2: an upstream would fill in its own). Only HTTP/1.0 may leave it out (`None`: no
 /// `host =` route matches).
-fn request_host<'a, B>(req: &'a Request<B>, host: Seen<'a>) -> Result<Option<&'a str>, String> {
-    let bad = |what: &str, e: &str| format!("{what} is not a valid host: {e}");
+fn request_host<'a, B>(
+    req: &'a Request<B>,
+    host: Seen<'a>,
+) -> Result<Option<&'a str>, RequestHostError> {
     let header = match host {
-        Seen::Many => return Err("more than one Host header".into()),
+        Seen::Many => return Err(RequestHostError::Many),
         Seen::One(v) => {
-            let v = v.to_str().map_err(|_| "Host is not ASCII".to_string())?;
-            Some(route::host_of(v).map_err(|e| bad("Host", e))?)
+            let v = v.to_str().map_err(|_| RequestHostError::NotAscii)?;
+            Some(
+                route::host_of(v).map_err(|reason| RequestHostError::Invalid {
+                    what: "Host",
+                    reason,
+                })?,
+            )
         }
         Seen::None => None,
     };
     let authority = match req.uri().authority() {
-        Some(a) => Some(route::host_of(a.as_str()).map_err(|e| bad("the authority", e))?),
+        Some(a) => {
+            Some(
+                route::host_of(a.as_str()).map_err(|reason| RequestHostError::Invalid {
+                    what: "the authority",
+                    reason,
+                })?,
+            )
+        }
         None => None,
     };
     match (header, authority) {
-        (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a) => {
-            Err("Host differs from the request's authority".into())
-        }
+        (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a) => Err(RequestHostError::Differs),
         (Some(h), _) | (None, Some(h)) => Ok(Some(h)),
-        (None, None) if req.version() >= http::Version::HTTP_11 => {
-            Err("the request names no host (Host header)".into())
-        }
+        (None, None) if req.version() >= http::Version::HTTP_11 => Err(RequestHostError::Missing),
         (None, None) => Ok(None),
     }
+}
+
+/// Why the router cannot read one host from a request (the refusal's detail).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RequestHostError {
+    #[error("more than one Host header")]
+    Many,
+    #[error("Host is not ASCII")]
+    NotAscii,
+    #[error("{what} is not a valid host: {reason}")]
+    Invalid {
+        what: &'static str,
+        reason: &'static str,
+    },
+    #[error("Host differs from the request's authority")]
+    Differs,
+    #[error("the request names no host (Host header)")]
+    Missing,
 }
 
 /// Why a fenced request cannot pass the fence as it stands (its text is the refusal's
@@ -939,28 +979,43 @@ fn refuse_unfenceable<B>(req: &Request<B>) -> Result<(), Unfenceable> {
 
 /// `Ok(None)`: no `Fencing-Sequence`. More than one header, or a malformed value, is an
 /// error (answered as a malformed token is).
-fn read_sequence(seen: Seen<'_>) -> Result<Option<u64>, String> {
+fn read_sequence(seen: Seen<'_>) -> Result<Option<u64>, SequenceError> {
     match seen {
         Seen::None => Ok(None),
-        Seen::Many => Err("more than one Fencing-Sequence header".into()),
+        Seen::Many => Err(SequenceError::Many),
         Seen::One(v) => crate::token::parse_sequence(v.as_bytes())
             .map(Some)
-            .map_err(|_| {
-                "Fencing-Sequence must be 1 to 20 ASCII digits, no leading zero, at most 2^64-1"
-                    .into()
-            }),
+            .map_err(|_| SequenceError::Malformed),
     }
 }
 
+/// Why `Fencing-Sequence` cannot be read (the refusal's detail).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SequenceError {
+    #[error("more than one Fencing-Sequence header")]
+    Many,
+    #[error("Fencing-Sequence must be 1 to 20 ASCII digits, no leading zero, at most 2^64-1")]
+    Malformed,
+}
+
 /// `Ok(None)`: no token. More than one header, or any malformed value, is an error.
-fn read_token(seen: Seen<'_>, name: &http::HeaderName) -> Result<Option<Token>, String> {
+fn read_token(seen: Seen<'_>, name: &http::HeaderName) -> Result<Option<Token>, TokenHeaderError> {
     match seen {
         Seen::None => Ok(None),
-        Seen::Many => Err(format!("more than one {name} header")),
+        Seen::Many => Err(TokenHeaderError::Many(name.clone())),
         Seen::One(v) => Token::parse(v.as_bytes())
             .map(Some)
-            .map_err(|e| e.to_string()),
+            .map_err(TokenHeaderError::Malformed),
     }
+}
+
+/// Why the token header cannot be read (the refusal's detail).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TokenHeaderError {
+    #[error("more than one {0} header")]
+    Many(http::HeaderName),
+    #[error(transparent)]
+    Malformed(crate::token::TokenError),
 }
 
 fn check_scope_header(seen: Seen<'_>, scope: &str) -> Result<(), ()> {

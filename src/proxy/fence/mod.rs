@@ -320,7 +320,7 @@ impl<S> Fence<S, Typed> {
                 },
             )
         };
-        let classified = keys.map_err(malformed).and_then(|keys| {
+        let classified = keys.map_err(|e| malformed(e.to_string())).and_then(|keys| {
             let mode = route.s3().map(|s| s.keys).unwrap_or_default();
             // A form posted to an object's path names that key too.
             let names = keys.iter().chain(named.path_key.as_ref());

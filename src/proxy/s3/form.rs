@@ -132,7 +132,7 @@ where
 pub async fn read_key<B>(
     content_type: Option<&HeaderValue>,
     body: B,
-) -> (Result<Vec<String>, String>, Replay<B>)
+) -> (Result<Vec<String>, FormError>, Replay<B>)
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -147,7 +147,7 @@ where
             fields(TeeStream(tee.clone()), boundary.clone()).await,
             boundary,
         ),
-        Err(e) => (Err(e.to_string()), String::new()),
+        Err(e) => (Err(FormError::Boundary(e)), String::new()),
     };
     // The reader (and its handle on the body) is gone: the body is this one's again.
     let (read, rest) = match tee.lock() {
@@ -159,7 +159,7 @@ where
         for b in &read {
             raw.extend_from_slice(b);
         }
-        delimiters_agree(&raw, &boundary, parts).map_err(|e| e.to_string())?;
+        delimiters_agree(&raw, &boundary, parts)?;
         Ok(names)
     });
     (key, Replay::new(read, rest))
@@ -206,7 +206,7 @@ fn delimiters_agree(raw: &[u8], boundary: &str, parts: usize) -> Result<(), Deli
 
 /// Why a form's delimiters are not the ones every reader of it sees.
 #[derive(Debug, thiserror::Error)]
-enum DelimitersError {
+pub enum DelimitersError {
     #[error("the form has a delimiter inside a field, or around its file part")]
     Misplaced,
     #[error("the file part's headers do not end")]
@@ -248,7 +248,7 @@ fn boundary(content_type: Option<&HeaderValue>) -> Result<String, BoundaryError>
 
 /// Why a form upload's Content-Type gives no one boundary every reader takes.
 #[derive(Debug, thiserror::Error)]
-enum BoundaryError {
+pub enum BoundaryError {
     #[error("a POST on a bucket is a form upload: its body must be multipart/form-data")]
     NotForm,
     #[error("the Content-Type is not ASCII")]
@@ -264,7 +264,10 @@ enum BoundaryError {
 }
 
 /// The keys the form names and how many parts come before its file part.
-async fn fields<B>(stream: TeeStream<B>, boundary: String) -> Result<(Vec<String>, usize), String>
+async fn fields<B>(
+    stream: TeeStream<B>,
+    boundary: String,
+) -> Result<(Vec<String>, usize), FormError>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -274,17 +277,16 @@ where
     let mut form = multer::Multipart::with_constraints(stream, boundary, limits);
     let mut key: Option<String> = None;
     let mut parts = 0;
-    let bad = |e: multer::Error| format!("the form: {e}");
-    while let Some(field) = form.next_field().await.map_err(bad)? {
+    while let Some(field) = form.next_field().await? {
         // One Content-Disposition with one name: a server could read another of two.
         let dispositions = field.headers().get_all(http::header::CONTENT_DISPOSITION);
         let mut values = dispositions.iter();
         let (Some(disposition), None) = (values.next(), values.next()) else {
-            return Err("a form part without one Content-Disposition".into());
+            return Err(FormError::Disposition);
         };
         let names = disposition
             .to_str()
-            .map_err(|_| "a Content-Disposition that is not ASCII".to_string())?
+            .map_err(|_| FormError::DispositionNotAscii)?
             .split(';')
             .filter(|p| {
                 p.split_once('=')
@@ -292,26 +294,53 @@ where
             })
             .count();
         if names != 1 {
-            return Err("a form part's Content-Disposition names it twice, or not at all".into());
+            return Err(FormError::Named);
         }
         let name = field.name().unwrap_or_default().to_string();
         if name.eq_ignore_ascii_case("file") {
-            let key = key.ok_or("the form has no key field before its file")?;
+            let key = key.ok_or(FormError::NoKey)?;
             return Ok((resolve(key, field.file_name()), parts));
         }
         if name.eq_ignore_ascii_case("key") {
             if key.is_some() {
-                return Err("the form has two key fields".into());
+                return Err(FormError::TwoKeys);
             }
             let headers = field.headers().clone();
-            let bytes = field.bytes().await.map_err(bad)?;
-            key = Some(key_value(&headers, &bytes).map_err(|e| e.to_string())?);
+            let bytes = field.bytes().await?;
+            key = Some(key_value(&headers, &bytes)?);
         } else {
-            field.bytes().await.map_err(bad)?;
+            field.bytes().await?;
         }
         parts += 1;
     }
-    Err("the form has no file field".into())
+    Err(FormError::NoFile)
+}
+
+/// Why a form upload's key cannot be read as S3 would read it (the refusal's detail).
+#[derive(Debug, thiserror::Error)]
+pub enum FormError {
+    #[error("more than one Content-Type")]
+    ContentTypes,
+    #[error(transparent)]
+    Boundary(#[from] BoundaryError),
+    #[error("the form: {0}")]
+    Multipart(#[from] multer::Error),
+    #[error("a form part without one Content-Disposition")]
+    Disposition,
+    #[error("a Content-Disposition that is not ASCII")]
+    DispositionNotAscii,
+    #[error("a form part's Content-Disposition names it twice, or not at all")]
+    Named,
+    #[error("the form has no key field before its file")]
+    NoKey,
+    #[error("the form has two key fields")]
+    TwoKeys,
+    #[error(transparent)]
+    Key(#[from] KeyValueError),
+    #[error("the form has no file field")]
+    NoFile,
+    #[error(transparent)]
+    Delimiters(#[from] DelimitersError),
 }
 
 /// The key field's value: its bytes as UTF-8, as S3 servers read a field (s3s takes
@@ -341,7 +370,7 @@ fn key_value(headers: &http::HeaderMap, bytes: &[u8]) -> Result<String, KeyValue
 
 /// Why a form's key field has no value every reader of it takes.
 #[derive(Debug, thiserror::Error)]
-enum KeyValueError {
+pub enum KeyValueError {
     #[error("the key part's Content-Type is not ASCII")]
     TypeNotAscii,
     /// The part's Content-Type as sent.
@@ -399,7 +428,10 @@ mod tests {
         let stream = StreamBody::new(futures_util::stream::iter(chunks));
         let (key, replay) = read_key(Some(&ct), stream).await;
         let forwarded = replay.collect().await.expect("replay").to_bytes();
-        (key, String::from_utf8(forwarded.to_vec()).expect("utf-8"))
+        (
+            key.map_err(|e| e.to_string()),
+            String::from_utf8(forwarded.to_vec()).expect("utf-8"),
+        )
     }
 
     #[tokio::test]
@@ -472,7 +504,7 @@ mod tests {
             ]))),
         )
         .await;
-        assert_eq!(key, Ok(vec!["a".to_string()]));
+        assert_eq!(key.map_err(|e| e.to_string()), Ok(vec!["a".to_string()]));
         // A `--boundary` line right after a field's blank line: data to multer, a
         // delimiter to a server that reads by lines (and a second key there).
         let smuggled = "--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nmine\r\n--XyZ\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n--XyZ\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nvictim\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--XyZ--\r\n";

@@ -517,7 +517,7 @@ pub async fn read_named<B>(
     headers: &HeaderMap,
     body: B,
     max_body: Option<u64>,
-) -> (Result<Vec<String>, String>, form::Replay<B>)
+) -> (Result<Vec<String>, NamedError>, form::Replay<B>)
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -528,17 +528,27 @@ where
         let content_type = match (types.next(), types.next()) {
             (one, None) => one,
             _ => {
-                let refused = Err("more than one Content-Type".to_string());
+                let refused = Err(form::FormError::ContentTypes.into());
                 return (refused, form::Replay::new(Vec::new(), Some(Box::pin(body))));
             }
         };
-        return form::read_key(content_type, body).await;
+        let (keys, replay) = form::read_key(content_type, body).await;
+        return (keys.map_err(NamedError::Form), replay);
     }
     let limit = max_body.map_or(delete::MAX_BYTES, |m| {
         usize::try_from(m).map_or(delete::MAX_BYTES, |m| m.min(delete::MAX_BYTES))
     });
     let (keys, replay) = delete::read(body, limit).await;
-    (keys.map_err(|e| e.to_string()), replay)
+    (keys.map_err(NamedError::Delete), replay)
+}
+
+/// Why a body that names objects is not what S3 takes (the refusal's detail).
+#[derive(Debug, thiserror::Error)]
+pub enum NamedError {
+    #[error(transparent)]
+    Form(#[from] form::FormError),
+    #[error(transparent)]
+    Delete(delete::DeleteError),
 }
 
 /// S3's error code for a body of `op` that is not what S3 takes.
