@@ -305,6 +305,14 @@ impl Config {
     /// start-up.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
+        // A connection alone takes a share of two (itself and its upstream connection);
+        // an HTTP/2 stream takes one more.
+        if self.server.max_descriptors_per_ip == Some(2) {
+            out.push(
+                "[server] max_descriptors_per_ip = 2: a client's connection takes both (itself and its upstream connection) and each HTTP/2 stream one more, so every HTTP/2 request is refused (502); 3 or more lets a connection's streams through"
+                    .to_string(),
+            );
+        }
         // Bearer secrets and the marks' API in the clear, where others can listen.
         if !self.admin.listen.ip().is_loopback() && self.admin.tls.is_none() {
             out.push(format!(

@@ -68,6 +68,22 @@ fn warns_of_listeners_beyond_loopback_without_tls() {
     );
 }
 
+/// A share of two descriptors admits a connection but none of its HTTP/2 streams: said at
+/// load, not learnt from 502s.
+#[test]
+fn warns_of_a_descriptor_share_that_refuses_every_http2_stream() {
+    let text = "[server]\nmax_descriptors_per_ip = 2\n[store]\npath = \"x.redb\"\n[[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:1\"\n[[route]]\nname = \"r\"\npath = \"/r\"\nscope = \"r\"\nupstream = \"u\"\n";
+    let warned = |text: &str| {
+        Config::parse(text, Path::new("."))
+            .expect("parses")
+            .warnings()
+            .iter()
+            .any(|w| w.starts_with("[server] max_descriptors_per_ip = 2:"))
+    };
+    assert!(warned(text));
+    assert!(!warned(&text.replace("= 2\n", "= 3\n")));
+}
+
 #[test]
 fn warns_of_shared_scopes_and_pass_through_routes_over_fenced_paths() {
     let routes = r#"
