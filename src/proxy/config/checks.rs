@@ -268,7 +268,10 @@ fn one_server(a: &Uri, b: &Uri) -> Option<std::net::SocketAddr> {
         }
         (host, port_of(u))
             .to_socket_addrs()
-            .map(|a| a.map(canonical).collect())
+            .map(|a| {
+                a.map(|a| (a.ip().to_canonical(), a.port()).into())
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let (xs, ys) = (addrs(a), addrs(b));
@@ -277,17 +280,6 @@ fn one_server(a: &Uri, b: &Uri) -> Option<std::net::SocketAddr> {
             x == y || (x.port() == y.port() && x.ip().is_loopback() && y.ip().is_loopback())
         })
     })
-}
-
-/// An IPv4-mapped IPv6 address as the IPv4 address it is.
-fn canonical(addr: std::net::SocketAddr) -> std::net::SocketAddr {
-    match addr {
-        std::net::SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
-            Some(v4) => std::net::SocketAddr::from((v4, v6.port())),
-            None => addr,
-        },
-        v4 => v4,
-    }
 }
 
 /// The scope templates a fenced route renders, each with what its captures may hold:
